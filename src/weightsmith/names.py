@@ -1,0 +1,146 @@
+"""Tensor and module names on disk: the contract with vLLM and compressed-tensors, in one place.
+
+Everything that decides a tensor's role from its name lives here: the parameter suffixes each
+format writes, the fused groups vLLM loads as one layer, and the categories used to account bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --- parameter names (the last dotted component of a tensor name) ---
+WEIGHT = "weight"
+BIAS = "bias"
+WEIGHT_PACKED = "weight_packed"  # compressed-tensors pack-quantized / nvfp4-pack-quantized
+WEIGHT_SCALE = "weight_scale"  # compressed-tensors (all formats), ModelOpt, HF fp8 per-tensor
+WEIGHT_SHAPE = "weight_shape"
+WEIGHT_ZERO_POINT = "weight_zero_point"
+WEIGHT_GLOBAL_SCALE = "weight_global_scale"  # compressed-tensors NVFP4 (a divisor)
+INPUT_GLOBAL_SCALE = "input_global_scale"
+WEIGHT_SCALE_INV = "weight_scale_inv"  # HF / DeepSeek fp8 block scales (a multiplier despite the name)
+WEIGHT_SCALE_2 = "weight_scale_2"  # ModelOpt NVFP4 global scale
+INPUT_SCALE = "input_scale"
+OUTPUT_SCALE = "output_scale"
+K_SCALE, V_SCALE, Q_SCALE, KV_SCALE = "k_scale", "v_scale", "q_scale", "kv_scale"
+
+#: Parameters that carry quantization metadata rather than weights.
+QUANT_PARAMS = frozenset(
+    {
+        WEIGHT_SCALE,
+        WEIGHT_SHAPE,
+        WEIGHT_ZERO_POINT,
+        WEIGHT_GLOBAL_SCALE,
+        INPUT_GLOBAL_SCALE,
+        WEIGHT_SCALE_INV,
+        WEIGHT_SCALE_2,
+        INPUT_SCALE,
+        OUTPUT_SCALE,
+    }
+)
+KV_SCALES = frozenset({K_SCALE, V_SCALE, Q_SCALE, KV_SCALE})
+
+# --- fused groups: vLLM loads these shards into one layer, so they must share a scheme ---
+#: fused layer name -> its shards, as in vLLM's `packed_modules_mapping` (Llama and most others).
+FUSED_LAYERS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+#: Mixtral-style expert projections w1 (gate) and w3 (up) load into one `w13` weight.
+FUSED_EXPERT_PAIRS: tuple[tuple[str, ...], ...] = (("w1", "w3"),)
+
+
+def split(name: str) -> tuple[str, str]:
+    """`model.layers.0.mlp.up_proj.weight` -> (`model.layers.0.mlp.up_proj`, `weight`)."""
+    module, _, param = name.rpartition(".")
+    return module, param
+
+
+def leaf(module: str) -> str:
+    """The last component of a module path."""
+    return module.rpartition(".")[2]
+
+
+def fused_partners(module: str) -> tuple[str, tuple[str, ...]] | None:
+    """For a shard of a fused layer, the fused layer's name and all its shards' module names."""
+    parent, _, last = module.rpartition(".")
+    for fused, parts in (*FUSED_LAYERS.items(), *(("w13", p) for p in FUSED_EXPERT_PAIRS)):
+        if last in parts:
+            prefix = f"{parent}." if parent else ""
+            return prefix + fused, tuple(prefix + p for p in parts)
+    return None
+
+
+# --- roles ---
+_EMBEDDING = re.compile(
+    r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|position_embeddings|embeddings|tok_embeddings|embed)$"
+)
+_LM_HEAD = re.compile(r"(^|\.)(lm_head|output|embed_out)$")
+_NORM = re.compile(r"(norm|ln_\d*|ln|layernorm)[^.]*$", re.IGNORECASE)
+_ROUTER = re.compile(
+    r"(^|\.)(mlp|block_sparse_moe|moe|feed_forward)\.(gate|router)$|(^|\.)(router|shared_expert_gate)$"
+)
+_EXPERT = re.compile(r"\.experts\.(\d+\.)?")
+_SHARED_EXPERT = re.compile(r"\.(shared_expert|shared_experts|shared_mlp)(\.|$)")
+_ATTN_GATE = re.compile(r"\.(self_attn|attn|attention)\.g_proj$")
+_ATTENTION = re.compile(r"\.(self_attn|attn|attention|self_attention)\.")
+_MLP = re.compile(r"\.(mlp|feed_forward|ffn)\.")
+
+
+def is_embedding(module: str) -> bool:
+    return bool(_EMBEDDING.search(module))
+
+
+def is_lm_head(module: str) -> bool:
+    return bool(_LM_HEAD.search(module))
+
+
+def is_norm(module: str) -> bool:
+    return bool(_NORM.search(leaf(module)))
+
+
+def is_router(module: str) -> bool:
+    return bool(_ROUTER.search(module))
+
+
+CATEGORIES = (
+    "routed experts",
+    "shared expert",
+    "attention",
+    "attention gate",
+    "dense mlp",
+    "router",
+    "embeddings",
+    "lm_head",
+    "norms",
+    "kv scales",
+    "quantization params",
+    "other",
+)
+
+
+def category(name: str) -> str:
+    """The byte-accounting category of a tensor, from its name alone."""
+    module, param = split(name)
+    if param in KV_SCALES:
+        return "kv scales"
+    if param in QUANT_PARAMS:
+        return "quantization params"
+    if is_norm(module):
+        return "norms"
+    if is_embedding(module):
+        return "embeddings"
+    if is_lm_head(module):
+        return "lm_head"
+    if is_router(module) or "e_score_correction_bias" in param:
+        return "router"
+    if _SHARED_EXPERT.search(module):
+        return "shared expert"
+    if _EXPERT.search(module + "."):
+        return "routed experts"
+    if _ATTN_GATE.search(module):
+        return "attention gate"
+    if _ATTENTION.search(module + "."):
+        return "attention"
+    if _MLP.search(module + "."):
+        return "dense mlp"
+    return "other"

@@ -1,0 +1,1 @@
+"""Quantization schemes, each a quantize/dequantize pair, and decoders for quantized inputs."""

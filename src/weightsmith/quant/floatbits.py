@@ -1,0 +1,68 @@
+"""Exact emulation of bf16 and fp16 arithmetic inside numba kernels.
+
+compressed-tensors computes scales and quotients in the weight's own dtype on CPU: torch widens
+each operand to float32, operates, and rounds the result back (round to nearest, ties to even).
+Reproducing its bytes means rounding every intermediate the same way. Each kernel works on float32
+values and calls `round_to(mode, v)` wherever torch would have rounded to the weight dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: Which dtype the arithmetic is emulated in.
+MODE_F32, MODE_BF16, MODE_F16 = 0, 1, 2
+
+_F16_MIN_NORMAL = np.float32(2.0**-14)
+_TWO_POW_24 = np.float32(2.0**24)
+_TWO_POW_M24 = np.float32(2.0**-24)
+
+
+@njit(inline="always", nogil=True)
+def bf16_round(v: np.float32) -> np.float32:
+    """Round a float32 to the nearest bfloat16 (ties to even), returned as float32."""
+    b = np.float32(v).view(np.uint32)
+    b = np.uint32((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
+    return b.view(np.float32)
+
+
+@njit(inline="always", nogil=True)
+def f16_round(v: np.float32) -> np.float32:
+    """Round a float32 in fp16 range to the nearest float16 (ties to even), returned as float32."""
+    if abs(v) < _F16_MIN_NORMAL:
+        return np.float32(np.rint(v * _TWO_POW_24) * _TWO_POW_M24)
+    b = np.float32(v).view(np.uint32)
+    b = np.uint32((b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
+    return b.view(np.float32)
+
+
+@njit(inline="always", nogil=True)
+def round_to(mode: int, v: np.float32) -> np.float32:
+    """`v` rounded to the emulated dtype."""
+    if mode == MODE_BF16:
+        return bf16_round(v)
+    if mode == MODE_F16:
+        return f16_round(v)
+    return np.float32(v)
+
+
+@njit(inline="always", nogil=True)
+def decode(mode: int, raw) -> np.float32:
+    """One stored element as float32: bf16 or fp16 bits in a uint16, or a float32 as is."""
+    if mode == MODE_BF16:
+        return np.uint32(np.uint32(raw) << np.uint32(16)).view(np.float32)
+    if mode == MODE_F16:
+        h = np.uint32(raw)
+        sign = np.float32(-1.0) if h & np.uint32(0x8000) else np.float32(1.0)
+        e = (h >> np.uint32(10)) & np.uint32(0x1F)
+        m = h & np.uint32(0x3FF)
+        if e == 0:
+            return sign * np.float32(m) * _TWO_POW_M24
+        if e == 31:
+            return sign * np.float32(np.inf) if m == 0 else np.float32(np.nan)
+        bits = (
+            ((h & np.uint32(0x8000)) << np.uint32(16)) | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))
+        )
+        return np.uint32(bits).view(np.float32)
+    return np.float32(raw)

@@ -1,0 +1,215 @@
+"""Strict safetensors header parsing.
+
+The format (huggingface/safetensors README, `tensor.rs`): an 8-byte little-endian header length N,
+N bytes of JSON mapping names to `{dtype, shape, data_offsets}` plus an optional string-to-string
+`__metadata__`, then the data buffer. We enforce every rule the reference reader enforces, and
+some it lets slip (duplicate names, which it silently collapses), before any offset is trusted.
+Each violation raises `HeaderError` with a stable `code`, naming the file and tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from weightsmith.dtypes import DTYPES, DType
+from weightsmith.errors import HeaderError
+from weightsmith.lfs import parse_pointer, pointer_message
+
+#: The reference reader's limit (`MAX_HEADER_SIZE` in tensor.rs).
+MAX_HEADER_BYTES = 100_000_000
+METADATA_KEY = "__metadata__"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's entry: where its bytes are and what they mean."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    begin: int  # relative to the data buffer
+    end: int
+    data_start: int  # absolute file offset of the data buffer
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def offset(self) -> int:
+        """Absolute file offset of the first byte."""
+        return self.data_start + self.begin
+
+
+@dataclass(frozen=True)
+class Header:
+    """A validated header: tensors in file order, metadata, and where the data buffer lies."""
+
+    path: Path
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str] = field(default_factory=dict)
+    header_len: int = 0
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_len
+
+    @property
+    def data_len(self) -> int:
+        return max((t.end for t in self.tensors.values()), default=0)
+
+    @property
+    def file_size(self) -> int:
+        """The file size the header declares."""
+        return self.data_start + self.data_len
+
+
+def _fail(path: Path, code: str, message: str, tensor: str | None = None) -> HeaderError:
+    return HeaderError(message, file=path, tensor=tensor, code=code)
+
+
+def _no_duplicates(path: Path):
+    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        seen: dict[str, object] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise _fail(path, "header.duplicate-name", "appears twice in the header", key)
+            seen[key] = value
+        return seen
+
+    return hook
+
+
+def _int_list(value: object) -> list[int] | None:
+    if not isinstance(value, list):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return None
+    return value
+
+
+def parse_header(path: Path, prefix: bytes, file_size: int) -> Header:
+    """Validate a header given the file's first bytes (at least 8 + N of them) and its size."""
+    if len(prefix) < 8:
+        pointer = parse_pointer(prefix)
+        if pointer is not None:
+            raise _fail(path, "lfs-pointer", pointer_message(pointer))
+        raise _fail(path, "header.too-small", f"is {file_size} bytes, too small for a safetensors file")
+    pointer = parse_pointer(prefix[:1024])
+    if pointer is not None:
+        raise _fail(path, "lfs-pointer", pointer_message(pointer))
+    n = int.from_bytes(prefix[:8], "little")
+    if n > MAX_HEADER_BYTES:
+        raise _fail(path, "header.too-large", f"declares a {n:,}-byte header (limit {MAX_HEADER_BYTES:,})")
+    if 8 + n > file_size:
+        raise _fail(path, "header.truncated", f"declares a {n:,}-byte header but the file has {file_size:,} bytes")
+    raw = prefix[8 : 8 + n]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(path, "header.not-utf8", f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not text.lstrip(" \t\r\n").startswith("{"):
+        raise _fail(path, "header.not-json", "header does not start with a JSON object")
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates(path))
+    except HeaderError:
+        raise
+    except (json.JSONDecodeError, RecursionError) as exc:
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        raise _fail(path, "header.not-json", f"header is not valid JSON ({msg})") from None
+    if not isinstance(doc, dict):
+        raise _fail(path, "header.not-json", "header is not a JSON object")
+
+    metadata = doc.pop(METADATA_KEY, {})
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise _fail(path, "header.metadata", "__metadata__ must map strings to strings")
+
+    data_start = 8 + n
+    entries: list[TensorInfo] = []
+    for name, entry in doc.items():
+        if not isinstance(entry, dict):
+            raise _fail(path, "header.entry", "entry is not an object", name)
+        dtype = DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+        if dtype is None:
+            raise _fail(path, "header.dtype", f"unknown dtype {entry.get('dtype')!r}", name)
+        shape = _int_list(entry.get("shape"))
+        offsets = _int_list(entry.get("data_offsets"))
+        if shape is None:
+            raise _fail(path, "header.entry", "shape must be a list of non-negative integers", name)
+        if offsets is None or len(offsets) != 2 or offsets[1] < offsets[0]:
+            raise _fail(path, "header.entry", "data_offsets must be [begin, end] with begin <= end", name)
+        expected = dtype.nbytes(math.prod(shape))
+        if expected is None:
+            raise _fail(path, "header.misaligned", f"{dtype.code} {shape} does not end on a byte boundary", name)
+        if expected != offsets[1] - offsets[0]:
+            raise _fail(
+                path,
+                "header.size-mismatch",
+                f"{dtype.code} {shape} needs {expected:,} bytes but data_offsets span {offsets[1] - offsets[0]:,}",
+                name,
+            )
+        entries.append(TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1], data_start))
+
+    entries.sort(key=lambda t: (t.begin, t.end))
+    cursor = 0
+    for t in entries:
+        if t.begin > cursor:
+            raise _fail(
+                path, "offsets.gap", f"starts at {t.begin:,} but the previous tensor ends at {cursor:,}", t.name
+            )
+        if t.begin < cursor:
+            raise _fail(
+                path,
+                "offsets.overlap",
+                f"starts at {t.begin:,}, inside the previous tensor (ends at {cursor:,})",
+                t.name,
+            )
+        cursor = t.end
+
+    header = Header(path, {t.name: t for t in entries}, dict(metadata), n)
+    if header.file_size > file_size:
+        raise _fail(
+            path,
+            "size.truncated",
+            f"is truncated: the header declares {header.file_size:,} bytes but the file has {file_size:,} "
+            "(an interrupted download?)",
+        )
+    if header.file_size < file_size:
+        raise _fail(
+            path,
+            "size.trailing",
+            f"has {file_size - header.file_size:,} trailing bytes after the declared data end {header.file_size:,}",
+        )
+    return header
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Read and validate the header of the safetensors file at `path` (symlinks are followed)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) == 8:
+                n = int.from_bytes(head, "little")
+                if n <= MAX_HEADER_BYTES and 8 + n <= size:
+                    head += f.read(n)
+                else:
+                    head += f.read(1024 - 8)
+    except FileNotFoundError:
+        raise HeaderError("does not exist", file=path, code="file.missing") from None
+    except IsADirectoryError:
+        raise HeaderError("is a directory, not a safetensors file", file=path, code="file.unreadable") from None
+    except OSError as exc:
+        raise HeaderError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
+    return parse_header(path, head, size)

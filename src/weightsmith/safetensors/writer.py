@@ -1,0 +1,134 @@
+"""A safetensors writer whose header is fixed before any data is written.
+
+Because every output tensor's dtype and shape is known from the plan, the whole layout (header,
+offsets, file size) is computed up front. Workers then fill tensors with positional writes in any
+order, from any thread, and kept tensors are copied file-to-file by the kernel. Layout and header
+bytes follow the reference writer (safetensors `prepare`): tensors ordered by descending dtype
+position then name, compact JSON with `__metadata__` first, padded with spaces to a multiple of 8.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from weightsmith.dtypes import DTYPES, WRITE_ORDER
+
+COPY_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one output tensor will be."""
+
+    name: str
+    dtype: str  # safetensors code
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPES[self.dtype].nbytes(math.prod(self.shape))
+        if n is None:
+            raise ValueError(f"{self.name}: {self.dtype} {self.shape} does not end on a byte boundary")
+        return n
+
+
+def layout(specs: list[TensorSpec], metadata: dict[str, str] | None) -> tuple[bytes, dict[str, int]]:
+    """The header bytes (length prefix included) and each tensor's offset in the data buffer."""
+    ordered = sorted(specs, key=lambda s: (-WRITE_ORDER[s.dtype], s.name))
+    doc: dict[str, object] = {}
+    if metadata:
+        doc["__metadata__"] = dict(metadata)
+    offsets: dict[str, int] = {}
+    cursor = 0
+    for s in ordered:
+        if s.name in offsets:
+            raise ValueError(f"tensor {s.name} specified twice")
+        offsets[s.name] = cursor
+        doc[s.name] = {"dtype": s.dtype, "shape": list(s.shape), "data_offsets": [cursor, cursor + s.nbytes]}
+        cursor += s.nbytes
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, offsets
+
+
+class ShardWriter:
+    """One output safetensors file, created at its final size; fill tensors with `write`/`copy`."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], specs: list[TensorSpec], metadata: dict[str, str] | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.specs = {s.name: s for s in specs}
+        head, offsets = layout(specs, metadata)
+        self.data_start = len(head)
+        self.offsets = offsets
+        self.size = self.data_start + sum(s.nbytes for s in specs)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        _pwrite_all(self._fd, memoryview(head), 0)
+        os.ftruncate(self._fd, self.size)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def position(self, name: str, start: int = 0) -> int:
+        """Absolute file offset of byte `start` of tensor `name`."""
+        return self.data_start + self.offsets[name] + start
+
+    def write(self, name: str, data: np.ndarray | bytes | memoryview, start: int = 0) -> None:
+        """Write bytes of tensor `name`, beginning at byte `start` of the tensor."""
+        view = byte_view(data) if isinstance(data, np.ndarray) else memoryview(data).cast("B")
+        if start + view.nbytes > self.specs[name].nbytes:
+            raise ValueError(f"write past the end of {name}")
+        _pwrite_all(self._fd, view, self.position(name, start))
+
+    def copy(self, name: str, src_fd: int, src_offset: int, nbytes: int) -> None:
+        """Copy `nbytes` from another file into tensor `name`, in the kernel where it can."""
+        if nbytes != self.specs[name].nbytes:
+            raise ValueError(f"{name}: copying {nbytes} bytes into a {self.specs[name].nbytes}-byte tensor")
+        dst, done = self.position(name), 0
+        try:
+            while done < nbytes:
+                got = os.copy_file_range(src_fd, self._fd, nbytes - done, src_offset + done, dst + done)
+                if got == 0:
+                    break
+                done += got
+        except OSError as exc:
+            if exc.errno not in (18, 22, 38, 95):  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP: fall back
+                raise
+        buf = bytearray(min(COPY_CHUNK, max(nbytes - done, 1)))
+        while done < nbytes:
+            view = memoryview(buf)[: min(len(buf), nbytes - done)]
+            got = os.preadv(src_fd, [view], src_offset + done)
+            if got == 0:
+                raise OSError(f"source ended early while copying {name}")
+            _pwrite_all(self._fd, view[:got], dst + done)
+            done += got
+
+    def close(self, sync: bool = True) -> None:
+        if self._fd >= 0:
+            try:
+                if sync:
+                    os.fsync(self._fd)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def byte_view(array: np.ndarray) -> memoryview:
+    """A flat byte view of an array of any dtype (bf16 and fp8 arrays export no buffer format)."""
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
+    done = 0
+    while done < view.nbytes:
+        done += os.pwrite(fd, view[done:], pos + done)

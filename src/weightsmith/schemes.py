@@ -1,0 +1,54 @@
+"""The quantization schemes a user can ask for, and what each writes per quantized Linear."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from weightsmith import names
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.quant import int4
+from weightsmith.safetensors.writer import TensorSpec
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A weight-only scheme: int4 group-wise, symmetric or with zero points."""
+
+    name: str
+    symmetric: bool
+    group_size: int
+    num_bits: int = 4
+
+    @property
+    def config_group_name(self) -> str:
+        return "W4A16" if self.symmetric else "W4A16_ASYM"
+
+    def unsupported(self, shape: tuple[int, ...]) -> str | None:
+        """Why a 2-D weight of this shape cannot take the scheme, or None."""
+        return int4.supports(shape[1], self.group_size)
+
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        """The tensors written in place of `module.weight`."""
+        out, inp = shape
+        groups = inp // self.group_size
+        specs = [
+            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "I32", (out, inp // int4.PACK)),
+            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (out, groups)),
+            TensorSpec(f"{module}.{names.WEIGHT_SHAPE}", "I64", (2,)),
+        ]
+        if not self.symmetric:
+            specs.append(TensorSpec(f"{module}.{names.WEIGHT_ZERO_POINT}", "I32", (-(-out // int4.PACK), groups)))
+        return specs
+
+    def quantization_config(self, ignore: list[str]) -> dict:
+        args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)
+        return ct.quantization_config(self.config_group_name, ct.PACK_QUANTIZED, args, ignore)
+
+
+SCHEME_NAMES = ("w4a16", "w4a16-asym")
+
+
+def make_scheme(name: str, group_size: int = 128) -> Scheme:
+    if name not in SCHEME_NAMES:
+        raise ValueError(f"unknown scheme {name!r} (choose from {', '.join(SCHEME_NAMES)})")
+    return Scheme(name, symmetric=name == "w4a16", group_size=group_size)
