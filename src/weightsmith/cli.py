@@ -49,26 +49,12 @@ app.command()(demo)
 
 
 def main() -> None:
-    """Entry point: run the app, turning user-facing errors into one line and an exit status."""
+    """Entry point: usage errors, --help, exit codes and Ctrl-C are click's; ours become one line."""
     try:
-        app(standalone_mode=False)
+        app()
     except WeightsmithError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]: nothing was left behind that looks finished")
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(1)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
 
 
 if __name__ == "__main__":

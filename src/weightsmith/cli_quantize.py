@@ -107,16 +107,31 @@ def run_quantize(
     ckpt = Checkpoint.open(src)
     plan = build_plan(ckpt, make_scheme(scheme, group_size), ignore, preset)
     _sigterm_as_interrupt()
-    if not show_progress:
-        result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
-        return result, time.perf_counter() - started
-    columns = (TextColumn("quantizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("quantize", total=plan.bytes_in)
-        result = execute(
-            plan, out, workers=workers, force=force, hash_sources=hash_sources, progress=lambda n: bar.advance(task, n)
+    try:
+        if not show_progress:
+            result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
+            return result, time.perf_counter() - started
+        columns = (
+            TextColumn("quantizing"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
         )
-    return result, time.perf_counter() - started
+        with Progress(*columns, console=err, transient=True) as bar:
+            task = bar.add_task("quantize", total=plan.bytes_in)
+            result = execute(
+                plan,
+                out,
+                workers=workers,
+                force=force,
+                hash_sources=hash_sources,
+                progress=lambda n: bar.advance(task, n),
+            )
+        return result, time.perf_counter() - started
+    except KeyboardInterrupt:
+        err.print(f"[bold red]interrupted[/]: {out} was not written and no partial output was left behind")
+        raise typer.Exit(130) from None
 
 
 def quantize(

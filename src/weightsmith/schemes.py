@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weightsmith import names
+from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import int4
 from weightsmith.safetensors.writer import TensorSpec
@@ -49,6 +50,9 @@ SCHEME_NAMES = ("w4a16", "w4a16-asym")
 
 
 def make_scheme(name: str, group_size: int = 128) -> Scheme:
+    """The scheme a user named, or a one-line usage error."""
     if name not in SCHEME_NAMES:
-        raise ValueError(f"unknown scheme {name!r} (choose from {', '.join(SCHEME_NAMES)})")
+        raise WeightsmithError(f"unknown scheme {name!r} (choose from {', '.join(SCHEME_NAMES)})", code="usage")
+    if group_size <= 0 or group_size % int4.PACK:
+        raise WeightsmithError(f"--group-size {group_size} must be a positive multiple of {int4.PACK}", code="usage")
     return Scheme(name, symmetric=name == "w4a16", group_size=group_size)
