@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from weightsmith.checkpoint import Checkpoint
 from weightsmith.cli_quantize import run_quantize
 
 torch = pytest.importorskip("torch")
@@ -74,12 +75,7 @@ def test_smollm2_quantized_loads_in_transformers_and_matches_fake_quant(base, tm
         path, out, scheme="w4a16", group_size=group, ignore=[], preset=None, workers=2, force=False, show_progress=False
     )
     manifest = result.manifest
-    quantized = {n.rsplit(".", 1)[0] for n in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-                 if n.endswith(".weight_packed")} if (out / "model.safetensors.index.json").exists() else None  # fmt: skip
-    if quantized is None:
-        from weightsmith.checkpoint import Checkpoint
-
-        quantized = {n.rsplit(".", 1)[0] for n in Checkpoint.open(out).tensors if n.endswith(".weight_packed")}
+    quantized = {n.rsplit(".", 1)[0] for n in Checkpoint.open(out).tensors if n.endswith(".weight_packed")}
     ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
     if group == 64:
         assert len(quantized) == 30 * 7  # every Linear of 30 layers
