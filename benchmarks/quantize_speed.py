@@ -85,18 +85,15 @@ def build(folder: Path, gib: float, shards: int = 4) -> int:
     (folder / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
     )
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "hidden_size": HIDDEN,
-                "intermediate_size": INTER,
-                "num_hidden_layers": layers,
-                "torch_dtype": "bfloat16",
-            }
-        )  # fmt: skip
-    )
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": layers,
+        "torch_dtype": "bfloat16",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
     return total
 
 
@@ -139,9 +136,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
         tmp_path = Path(tmp)
         total = build(tmp_path / "src", args.gib)
-        print(
-            f"checkpoint: {total / 2**30:.2f} GiB BF16 tensors, {len(list((tmp_path / 'src').glob('*.safetensors')))} shards"
-        )
+        shards = len(list((tmp_path / "src").glob("*.safetensors")))
+        print(f"checkpoint: {total / 2**30:.2f} GiB BF16 tensors in {shards} shards")
         runs: dict[str, list[dict]] = {"weightsmith": [], "model_free_ptq": []}
         for r in range(args.repeats):
             order = ["weightsmith", "model_free_ptq"] if r % 2 == 0 else ["model_free_ptq", "weightsmith"]
@@ -156,21 +152,25 @@ def main() -> None:
             return statistics.median(x[key] for x in runs[arm])
 
         gb = total / 1e9
-        print(f"\nweightsmith      end to end {med('weightsmith', 'wall'):6.2f} s   quantize work {med('weightsmith', 'work'):6.2f} s "
-              f"({gb / med('weightsmith', 'work'):.2f} GB/s of BF16 input)   peak RSS {med('weightsmith', 'rss_mib'):,.0f} MiB")  # fmt: skip
+        ws_wall, ws_work, ws_rss = med("weightsmith", "wall"), med("weightsmith", "work"), med("weightsmith", "rss_mib")
+        print(f"\nweightsmith      end to end {ws_wall:6.2f} s   quantize work {ws_work:6.2f} s", end="")
+        print(f" ({gb / ws_work:.2f} GB/s of BF16 input)   peak RSS {ws_rss:,.0f} MiB")
         if runs["model_free_ptq"]:
-            print(f"model_free_ptq   end to end {med('model_free_ptq', 'wall'):6.2f} s   "
-                  f"peak RSS {med('model_free_ptq', 'rss_mib'):,.0f} MiB")  # fmt: skip
-            print(f"ratio            {med('model_free_ptq', 'wall') / med('weightsmith', 'wall'):.1f}x faster end to end "
-                  f"(median of {args.repeats}, alternating order)")  # fmt: skip
+            ref_wall, ref_rss = med("model_free_ptq", "wall"), med("model_free_ptq", "rss_mib")
+            print(f"model_free_ptq   end to end {ref_wall:6.2f} s   peak RSS {ref_rss:,.0f} MiB")
+            print(
+                f"ratio            {ref_wall / ws_wall:.1f}x faster end to end (median of {args.repeats}, alternating)"
+            )
         if args.grow:
-            shutil.rmtree(tmp_path / "ours", ignore_errors=True)
-            shutil.rmtree(tmp_path / "ref", ignore_errors=True)
-            shutil.rmtree(tmp_path / "src")
+            for leftover in ("ours", "ref", "src"):
+                shutil.rmtree(tmp_path / leftover, ignore_errors=True)
             big = build(tmp_path / "big", args.grow)
             r = ours(tmp_path / "big", tmp_path / "ours-big", args.workers)
-            print(f"weightsmith on {big / 2**30:.2f} GiB: end to end {r['wall']:.2f} s, quantize work {r['work']:.2f} s "
-                  f"({big / 1e9 / r['work']:.2f} GB/s), peak RSS {r['rss_mib']:,.0f} MiB")  # fmt: skip
+            print(
+                f"weightsmith on {big / 2**30:.2f} GiB: end to end {r['wall']:.2f} s, quantize work {r['work']:.2f} s",
+                end="",
+            )
+            print(f" ({big / 1e9 / r['work']:.2f} GB/s), peak RSS {r['rss_mib']:,.0f} MiB")
 
 
 if __name__ == "__main__":
