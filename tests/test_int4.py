@@ -112,3 +112,18 @@ def test_non_finite_and_bad_shapes_are_refused() -> None:
         int4.quantize(w)
     assert int4.supports(576, 128) == "input size 576 is not a multiple of the group size 128"
     assert int4.supports(576, 64) is None
+
+
+def test_format_level_dequantize_reads_disk_parameters() -> None:
+    from weightsmith.formats import compressed_tensors as ct
+
+    w = _awkward(ml_dtypes.bfloat16, rows=16, cols=256)
+    for symmetric in (True, False):
+        q = int4.quantize(w, 128, symmetric)
+        params = {"weight_packed": q.packed, "weight_scale": q.scale, "weight_shape": np.array(w.shape, np.int64)}
+        if not symmetric:
+            params["weight_zero_point"] = q.zero_point
+        args = ct.weight_args(4, symmetric, 128)
+        assert np.array_equal(ct.dequantize(ct.PACK_QUANTIZED, args, params), int4.dequantize(q, 128))
+    with pytest.raises(NotImplementedError):
+        ct.dequantize("float-quantized", {"num_bits": 8}, {})

@@ -56,3 +56,31 @@ def test_byte_identical_to_model_free_ptq(tmp_path: Path, scheme: str, ref_schem
         our_index = json.loads((tmp_path / "ours" / "model.safetensors.index.json").read_text())
         assert our_index["weight_map"] == ref_index["weight_map"]
         assert our_index["metadata"]["total_size"] == ours.tensor_bytes
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-asym"])
+def test_config_block_validates_with_compressed_tensors(tmp_path: Path, scheme: str) -> None:
+    """compressed-tensors' own pydantic models accept the block (they forbid unknown argument keys)."""
+    from compressed_tensors.quantization import QuantizationConfig
+
+    src = write_checkpoint(tmp_path / "src", llama_tensors())
+    run_quantize(
+        src,
+        tmp_path / "out",
+        scheme=scheme,
+        group_size=64,
+        ignore=[],
+        preset=None,
+        workers=1,
+        force=False,
+        show_progress=False,
+    )
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    parsed = QuantizationConfig.model_validate(qc)
+    (group,) = parsed.config_groups.values()
+    assert parsed.format == "pack-quantized" and parsed.quantization_status == "compressed"
+    assert group.weights.group_size == 64 and group.weights.symmetric == (scheme == "w4a16")
+    assert parsed.ignore == ["lm_head"]
+    qc["config_groups"][next(iter(qc["config_groups"]))]["weights"]["bogus"] = 1
+    with pytest.raises(ValueError):
+        QuantizationConfig.model_validate(qc)
