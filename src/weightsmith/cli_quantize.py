@@ -101,11 +101,12 @@ def run_quantize(
     force: bool,
     show_progress: bool,
     hash_sources: bool = True,
+    scale_search: str | None = None,
 ) -> tuple[QuantizeResult, float]:
     """Open, plan and execute; returns the result and wall seconds."""
     started = time.perf_counter()
     ckpt = Checkpoint.open(src)
-    plan = build_plan(ckpt, make_scheme(scheme, group_size), ignore, preset)
+    plan = build_plan(ckpt, make_scheme(scheme, group_size, scale_search), ignore, preset)
     _sigterm_as_interrupt()
     try:
         if not show_progress:
@@ -141,6 +142,12 @@ def quantize(
     out: Path = typer.Argument(..., help="Output folder (must not exist unless --force)."),
     scheme: str = typer.Option("w4a16", help=f"One of: {', '.join(SCHEME_NAMES)}."),
     group_size: int = typer.Option(128, "--group-size", help="Input columns per scale."),
+    scale_search: str | None = typer.Option(
+        None,
+        "--scale-search",
+        help="Clip each group's range to lower the error: mse (our search) or memoryless_mse (llm-compressor's, "
+        "exactly). Default: plain RTN, byte-identical to model_free_ptq.",
+    ),
     ignore: list[str] = typer.Option(
         [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."
     ),
@@ -153,7 +160,7 @@ def quantize(
 ) -> None:
     """Quantize a checkpoint to a compressed-tensors W4A16 checkpoint that vLLM loads."""
     if dry_run:
-        plan = build_plan(Checkpoint.open(src), make_scheme(scheme, group_size), ignore, preset)
+        plan = build_plan(Checkpoint.open(src), make_scheme(scheme, group_size, scale_search), ignore, preset)
         if json_out:
             print(json.dumps(plan_json(plan), indent=2))
         else:
@@ -175,6 +182,7 @@ def quantize(
         force=force,
         show_progress=not json_out and err.is_terminal,
         hash_sources=not no_hash,
+        scale_search=scale_search,
     )
     if json_out:
         print(

@@ -57,6 +57,7 @@ def build_manifest(plan: Plan, written: Checkpoint, source_hashes: dict[str, str
             "num_bits": plan.scheme.num_bits,
             "group_size": plan.scheme.group_size,
             "symmetric": plan.scheme.symmetric,
+            "scale_search": plan.scheme.scale_search,
             "preset": plan.preset,
             "ignore": plan.ignore,
             "source_format": plan.source_format.kind,

@@ -26,8 +26,8 @@ from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.manifest import build_manifest, hash_files, write_manifest
 from weightsmith.outputdir import check_destination, check_space, staged
-from weightsmith.plan import DECODE, KEEP, QUANTIZE, Plan
-from weightsmith.quant import fp8, int4
+from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
+from weightsmith.quant import fp8, int4, int4_search
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
@@ -42,7 +42,7 @@ Progress = Callable[[int], None]
 
 @dataclass
 class _Job:
-    """One unit of work: a whole kept tensor, or rows [r0, r1) of one weight."""
+    """One unit of work: a whole kept tensor, rows [r0, r1) of one weight, or a whole weight."""
 
     decision_index: int
     r0: int = 0
@@ -61,19 +61,24 @@ class _Scratch(threading.local):
         return buf[:nbytes]
 
 
+def _row_blocks(info: TensorInfo) -> list[tuple[int, int]]:
+    """Row ranges of about BLOCK_BYTES each, in multiples of 8 rows (zero points pack 8 rows per word)."""
+    rows = info.shape[0]
+    row_bytes = max(info.nbytes // max(rows, 1), 1)
+    step = max(int4.PACK, (BLOCK_BYTES // row_bytes) // int4.PACK * int4.PACK)
+    return [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
+
+
 def _jobs(plan: Plan) -> list[_Job]:
     jobs: list[_Job] = []
+    whole_tensors = plan.scheme.scale_search == "memoryless_mse"  # its early stop looks at the whole tensor
     for i, d in enumerate(plan.decisions):
         info = plan.source.tensors[d.name].info
-        if d.action == KEEP:
-            jobs.append(_Job(i, nbytes=info.nbytes))
+        if d.action == KEEP or (d.action == QUANTIZE and whole_tensors):
+            jobs.append(_Job(i, 0, info.shape[0], info.nbytes))
         elif d.action in (QUANTIZE, DECODE):
-            rows = info.shape[0]
-            row_bytes = max(info.nbytes // max(rows, 1), 1)
-            step = max(int4.PACK, (BLOCK_BYTES // row_bytes) // int4.PACK * int4.PACK)
-            jobs.extend(
-                _Job(i, r0, min(r0 + step, rows), min(step, rows - r0) * row_bytes) for r0 in range(0, rows, step)
-            )
+            row_bytes = info.nbytes // max(info.shape[0], 1)
+            jobs.extend(_Job(i, r0, r1, (r1 - r0) * row_bytes) for r0, r1 in _row_blocks(info))
     # Biggest first, so a long tensor does not start last and leave one worker busy alone.
     jobs.sort(key=lambda j: -j.nbytes)
     return jobs
@@ -98,50 +103,83 @@ class _Runner:
         if d.action == KEEP:
             writer.copy(d.name, reader.fd, ref.info.offset, ref.info.nbytes)
         elif d.action == DECODE:
-            writer.write(d.name, self._decoded_rows(d, ref.info, reader, job), job.r0 * ref.info.shape[1] * 2)
+            rows = self._input(d, ref.info, reader, job.r0, job.r1)
+            writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
+        elif self.plan.scheme.scale_search == "memoryless_mse":
+            self._quantize_memoryless(d, ref.info, reader, writer)
         else:
-            self._quantize(d, ref.info, reader, writer, job)
+            self._quantize_block(d, ref.info, reader, writer, job.r0, job.r1)
         return job.nbytes
 
-    def _rows(self, info: TensorInfo, reader: ShardReader, job: _Job, key: str = "in") -> np.ndarray:
+    def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
+        """Rows [r0, r1) of a source weight in a reused buffer; FP8 rows decoded to BF16 with their scale."""
         dtype = info.dtype.numpy
-        cols = info.shape[1]
-        buf = self.scratch.get(key, (job.r1 - job.r0) * cols * dtype.itemsize).view(dtype)
-        return reader.read_rows(info, job.r0, job.r1, buf)
-
-    def _decoded_rows(self, d, info: TensorInfo, reader: ShardReader, job: _Job) -> np.ndarray:
-        """FP8 rows as BF16, using the weight's scale tensor."""
+        buf = self.scratch.get("in", (r1 - r0) * info.shape[1] * dtype.itemsize).view(dtype)
+        rows = reader.read_rows(info, r0, r1, buf)
+        if d.scale is None:
+            return rows
         scale_ref = self.plan.source.tensors[d.scale]
-        with_scale = self.readers[scale_ref.shard].read(d.scale)
-        return fp8.dequantize_rows(self._rows(info, reader, job), with_scale, job.r0, self.plan.source_format.block)
+        scale = self.readers[scale_ref.shard].read(d.scale)
+        return fp8.dequantize_rows(rows, scale, r0, self.plan.source_format.block)
 
-    def _quantize(self, d, info: TensorInfo, reader: ShardReader, writer: ShardWriter, job: _Job) -> None:
-        scheme = self.plan.scheme
-        g = scheme.group_size
-        rows, cols = info.shape
-        x = self._decoded_rows(d, info, reader, job) if d.scale else self._rows(info, reader, job)
-        mode = int4.mode_of(x.dtype)
-        n = job.r1 - job.r0
-        packed = self.scratch.get("packed", n * cols // 2).view(np.uint32).reshape(n, cols // int4.PACK)
-        scale = self.scratch.get("scale", n * (cols // g) * 4).view(np.float32).reshape(n, cols // g)
-        zp = self.scratch.get("zp", n * (cols // g)).view(np.int8).reshape(n, cols // g)
-        bad = int4.quantize_rows(int4.kernel_input(x), mode, g, scheme.symmetric, packed, scale, zp)
+    def _check(self, d: Decision, bad: int, r0: int, cols: int) -> None:
         if bad >= 0:
-            r, c = job.r0 + bad // cols, bad % cols
+            r, c = r0 + bad // cols, bad % cols
             raise CheckpointError(
                 f"has a NaN or Inf at row {r}, column {c}; cannot quantize it",
                 file=self.plan.source.path(d.shard),
                 tensor=d.name,
                 code="value.non-finite",
             )
+
+    def _quantize_memoryless(self, d: Decision, info: TensorInfo, reader: ShardReader, writer: ShardWriter) -> None:
+        """llm-compressor's observer: mark improving steps over the whole tensor, then quantize."""
+        rows, cols = info.shape
+        g = self.plan.scheme.group_size
+        masks = np.zeros((rows, cols // g), np.uint32)
+        improved = np.zeros(int(int4_search.MEMORYLESS["maxshrink"] * int4_search.MEMORYLESS["grid"]), np.bool_)
+        blocks = _row_blocks(info)
+        for r0, r1 in blocks:
+            x = self._input(d, info, reader, r0, r1)
+            bad = int4_search.memoryless_steps(int4.kernel_input(x), int4.mode_of(x.dtype), g, masks[r0:r1], improved)
+            self._check(d, bad, r0, cols)
+        shrink = int4_search.memoryless_choice(masks, improved)
+        for r0, r1 in blocks:
+            self._quantize_block(d, info, reader, writer, r0, r1, shrink[r0:r1])
+
+    def _quantize_block(
+        self,
+        d: Decision,
+        info: TensorInfo,
+        reader: ShardReader,
+        writer: ShardWriter,
+        r0: int,
+        r1: int,
+        shrink: np.ndarray | None = None,
+    ) -> None:
+        scheme = self.plan.scheme
+        g = scheme.group_size
+        rows, cols = info.shape
+        x = self._input(d, info, reader, r0, r1)
+        xin, mode, n = int4.kernel_input(x), int4.mode_of(x.dtype), r1 - r0
+        if shrink is None:
+            shrink = self.scratch.get("shrink", n * (cols // g) * 4).view(np.float32).reshape(n, cols // g)
+            if scheme.scale_search == "mse":
+                self._check(d, int4_search.search_mse(xin, mode, g, shrink), r0, cols)
+            else:
+                shrink.fill(1.0)
+        packed = self.scratch.get("packed", n * cols // 2).view(np.uint32).reshape(n, cols // int4.PACK)
+        scale = self.scratch.get("scale", n * (cols // g) * 4).view(np.float32).reshape(n, cols // g)
+        zp = self.scratch.get("zp", n * (cols // g)).view(np.int8).reshape(n, cols // g)
+        self._check(d, int4.quantize_rows(xin, mode, g, scheme.symmetric, shrink, packed, scale, zp), r0, cols)
         module = d.module
-        writer.write(f"{module}.{names.WEIGHT_PACKED}", packed, job.r0 * (cols // int4.PACK) * 4)
+        writer.write(f"{module}.{names.WEIGHT_PACKED}", packed, r0 * (cols // int4.PACK) * 4)
         stored_scale = int4.scale_storage(scale, mode)
-        writer.write(f"{module}.{names.WEIGHT_SCALE}", stored_scale, job.r0 * (cols // g) * stored_scale.itemsize)
+        writer.write(f"{module}.{names.WEIGHT_SCALE}", stored_scale, r0 * (cols // g) * stored_scale.itemsize)
         if not scheme.symmetric:
             zp_packed = int4.pack_nibbles(zp, axis=0)
-            writer.write(f"{module}.{names.WEIGHT_ZERO_POINT}", zp_packed, (job.r0 // int4.PACK) * (cols // g) * 4)
-        if job.r0 == 0:
+            writer.write(f"{module}.{names.WEIGHT_ZERO_POINT}", zp_packed, (r0 // int4.PACK) * (cols // g) * 4)
+        if r0 == 0:
             writer.write(f"{module}.{names.WEIGHT_SHAPE}", np.array([rows, cols], np.int64))
 
 

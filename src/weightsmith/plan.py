@@ -225,7 +225,11 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
             if why is None:
                 why = scheme.unsupported(info.shape)
             if why is None:
-                d.action, d.reason = QUANTIZE, f"Linear weight -> {scheme.config_group_name} g{scheme.group_size}"
+                search = f", {scheme.scale_search} scale search" if scheme.scale_search else ""
+                d.action, d.reason = (
+                    QUANTIZE,
+                    f"Linear weight -> {scheme.config_group_name} g{scheme.group_size}{search}",
+                )
             else:
                 d.reason = why
         decisions.append(d)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.quant import int4
+from weightsmith.quant import int4, int4_search
 from weightsmith.safetensors.writer import TensorSpec
 
 
@@ -19,6 +19,8 @@ class Scheme:
     symmetric: bool
     group_size: int
     num_bits: int = 4
+    #: None (plain RTN), "mse" (our clipping search) or "memoryless_mse" (llm-compressor's, exactly).
+    scale_search: str | None = None
 
     @property
     def config_group_name(self) -> str:
@@ -43,16 +45,26 @@ class Scheme:
 
     def quantization_config(self, ignore: list[str]) -> dict:
         args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)
+        if self.scale_search == "memoryless_mse":
+            args["observer"] = "memoryless_mse"
+            args["observer_kwargs"] = dict(int4_search.MEMORYLESS)
         return ct.quantization_config(self.config_group_name, ct.PACK_QUANTIZED, args, ignore)
 
 
 SCHEME_NAMES = ("w4a16", "w4a16-asym")
 
 
-def make_scheme(name: str, group_size: int = 128) -> Scheme:
+def make_scheme(name: str, group_size: int = 128, scale_search: str | None = None) -> Scheme:
     """The scheme a user named, or a one-line usage error."""
     if name not in SCHEME_NAMES:
         raise WeightsmithError(f"unknown scheme {name!r} (choose from {', '.join(SCHEME_NAMES)})", code="usage")
     if group_size <= 0 or group_size % int4.PACK:
         raise WeightsmithError(f"--group-size {group_size} must be a positive multiple of {int4.PACK}", code="usage")
-    return Scheme(name, symmetric=name == "w4a16", group_size=group_size)
+    if scale_search is not None and scale_search not in int4_search.SEARCHES:
+        raise WeightsmithError(
+            f"unknown scale search {scale_search!r} (choose from {', '.join(int4_search.SEARCHES)})", code="usage"
+        )
+    symmetric = name == "w4a16"
+    if scale_search is not None and not symmetric:
+        raise WeightsmithError(f"--scale-search works with the symmetric scheme w4a16, not {name}", code="usage")
+    return Scheme(name, symmetric=symmetric, group_size=group_size, scale_search=scale_search)

@@ -33,7 +33,7 @@ MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfl
 
 
 @njit(inline="always", nogil=True)
-def _quantize_rows(x, mode, group, symmetric, packed, scale, zero_point):
+def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point):
     """The kernel body; `mode` and `symmetric` are compile-time constants in each caller."""
     rows, cols = x.shape
     eps = np.float32(1.0)  # torch.finfo(dtype).eps replaces a zero scale
@@ -63,6 +63,10 @@ def _quantize_rows(x, mode, group, symmetric, packed, scale, zero_point):
                 for i in range(group):
                     if not np.isfinite(vals[i]):
                         return r * cols + c0 + i
+            p = shrink[r, g]
+            if p != 1:  # a clipping factor chosen by a scale search, applied as llm-compressor's observers do
+                lo = round_to(mode, lo * p)
+                hi = round_to(mode, hi * p)
             zp = np.float32(0.0)
             if symmetric:
                 s = round_to(mode, max(-lo, hi) / half_range)
@@ -91,33 +95,33 @@ def _quantize_rows(x, mode, group, symmetric, packed, scale, zero_point):
 # One compiled kernel per (dtype, symmetry): with both known at compile time the per-element
 # rounding branches vanish and the loops vectorise (about 2x faster than a runtime switch).
 @njit(nogil=True, cache=True)
-def _bf16_sym(x, group, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_BF16, group, True, packed, scale, zero_point)
+def _bf16_sym(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_BF16, group, True, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True)
-def _bf16_asym(x, group, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_BF16, group, False, packed, scale, zero_point)
+def _bf16_asym(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_BF16, group, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True)
-def _f16_sym(x, group, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F16, group, True, packed, scale, zero_point)
+def _f16_sym(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_F16, group, True, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True)
-def _f16_asym(x, group, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F16, group, False, packed, scale, zero_point)
+def _f16_asym(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_F16, group, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True)
-def _f32_sym(x, group, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F32, group, True, packed, scale, zero_point)
+def _f32_sym(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_F32, group, True, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True)
-def _f32_asym(x, group, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F32, group, False, packed, scale, zero_point)
+def _f32_asym(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_F32, group, False, shrink, packed, scale, zero_point)
 
 
 _KERNELS = {
@@ -135,17 +139,19 @@ def quantize_rows(
     mode: int,
     group: int,
     symmetric: bool,
+    shrink: np.ndarray,
     packed: np.ndarray,
     scale: np.ndarray,
     zero_point: np.ndarray,
 ) -> int:
     """Quantize rows of `x` (bf16/fp16 bits as uint16, or float32) into caller-owned outputs.
 
-    packed: uint32 [rows, cols/8]; scale: float32 [rows, cols/group] (values exact in the emulated
-    dtype); zero_point: int8 [rows, cols/group] (written only when asymmetric). Releases the GIL.
-    Returns the flat index of the first NaN/Inf element, or -1.
+    shrink: float32 [rows, cols/group], the factor each group's range is clipped by (1.0 is plain
+    RTN); packed: uint32 [rows, cols/8]; scale: float32 [rows, cols/group] (values exact in the
+    emulated dtype); zero_point: int8 [rows, cols/group] (written only when asymmetric).
+    Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
     """
-    return _KERNELS[(mode, bool(symmetric))](x, group, packed, scale, zero_point)
+    return _KERNELS[(mode, bool(symmetric))](x, group, shrink, packed, scale, zero_point)
 
 
 def supports(cols: int, group: int) -> str | None:
@@ -213,8 +219,11 @@ def scale_storage(scale_f32: np.ndarray, mode: int) -> np.ndarray:
     return scale_f32.astype(MODE_DTYPES[mode])
 
 
-def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True) -> Int4Weight:
-    """Quantize a whole 2-D weight (bf16, fp16 or fp32). Raises ValueError on NaN/Inf."""
+def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True, shrink: np.ndarray | None = None) -> Int4Weight:
+    """Quantize a whole 2-D weight (bf16, fp16 or fp32). Raises ValueError on NaN/Inf.
+
+    `shrink` (float32 [rows, cols/group]) clips each group's range, as a scale search chooses.
+    """
     mode = mode_of(w.dtype)
     rows, cols = w.shape
     why = supports(cols, group)
@@ -223,7 +232,9 @@ def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True) -> Int4Wei
     packed = np.empty((rows, cols // PACK), np.uint32)
     scale = np.empty((rows, cols // group), np.float32)
     zp = np.zeros((rows, cols // group), np.int8)
-    bad = quantize_rows(kernel_input(np.ascontiguousarray(w)), mode, group, symmetric, packed, scale, zp)
+    if shrink is None:
+        shrink = np.ones((rows, cols // group), np.float32)
+    bad = quantize_rows(kernel_input(np.ascontiguousarray(w)), mode, group, symmetric, shrink, packed, scale, zp)
     if bad >= 0:
         raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
     return Int4Weight(

@@ -1,0 +1,178 @@
+"""Data-free clipping searches for int4 group scales: same format, same kernels, lower error.
+
+Each search chooses, per group, a factor `p` that clips the group's range before the scale is
+computed (`int4.quantize_rows` applies it exactly as llm-compressor's observers do). Two searches:
+
+- `mse` (ours, the default): mean squared weight error over 8 coarse factors (1.00 to 0.65) and 4
+  refinements around the best (+-0.0125, +-0.025). Candidates are scored with a fused, vectorised
+  loop over the group while it sits in L1, so the whole search costs about a dozen cheap passes.
+  On synthetic heavy-tailed weights it gets about 17 % lower weight MSE than plain RTN, slightly
+  lower than llm-compressor's 20-point grid.
+- `memoryless_mse`: llm-compressor's `memoryless_mse` observer reproduced exactly for BF16 weights
+  (grid 100, maxshrink 0.2, norm 2.4, patience 5): every intermediate rounded to BF16 as torch does
+  on CPU (the exponent 2.4 itself becomes BF16 2.40625), and early stopping decided over the whole
+  tensor, as the observer sees it. It needs the whole tensor before quantizing any of it, so it
+  runs as two passes: `memoryless_steps` marks each group's improving steps, `memoryless_choice`
+  applies the tensor-wide patience rule and returns the factors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, decode, round_to
+
+SEARCHES = ("mse", "memoryless_mse")
+COARSE = np.array([1.0 - 0.05 * k for k in range(8)], np.float32)
+FINE = np.array([-0.025, -0.0125, 0.0125, 0.025], np.float32)
+#: llm-compressor `memoryless_mse` defaults.
+MEMORYLESS = {"maxshrink": 0.2, "grid": 100.0, "norm": 2.4, "patience": 5}
+
+
+@njit(inline="always", nogil=True)
+def _eps(mode: int) -> np.float32:
+    if mode == MODE_BF16:
+        return np.float32(2.0**-7)
+    if mode == MODE_F16:
+        return np.float32(2.0**-10)
+    return np.float32(2.0**-23)
+
+
+@njit(inline="always", nogil=True)
+def _scale(mode: int, lo: np.float32, hi: np.float32, p: np.float32) -> np.float32:
+    """The symmetric scale compressed-tensors computes from a range clipped by `p`."""
+    smin = min(round_to(mode, lo * p), np.float32(0.0))
+    smax = max(round_to(mode, hi * p), np.float32(0.0))
+    s = round_to(mode, max(-smin, smax) / np.float32(7.5))
+    return s if s != 0 else _eps(mode)
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _squared_error(vals: np.ndarray, s: np.float32) -> np.float32:
+    """Sum of squared RTN errors of one group at scale `s` (reassociated so it vectorises)."""
+    inv = np.float32(1.0) / s
+    err = np.float32(0.0)
+    for i in range(vals.size):
+        q = np.rint(min(max(vals[i] * inv, np.float32(-8.0)), np.float32(7.0)))
+        d = q * s - vals[i]
+        err += d * d
+    return err
+
+
+@njit(nogil=True)
+def _mse_rows(x, mode, group, coarse, fine, shrink):
+    rows, cols = x.shape
+    vals = np.empty(group, np.float32)
+    for r in range(rows):
+        for g in range(cols // group):
+            c0 = g * group
+            lo = np.float32(0.0)
+            hi = np.float32(0.0)
+            poison = np.float32(0.0)
+            for i in range(group):
+                v = decode(mode, x[r, c0 + i])
+                vals[i] = v
+                lo = min(lo, v)
+                hi = max(hi, v)
+                poison += v * np.float32(0.0)
+            if poison != poison:
+                for i in range(group):
+                    if not np.isfinite(vals[i]):
+                        return r * cols + c0 + i
+            best, best_p = np.float32(np.inf), np.float32(1.0)
+            for k in range(coarse.size):
+                e = _squared_error(vals, _scale(mode, lo, hi, coarse[k]))
+                if e < best:
+                    best, best_p = e, coarse[k]
+            centre = best_p
+            for k in range(fine.size):
+                p = centre + fine[k]
+                if p > 1:
+                    continue
+                e = _squared_error(vals, _scale(mode, lo, hi, p))
+                if e < best:
+                    best, best_p = e, p
+            shrink[r, g] = best_p
+    return -1
+
+
+def search_mse(x: np.ndarray, mode: int, group: int, shrink: np.ndarray) -> int:
+    """Fill `shrink` with each group's best clipping factor (our search). Returns a NaN/Inf index or -1."""
+    return _mse_rows(x, mode, group, COARSE, FINE, shrink)
+
+
+@njit(nogil=True)
+def _memoryless_rows(x, mode, group, steps, grid, norm, masks, improved):
+    rows, cols = x.shape
+    vals = np.empty(group, np.float32)
+    big = np.float32(3.3895313892515355e38) if mode == MODE_BF16 else np.float32(np.finfo(np.float32).max)
+    if mode == MODE_F16:
+        big = np.float32(65504.0)
+    power = round_to(mode, norm)  # torch casts the scalar exponent to the tensor dtype
+    for r in range(rows):
+        for g in range(cols // group):
+            c0 = g * group
+            lo = np.float32(np.inf)
+            hi = np.float32(-np.inf)
+            poison = np.float32(0.0)
+            for i in range(group):
+                v = decode(mode, x[r, c0 + i])
+                vals[i] = v
+                lo = min(lo, v)
+                hi = max(hi, v)
+                poison += v * np.float32(0.0)
+            if poison != poison:
+                for i in range(group):
+                    if not np.isfinite(vals[i]):
+                        return r * cols + c0 + i
+            best = big
+            mask = np.uint32(0)
+            for k in range(steps):
+                p = np.float32(1.0 - k / grid)
+                s = _scale(mode, lo, hi, p)
+                err = np.float32(0.0)
+                for i in range(group):
+                    v = vals[i]
+                    q = np.rint(min(max(round_to(mode, v / s), np.float32(-8.0)), np.float32(7.0)))
+                    diff = round_to(mode, round_to(mode, q * s) - v)
+                    err += round_to(mode, abs(diff) ** power)
+                err = round_to(mode, err)
+                if err < best:
+                    best = err
+                    mask |= np.uint32(1) << np.uint32(k)
+                    improved[k] = True
+            masks[r, g] = mask
+    return -1
+
+
+def memoryless_steps(x: np.ndarray, mode: int, group: int, masks: np.ndarray, improved: np.ndarray) -> int:
+    """First pass: for each group, the steps at which its error improved (bit k of `masks[r, g]`).
+
+    `improved[k]` is set when any group improved at step k. Returns a NaN/Inf index or -1.
+    """
+    steps = int(MEMORYLESS["maxshrink"] * MEMORYLESS["grid"])
+    return _memoryless_rows(x, mode, group, steps, MEMORYLESS["grid"], np.float32(MEMORYLESS["norm"]), masks, improved)
+
+
+def memoryless_choice(masks: np.ndarray, improved: np.ndarray) -> np.ndarray:
+    """Second pass: the observer's factors, with its tensor-wide early stop applied.
+
+    The observer stops after `patience` consecutive steps in which no group of the tensor improved;
+    each group keeps the last step (up to there) at which it improved.
+    """
+    steps = len(improved)
+    last, misses = steps - 1, 0
+    for k in range(steps):
+        misses = 0 if improved[k] else misses + 1
+        if misses >= MEMORYLESS["patience"]:
+            last = k
+            break
+    visible = masks & np.uint32((1 << (last + 1)) - 1)
+    best_step = np.zeros(masks.shape, np.int64)
+    for k in range(last + 1):
+        best_step[(visible >> np.uint32(k)) & 1 == 1] = k
+    return (1.0 - best_step / MEMORYLESS["grid"]).astype(np.float32)
+
+
+__all__ = ["SEARCHES", "memoryless_choice", "memoryless_steps", "search_mse"]
