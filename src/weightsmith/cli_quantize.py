@@ -17,7 +17,7 @@ from rich.table import Table
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
-from weightsmith.pipeline import QuantizeResult, default_workers, execute
+from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan, build_plan
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
@@ -94,7 +94,7 @@ def run_quantize(
     out: Path,
     *,
     scheme: str,
-    group_size: int,
+    group_size: int | None,
     ignore: list[str],
     preset: str | None,
     workers: int,
@@ -120,7 +120,7 @@ def run_quantize(
             TimeRemainingColumn(),
         )
         with Progress(*columns, console=err, transient=True) as bar:
-            task = bar.add_task("quantize", total=plan.bytes_in)
+            task = bar.add_task("quantize", total=work_bytes(plan))
             result = execute(
                 plan,
                 out,
@@ -141,7 +141,9 @@ def quantize(
     ),
     out: Path = typer.Argument(..., help="Output folder (must not exist unless --force)."),
     scheme: str = typer.Option("w4a16", help=f"One of: {', '.join(SCHEME_NAMES)}."),
-    group_size: int = typer.Option(128, "--group-size", help="Input columns per scale."),
+    group_size: int | None = typer.Option(
+        None, "--group-size", help="Input columns per scale (default 128; nvfp4a16 is fixed at 16)."
+    ),
     scale_search: str | None = typer.Option(
         None,
         "--scale-search",

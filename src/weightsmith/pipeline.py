@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from weightsmith import names
@@ -27,7 +28,7 @@ from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.manifest import build_manifest, hash_files, write_manifest
 from weightsmith.outputdir import check_destination, check_space, staged
 from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
-from weightsmith.quant import fp8, int4, int4_search
+from weightsmith.quant import fp8, int4, int4_search, nvfp4
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
@@ -71,10 +72,9 @@ def _row_blocks(info: TensorInfo) -> list[tuple[int, int]]:
 
 def _jobs(plan: Plan) -> list[_Job]:
     jobs: list[_Job] = []
-    whole_tensors = plan.scheme.scale_search == "memoryless_mse"  # its early stop looks at the whole tensor
     for i, d in enumerate(plan.decisions):
         info = plan.source.tensors[d.name].info
-        if d.action == KEEP or (d.action == QUANTIZE and whole_tensors):
+        if d.action == KEEP or (d.action == QUANTIZE and plan.scheme.needs_whole_tensor):
             jobs.append(_Job(i, 0, info.shape[0], info.nbytes))
         elif d.action in (QUANTIZE, DECODE):
             row_bytes = info.nbytes // max(info.shape[0], 1)
@@ -82,6 +82,12 @@ def _jobs(plan: Plan) -> list[_Job]:
     # Biggest first, so a long tensor does not start last and leave one worker busy alone.
     jobs.sort(key=lambda j: -j.nbytes)
     return jobs
+
+
+def work_bytes(plan: Plan) -> int:
+    """Input bytes the run reads: everything once, plus NVFP4's first pass over its targets."""
+    extra = sum(d.nbytes for d in plan.decisions if d.action == QUANTIZE) if plan.scheme.needs_tensor_amax else 0
+    return plan.bytes_in + extra
 
 
 class _Runner:
@@ -93,6 +99,36 @@ class _Runner:
         self.writers = writers
         self.scratch = _Scratch()
         self.cancelled = threading.Event()
+        self.global_scales: dict[str, np.float32] = {}
+
+    def alloc(self, key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """A per-thread reused array (an `Alloc` for `Scheme.encode`)."""
+        dt = np.dtype(dtype)
+        return self.scratch.get(key, int(np.prod(shape)) * dt.itemsize).view(dt).reshape(shape)
+
+    def amax(self, job: _Job) -> tuple[str, float, int]:
+        """NVFP4's first pass: one weight's largest magnitude (module name, amax, input bytes)."""
+        d = self.plan.decisions[job.decision_index]
+        ref = self.plan.source.tensors[d.name]
+        amax = 0.0
+        for r0, r1 in _row_blocks(ref.info):
+            if self.cancelled.is_set():
+                break
+            x = self._input(d, ref.info, self.readers[ref.shard], r0, r1)
+            block_max, bad = nvfp4.amax_rows(int4.kernel_input(x), int4.mode_of(x.dtype))
+            self._check(d, bad, r0, ref.info.shape[1])
+            amax = max(amax, block_max)
+        return d.module, amax, job.nbytes
+
+    def set_global_scales(self, amax: dict[str, float]) -> None:
+        """One global scale per fused set (q/k/v, gate/up), from the largest amax in the set."""
+        for d in self.plan.decisions:
+            if d.action != QUANTIZE:
+                continue
+            fused = names.fused_partners(d.module)
+            members = [m for m in (fused[1] if fused else (d.module,)) if m in amax]
+            dtype = ml_dtypes.bfloat16 if d.scale else self.plan.source.tensors[d.name].info.dtype.numpy
+            self.global_scales[d.module] = nvfp4.global_scale(max(amax[m] for m in members), int4.mode_of(dtype))
 
     def run(self, job: _Job) -> int:
         if self.cancelled.is_set():
@@ -105,10 +141,10 @@ class _Runner:
         elif d.action == DECODE:
             rows = self._input(d, ref.info, reader, job.r0, job.r1)
             writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
-        elif self.plan.scheme.scale_search == "memoryless_mse":
+        elif self.plan.scheme.needs_whole_tensor:
             self._quantize_memoryless(d, ref.info, reader, writer)
         else:
-            self._quantize_block(d, ref.info, reader, writer, job.r0, job.r1)
+            self._quantize_block(d, ref.info, reader, writer, job.r0, job.r1, self.global_scales.get(d.module))
         return job.nbytes
 
     def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
@@ -155,32 +191,13 @@ class _Runner:
         writer: ShardWriter,
         r0: int,
         r1: int,
-        shrink: np.ndarray | None = None,
+        tensor_param: object = None,
     ) -> None:
-        scheme = self.plan.scheme
-        g = scheme.group_size
-        rows, cols = info.shape
         x = self._input(d, info, reader, r0, r1)
-        xin, mode, n = int4.kernel_input(x), int4.mode_of(x.dtype), r1 - r0
-        if shrink is None:
-            shrink = self.scratch.get("shrink", n * (cols // g) * 4).view(np.float32).reshape(n, cols // g)
-            if scheme.scale_search == "mse":
-                self._check(d, int4_search.search_mse(xin, mode, g, shrink), r0, cols)
-            else:
-                shrink.fill(1.0)
-        packed = self.scratch.get("packed", n * cols // 2).view(np.uint32).reshape(n, cols // int4.PACK)
-        scale = self.scratch.get("scale", n * (cols // g) * 4).view(np.float32).reshape(n, cols // g)
-        zp = self.scratch.get("zp", n * (cols // g)).view(np.int8).reshape(n, cols // g)
-        self._check(d, int4.quantize_rows(xin, mode, g, scheme.symmetric, shrink, packed, scale, zp), r0, cols)
-        module = d.module
-        writer.write(f"{module}.{names.WEIGHT_PACKED}", packed, r0 * (cols // int4.PACK) * 4)
-        stored_scale = int4.scale_storage(scale, mode)
-        writer.write(f"{module}.{names.WEIGHT_SCALE}", stored_scale, r0 * (cols // g) * stored_scale.itemsize)
-        if not scheme.symmetric:
-            zp_packed = int4.pack_nibbles(zp, axis=0)
-            writer.write(f"{module}.{names.WEIGHT_ZERO_POINT}", zp_packed, (r0 // int4.PACK) * (cols // g) * 4)
-        if r0 == 0:
-            writer.write(f"{module}.{names.WEIGHT_SHAPE}", np.array([rows, cols], np.int64))
+        writes, bad = self.plan.scheme.encode(x, r0, info.shape, tensor_param, self.alloc)
+        self._check(d, bad, r0, info.shape[1])
+        for param, data, offset in writes:
+            writer.write(f"{d.module}.{param}", data, offset)
 
 
 @dataclass
@@ -255,21 +272,13 @@ def execute(
                     max_workers=workers + (1 if hash_sources else 0), thread_name_prefix="ws"
                 ) as pool:
                     hashes = pool.submit(hash_files, [src.path(s) for s in src.headers]) if hash_sources else None
-                    futures = [pool.submit(runner.run, job) for job in _jobs(plan)]
-                    try:
-                        pending = set(futures)
-                        while pending:
-                            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-                            for f in done:
-                                if f.exception() is not None:
-                                    raise f.exception()
-                                if progress is not None:
-                                    progress(f.result())
-                    except BaseException:
-                        runner.cancelled.set()
-                        for f in futures:
-                            f.cancel()
-                        raise
+                    if plan.scheme.needs_tensor_amax:
+                        targets = [
+                            _Job(i, nbytes=d.nbytes) for i, d in enumerate(plan.decisions) if d.action == QUANTIZE
+                        ]
+                        results = _drain(pool, runner, runner.amax, targets, lambda r: r[2], progress)
+                        runner.set_global_scales({module: amax for module, amax, _ in results})
+                    _drain(pool, runner, runner.run, _jobs(plan), lambda n: n, progress)
                     source_hashes = hashes.result() if hashes is not None else {}
             finally:
                 for r in readers.values():
@@ -292,6 +301,35 @@ def execute(
             f"could not be written ({exc.strerror or exc})", file=exc.filename or out, code="output.io"
         ) from None
     return QuantizeResult(out, manifest)
+
+
+def _drain(
+    pool: ThreadPoolExecutor,
+    runner: _Runner,
+    fn: Callable[[_Job], object],
+    jobs: list[_Job],
+    nbytes: Callable[[object], int],
+    progress: Progress | None,
+) -> list:
+    """Run `fn` over `jobs` on the pool; at the first error or interrupt, stop the rest and re-raise."""
+    futures = [pool.submit(fn, job) for job in jobs]
+    results = []
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:
+                    raise f.exception()
+                results.append(f.result())
+                if progress is not None:
+                    progress(nbytes(f.result()))
+    except BaseException:
+        runner.cancelled.set()
+        for f in futures:
+            f.cancel()
+        raise
+    return results
 
 
 def default_workers() -> int:

@@ -11,13 +11,14 @@ the config's `ignore`, because vLLM expects `weight_packed` for any targeted Lin
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from weightsmith import names
 from weightsmith.checkpoint import Checkpoint
-from weightsmith.dtypes import DENSE_FLOATS, FP8_FLOATS
+from weightsmith.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.safetensors.writer import TensorSpec
@@ -124,6 +125,10 @@ class Decision:
     @property
     def module(self) -> str:
         return names.split(self.name)[0]
+
+    @property
+    def nbytes(self) -> int:
+        return DTYPES[self.dtype].nbytes(math.prod(self.shape)) or 0
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from weightsmith import names
-from weightsmith.quant import int4
+from weightsmith.quant import int4, nvfp4
 
 QUANT_METHOD = "compressed-tensors"
 PACK_QUANTIZED = "pack-quantized"
@@ -32,7 +32,14 @@ FORMAT_PARAMS: dict[str, dict[str, str | None]] = {
 ASYM_PARAMS: dict[str, str] = {names.WEIGHT_ZERO_POINT: "I32"}
 
 
-def weight_args(num_bits: int, symmetric: bool, group_size: int, type_: str = "int") -> dict:
+def weight_args(
+    num_bits: int,
+    symmetric: bool,
+    group_size: int,
+    type_: str = "int",
+    strategy: str = "group",
+    scale_dtype: str | None = None,
+) -> dict:
     """A `QuantizationArgs` dict in the schema compressed-tensors 0.17-0.20 all accept.
 
     Every field is written out (as compressed-tensors 0.19 does), so older readers that pin a
@@ -46,8 +53,8 @@ def weight_args(num_bits: int, symmetric: bool, group_size: int, type_: str = "i
         "num_bits": num_bits,
         "observer": None,
         "observer_kwargs": {},
-        "scale_dtype": None,
-        "strategy": "group",
+        "scale_dtype": scale_dtype,
+        "strategy": strategy,
         "symmetric": symmetric,
         "type": type_,
         "zp_dtype": None if symmetric else "torch.int8",
@@ -91,6 +98,11 @@ def dequantize(fmt: str, weights: dict, params: dict[str, np.ndarray]) -> np.nda
             params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params.get(names.WEIGHT_ZERO_POINT), shape
         )
         return int4.dequantize(weight, int(weights["group_size"]))
+    if fmt == NVFP4_PACK_QUANTIZED:
+        nv = nvfp4.Nvfp4Weight(
+            params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params[names.WEIGHT_GLOBAL_SCALE]
+        )
+        return nvfp4.dequantize(nv)
     raise NotImplementedError(
         f"dequantizing {fmt} with {weights.get('num_bits')}-bit {weights.get('strategy')} weights"
     )

@@ -1,0 +1,220 @@
+"""NVFP4 weight-only (NVFP4A16), compressed-tensors `nvfp4-pack-quantized`.
+
+Formula (compressed-tensors `generate_gparam`, `calculate_qparams`, `_quantize`, `cast_to_fp4`, as
+run by llm-compressor's `model_free_ptq` on CPU):
+
+  global_scale = 448 * 6 / amax            amax over the tensor, or over its fused partners (q/k/v,
+                                           gate/up), as reciprocal-then-multiply in the weight dtype
+                                           (torch's `number / tensor`), stored float32
+  block scale  = fp8_e4m3(global_scale * (amax16 / 6))    per 16 input columns; 0 becomes 0.125
+  q            = fp4_e2m1(clamp(x / (block_scale / global_scale), -6, 6))    in float32
+
+E2M1 rounding is to nearest, ties to even: 0, 0.5, 1, 1.5, 2, 3, 4, 6. Storage: `weight_packed` uint8,
+element 2k in the low nibble, each nibble a sign bit (bit 3, set for negative zero too) and a
+magnitude index; `weight_scale` float8_e4m3fn; `weight_global_scale` float32 [1], a divisor.
+Dequantization: `q * (block_scale / global_scale)`.
+
+`search=True` (our improvement, `--scale-search mse`) tries each block's FP8 scale code and its
+neighbours (-6 .. +1 codes) and keeps the one with the least squared error; same format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+from numba import njit
+
+from weightsmith.quant.floatbits import decode, round_to
+
+GROUP = 16
+FP4_MAX, FP8_MAX = 6.0, 448.0
+FP8_EPS = 0.125  # torch.finfo(float8_e4m3fn).eps: what a zero block scale becomes
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+#: float32 value of every float8_e4m3fn code (NaN codes included, never produced).
+FP8_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+SEARCH_OFFSETS = np.arange(-6, 2, dtype=np.int64)
+
+
+@njit(inline="always", nogil=True)
+def fp8_code(v: np.float32) -> np.int64:
+    """The float8_e4m3fn code of a value in [0, 448], rounded to nearest, ties to even."""
+    if v < np.float32(2.0**-6):  # subnormal: a multiple of 2**-9
+        return np.int64(np.rint(v * np.float32(512.0)))
+    b = np.float32(v).view(np.uint32)
+    b = np.uint32((b + np.uint32(0x7FFFF) + ((b >> np.uint32(20)) & np.uint32(1))) & np.uint32(0xFFF00000))
+    exp = np.int64((b >> np.uint32(23)) & np.uint32(0xFF)) - 127
+    mant = np.int64((b >> np.uint32(20)) & np.uint32(0x7))
+    return min((exp + 7) * 8 + mant, np.int64(0x7E))
+
+
+@njit(inline="always", nogil=True)
+def fp4_index(t: np.float32) -> np.int64:
+    """Magnitude index (0..7) of |t| rounded to E2M1, ties to even, with compressed-tensors' thresholds."""
+    a = abs(t)
+    if a <= 0.25:
+        return 0
+    if a < 0.75:
+        return 1
+    if a <= 1.25:
+        return 2
+    if a < 1.75:
+        return 3
+    if a <= 2.5:
+        return 4
+    if a < 3.5:
+        return 5
+    if a <= 5.0:
+        return 6
+    return 7
+
+
+@njit(nogil=True)
+def _quantize_rows(x, mode, global_scale, search, fp8_values, e2m1, offsets, packed, scale_codes):
+    rows, cols = x.shape
+    vals = np.empty(GROUP, np.float32)
+    gs = np.float32(global_scale)
+    six = np.float32(6.0)
+    for r in range(rows):
+        for g in range(cols // GROUP):
+            c0 = g * GROUP
+            amax = np.float32(0.0)
+            for i in range(GROUP):
+                v = decode(mode, x[r, c0 + i])
+                if not np.isfinite(v):
+                    return r * cols + c0 + i
+                vals[i] = v
+                amax = max(amax, abs(v))
+            local = round_to(mode, amax / six)
+            code = fp8_code(min(gs * local, np.float32(448.0)))
+            best_code = code
+            if search:
+                best_err = np.float32(np.inf)
+                for k in range(offsets.size):
+                    c = code + offsets[k]
+                    if c < 1 or c > 0x7E:
+                        continue
+                    eff = fp8_values[c] / gs
+                    err = np.float32(0.0)
+                    for i in range(GROUP):
+                        t = min(max(vals[i] / eff, -six), six)
+                        m = e2m1[fp4_index(t)]
+                        d = (m if t >= 0 else -m) * eff - vals[i]
+                        err += d * d
+                    if err < best_err:
+                        best_err, best_code = err, c
+            scale = fp8_values[best_code] if best_code != 0 else np.float32(0.125)
+            scale_codes[r, g] = np.uint8(best_code if best_code != 0 else 0x20)  # 0x20 is 0.125
+            eff = scale / gs
+            for i in range(0, GROUP, 2):
+                pair = np.uint8(0)
+                for j in range(2):
+                    t = vals[i + j] / eff
+                    t = min(max(t, -six), six)
+                    nib = np.uint8(fp4_index(t))
+                    if t < 0 or (t == 0 and np.float32(t).view(np.uint32) >> np.uint32(31)):
+                        nib |= np.uint8(8)
+                    pair |= np.uint8(nib << np.uint8(4 * j))
+                packed[r, (c0 + i) // 2] = pair
+    return -1
+
+
+def global_scale(amax: float, mode: int) -> np.float32:
+    """448 * 6 / amax as compressed-tensors computes it in the weight dtype; 1.0 if not finite.
+
+    torch evaluates `number / tensor` as `reciprocal(tensor) * number`, each rounded to the dtype,
+    so the quotient is not the correctly rounded one (bf16: 2688 / 0.60546875 gives 4416, not 4448).
+    """
+    with np.errstate(divide="ignore", over="ignore"):
+        a = max(np.float32(amax), np.float32(np.finfo(np.float32).tiny))
+        gs = _reciprocal_times(a, np.float32(FP8_MAX * FP4_MAX), mode)
+    return np.float32(gs) if np.isfinite(gs) else np.float32(1.0)
+
+
+@njit(nogil=True)
+def _reciprocal_times(a, k, mode):
+    return round_to(mode, round_to(mode, np.float32(1.0) / a) * k)
+
+
+@njit(nogil=True)
+def _amax_rows(x, mode):
+    rows, cols = x.shape
+    amax = np.float32(0.0)
+    for r in range(rows):
+        for c in range(cols):
+            v = decode(mode, x[r, c])
+            if not np.isfinite(v):
+                return np.float32(np.nan), r * cols + c
+            amax = max(amax, abs(v))
+    return amax, -1
+
+
+def amax_rows(x: np.ndarray, mode: int) -> tuple[float, int]:
+    """Largest magnitude of rows of `x`, and the flat index of a NaN/Inf (-1 if none)."""
+    amax, bad = _amax_rows(x, mode)
+    return float(amax), int(bad)
+
+
+def supports(cols: int) -> str | None:
+    """Why a [*, cols] weight cannot take NVFP4, or None if it can."""
+    if cols % GROUP:
+        return f"input size {cols} is not a multiple of the NVFP4 group size {GROUP}"
+    return None
+
+
+def quantize_rows(
+    x: np.ndarray, mode: int, gs: np.float32, search: bool, packed: np.ndarray, scale_codes: np.ndarray
+) -> int:
+    """Quantize rows (bf16/fp16 bits as uint16, or float32) given the tensor's global scale.
+
+    packed: uint8 [rows, cols/2]; scale_codes: uint8 [rows, cols/16] (float8_e4m3fn bits).
+    Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
+    """
+    return _quantize_rows(x, mode, gs, search, FP8_VALUES, E2M1, SEARCH_OFFSETS, packed, scale_codes)
+
+
+@dataclass(frozen=True)
+class Nvfp4Weight:
+    """One quantized weight as stored on disk."""
+
+    packed: np.ndarray  # uint8 [out, in/2]
+    scale: np.ndarray  # float8_e4m3fn [out, in/16]
+    global_scale: np.ndarray  # float32 [1]
+
+
+def quantize(w: np.ndarray, gs: np.float32 | None = None, search: bool = False) -> Nvfp4Weight:
+    """Quantize a whole 2-D weight; `gs` defaults to the tensor's own global scale."""
+    from weightsmith.quant.int4 import kernel_input, mode_of
+
+    mode = mode_of(w.dtype)
+    rows, cols = w.shape
+    why = supports(cols)
+    if why:
+        raise ValueError(why)
+    x = kernel_input(np.ascontiguousarray(w))
+    if gs is None:
+        amax, bad = amax_rows(x, mode)
+        if bad >= 0:
+            raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
+        gs = global_scale(amax, mode)
+    packed = np.empty((rows, cols // 2), np.uint8)
+    codes = np.empty((rows, cols // GROUP), np.uint8)
+    bad = quantize_rows(x, mode, gs, search, packed, codes)
+    if bad >= 0:
+        raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
+    return Nvfp4Weight(packed, codes.view(ml_dtypes.float8_e4m3fn), np.array([gs], np.float32))
+
+
+def unpack(packed: np.ndarray) -> np.ndarray:
+    """E2M1 values (float32) of packed nibbles, element 2k from the low nibble."""
+    nibbles = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[0], -1)
+    mags = E2M1[nibbles & 7]
+    return np.where(nibbles & 8, -mags, mags).astype(np.float32)
+
+
+def dequantize(weight: Nvfp4Weight, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
+    """`q * (block_scale / global_scale)` in float32, cast to `dtype` (BF16, as compressed-tensors unpacks)."""
+    eff = weight.scale.astype(np.float32) / weight.global_scale.astype(np.float32)[0]
+    values = unpack(weight.packed) * np.repeat(eff, GROUP, axis=1)
+    return values.astype(dtype)
