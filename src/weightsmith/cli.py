@@ -45,6 +45,9 @@ from weightsmith.cli_quantize import demo, quantize  # noqa: E402
 
 app.command()(quantize)
 app.command()(demo)
+from weightsmith.audit.commands import register as register_audit  # noqa: E402
+
+register_audit(app)
 # --- end commands ---
 
 

@@ -1,0 +1,312 @@
+"""The quantization config against the tensors.
+
+For every Linear-like module: is it stored the way the config says (quantized when targeted, dense
+when ignored), does a quantized module carry exactly the tensors its format needs, with the dtypes
+and mutually consistent shapes the runtime allocates, and do the shards of a fused layer (q/k/v,
+gate/up) agree, since vLLM loads them as one layer with one scheme.
+"""
+
+from __future__ import annotations
+
+import math
+
+from weightsmith import names
+from weightsmith.audit import coverage as cov
+from weightsmith.audit.expected import MODELOPT_NVFP4, MODELOPT_NVFP4_GROUP, QUANTIZED_MARKERS
+from weightsmith.audit.findings import ERROR, WARNING, Finding
+from weightsmith.audit.modules import DENSE_WEIGHT_DTYPES, Located, Module
+from weightsmith.audit.quant_config import HF_FP8, MODELOPT, QuantDeclaration, Scheme
+from weightsmith.audit.values import SmallReads
+from weightsmith.formats import compressed_tensors as ct
+
+SCALAR = (-1,)  # marker: any shape holding exactly one element
+
+
+def check_quantization(
+    decl: QuantDeclaration | None, modules: dict[str, Module], reads: SmallReads
+) -> tuple[list[Finding], str]:
+    """Findings, and a few words on what was compared."""
+    linear = [m for m in modules.values() if m.linear_like]
+    if decl is None:
+        found = [
+            _finding(
+                m,
+                "quant.undeclared",
+                ERROR,
+                "is stored quantized but config.json declares no quantization_config; loaders will treat it as dense",
+            )
+            for m in linear
+            if m.quantized
+        ]
+        return found, f"{len(linear):,} Linear-like modules; config.json declares no quantization"
+    found = list(decl.problems)
+    for module in linear:
+        found += _module_findings(decl, module, reads)
+    found += _fused_findings(decl, linear, reads)
+    formats = ", ".join(sorted({s.format for s in decl.schemes if s.format})) or "no weight format"
+    return found, f"{len(linear):,} Linear-like modules against {decl.method} {formats} ({decl.source})"
+
+
+def _main_param(module: Module) -> str:
+    """The parameter that holds the weight (packed or not), which findings about a module name."""
+    for param in (names.WEIGHT_PACKED, names.WEIGHT):
+        if param in module.params:
+            return param
+    return next(iter(module.params))
+
+
+def _main(module: Module) -> Located:
+    return module.params[_main_param(module)]
+
+
+def _finding(module: Module, check: str, severity: str, message: str, param: str | None = None) -> Finding:
+    """A finding on `module.param` (the main weight by default), in the shard that holds it."""
+    param = param or _main_param(module)
+    shard = (module.params.get(param) or _main(module)).shard
+    return Finding(check, severity, message, shard, f"{module.name}.{param}")
+
+
+def _describe(scheme: Scheme) -> str:
+    return f"config group {scheme.name!r} ({scheme.format})"
+
+
+def _module_findings(decl: QuantDeclaration, module: Module, reads: SmallReads) -> list[Finding]:
+    status = cov.status_of(decl, module)
+    scheme = decl.scheme_for(module.name, module.lm_head)
+    if status == cov.MISSED:
+        dtype = _main(module).info.dtype.code
+        return [
+            _finding(
+                module,
+                "quant.not-quantized",
+                ERROR,
+                f"is targeted by {_describe(scheme)} but stored dense ({dtype}); quantize it or add it to ignore",
+            )
+        ]
+    if status == cov.QUANTIZED_IGNORED:
+        return [
+            _finding(
+                module,
+                "quant.ignored-but-quantized",
+                ERROR,
+                "is stored quantized but the config's ignore list names it, so the runtime expects a dense weight",
+            )
+        ]
+    if status == cov.QUANTIZED_UNTARGETED:
+        return [
+            _finding(
+                module,
+                "quant.not-targeted",
+                ERROR,
+                "is stored quantized but no config group targets it, so the runtime expects a dense weight",
+            )
+        ]
+    if (
+        status == cov.NOT_TARGETED
+        and module.lm_head
+        and decl.method == ct.QUANT_METHOD
+        and any("Linear" in s.targets for s in decl.schemes)
+    ):
+        return [
+            _finding(
+                module,
+                "quant.lm-head-not-ignored",
+                WARNING,
+                "is an nn.Linear in transformers, which the target 'Linear' then covers; "
+                "add 'lm_head' to ignore (vLLM keeps it dense either way)",
+            )
+        ]
+    if status != cov.QUANTIZED or scheme is None:
+        return []
+    expected = decl.expected_params(scheme)
+    if expected is None:
+        return []
+    return _tensor_set_findings(module, scheme, expected) + _shape_findings(decl, scheme, module, reads)
+
+
+def _tensor_set_findings(module: Module, scheme: Scheme, expected: dict[str, str | None]) -> list[Finding]:
+    found = []
+    for param, dtype in expected.items():
+        located = module.params.get(param)
+        if located is None:
+            message = f"is missing: {_describe(scheme)} needs it for every quantized module"
+            found.append(_finding(module, "quant.missing-param", ERROR, message, param))
+            continue
+        code = located.info.dtype.code
+        wanted = dtype or scheme.scale_dtype
+        if (wanted is not None and code != wanted) or (wanted is None and code not in DENSE_WEIGHT_DTYPES):
+            want = wanted or "a float dtype (the original weight's)"
+            found.append(
+                _finding(module, "quant.param-dtype", ERROR, f"is {code} but {_describe(scheme)} stores {want}", param)
+            )
+    if names.WEIGHT not in expected and names.WEIGHT in module.params:
+        found.append(
+            _finding(
+                module,
+                "quant.leftover-weight",
+                ERROR,
+                f"is left over beside the quantized tensors of {_describe(scheme)}; delete it",
+                names.WEIGHT,
+            )
+        )
+    for param in sorted((QUANTIZED_MARKERS & module.params.keys()) - expected.keys()):
+        found.append(
+            _finding(
+                module,
+                "quant.unexpected-param",
+                WARNING,
+                f"is not part of {_describe(scheme)}; the runtime has no parameter to load it into",
+                param,
+            )
+        )
+    return found
+
+
+def _shape_findings(decl: QuantDeclaration, scheme: Scheme, module: Module, reads: SmallReads) -> list[Finding]:
+    expected, problems = _expected_shapes(decl, scheme, module, reads)
+    found = [_finding(module, "quant.param-shape", ERROR, message, param) for param, message in problems]
+    for param, shape in expected.items():
+        located = module.params.get(param)
+        if located is None:
+            continue
+        actual = located.info.shape
+        if shape == SCALAR:
+            if located.info.numel != 1:
+                found.append(
+                    _finding(
+                        module,
+                        "quant.param-shape",
+                        ERROR,
+                        f"has shape {list(actual)} but must hold exactly one value",
+                        param,
+                    )
+                )
+        elif actual != shape:
+            found.append(
+                _finding(
+                    module,
+                    "quant.param-shape",
+                    ERROR,
+                    f"has shape {list(actual)} but {_describe(scheme)} implies {list(shape)}",
+                    param,
+                )
+            )
+    return found
+
+
+def _expected_shapes(
+    decl: QuantDeclaration, scheme: Scheme, module: Module, reads: SmallReads
+) -> tuple[dict[str, tuple[int, ...]], list[tuple[str, str]]]:
+    """Expected shape of each parameter, from the main tensor's shape (and `weight_shape` values)."""
+    main_param = names.WEIGHT_PACKED if names.WEIGHT_PACKED in module.params else names.WEIGHT
+    main = module.params.get(main_param)
+    if main is None:
+        return {}, []
+    if len(main.info.shape) != 2:
+        return {}, [(main_param, f"has shape {list(main.info.shape)}; a quantized Linear weight is two-dimensional")]
+    out, cols = main.info.shape
+    fmt = scheme.format
+    if decl.method == ct.QUANT_METHOD and fmt == ct.PACK_QUANTIZED:
+        return _pack_quantized_shapes(scheme, module, reads, out, cols)
+    if (decl.method == ct.QUANT_METHOD and fmt == ct.NVFP4_PACK_QUANTIZED) or (
+        decl.method == MODELOPT and fmt == MODELOPT_NVFP4
+    ):
+        group = scheme.group_size or MODELOPT_NVFP4_GROUP
+        in_features = cols * 2
+        shapes = {names.WEIGHT_SCALE: (out, math.ceil(in_features / group))}
+        for scalar in (names.WEIGHT_GLOBAL_SCALE, names.INPUT_GLOBAL_SCALE, names.WEIGHT_SCALE_2, names.INPUT_SCALE):
+            shapes[scalar] = SCALAR
+        return shapes, []
+    # FP8 weights stored [out, in]: compressed-tensors float-quantized, ModelOpt FP8, HF fp8.
+    scale = names.WEIGHT_SCALE_INV if decl.method == HF_FP8 and scheme.block else names.WEIGHT_SCALE
+    return {scale: _grouped_scale_shape(scheme, out, cols), names.INPUT_SCALE: SCALAR}, []
+
+
+def _grouped_scale_shape(scheme: Scheme, out: int, in_features: int) -> tuple[int, ...]:
+    if scheme.block:
+        return (math.ceil(out / scheme.block[0]), math.ceil(in_features / scheme.block[1]))
+    if scheme.strategy == "channel":
+        return (out, 1)
+    if scheme.strategy == "group" and scheme.group_size:
+        return (out, math.ceil(in_features / scheme.group_size))
+    return SCALAR
+
+
+def _pack_quantized_shapes(
+    scheme: Scheme, module: Module, reads: SmallReads, out: int, cols: int
+) -> tuple[dict[str, tuple[int, ...]], list[tuple[str, str]]]:
+    bits = scheme.num_bits or 4
+    shape_ref = module.params.get(names.WEIGHT_SHAPE)
+    if shape_ref is None or shape_ref.info.dtype.code != "I64" or shape_ref.info.shape != (2,):
+        return {names.WEIGHT_SHAPE: (2,)}, []
+    rows, in_features = (int(v) for v in reads.array(shape_ref.shard, f"{module.name}.{names.WEIGHT_SHAPE}"))
+    problems = []
+    if rows != out:
+        problems.append((names.WEIGHT_SHAPE, f"says {rows} output rows but weight_packed has {out}"))
+    if cols != math.ceil(in_features * bits / 32):
+        problems.append(
+            (
+                names.WEIGHT_PACKED,
+                f"has {cols} int32 columns but {in_features} inputs at {bits} bits "
+                f"need {math.ceil(in_features * bits / 32)}",
+            )
+        )
+    scale = _grouped_scale_shape(scheme, out, in_features)
+    shapes = {names.WEIGHT_SCALE: scale}
+    if scale != SCALAR:
+        shapes[names.WEIGHT_ZERO_POINT] = (math.ceil(out * bits / 32), scale[1])
+    return shapes, problems
+
+
+def _fused_findings(decl: QuantDeclaration, linear: list[Module], reads: SmallReads) -> list[Finding]:
+    groups: dict[str, list[Module]] = {}
+    for module in linear:
+        fused = names.fused_partners(module.name)
+        if fused is not None:
+            groups.setdefault(fused[0], []).append(module)
+    found = []
+    for fused, members in groups.items():
+        if len(members) < 2:
+            continue
+        storage = {m.name: _storage(m) for m in members}
+        if len(set(storage.values())) > 1:
+            detail = "; ".join(f"{names.leaf(m)} {s}" for m, s in storage.items())
+            found.append(
+                _finding(
+                    members[0],
+                    "quant.fused-mismatch",
+                    ERROR,
+                    f"and its partners in {names.leaf(fused)} are stored differently ({detail}); "
+                    "vLLM loads them as one layer and refuses mixed schemes",
+                )
+            )
+            continue
+        found += _global_scale_findings(fused, members, reads)
+    return found
+
+
+def _storage(module: Module) -> str:
+    main = _main(module)
+    kind = "quantized" if module.quantized else "dense"
+    return f"{kind} {main.info.dtype.code}"
+
+
+def _global_scale_findings(fused: str, members: list[Module], reads: SmallReads) -> list[Finding]:
+    for param in (names.WEIGHT_GLOBAL_SCALE, names.WEIGHT_SCALE_2):
+        located = [m.params.get(param) for m in members]
+        if any(loc is None or loc.info.numel != 1 or loc.info.dtype.code != "F32" for loc in located):
+            continue
+        values = [reads.scalar(loc.shard, f"{m.name}.{param}") for m, loc in zip(members, located, strict=True)]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"{names.leaf(m.name)} {v:g}" for m, v in zip(members, values, strict=True))
+            return [
+                _finding(
+                    members[0],
+                    "quant.fused-global-scale",
+                    WARNING,
+                    f"{param} differs across the shards of {names.leaf(fused)} ({shown}); "
+                    "vLLM uses one value for the fused layer, so the others dequantize off scale",
+                    param,
+                )
+            ]
+    return []

@@ -1,0 +1,78 @@
+"""`verify --scan-values`: NaN/Inf and all-zero tensors, reading every byte once, in chunks.
+
+Memory stays at one chunk buffer per worker whatever the tensor sizes; reads are positional and
+release the GIL, so a few threads keep the disk busy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from weightsmith.audit.findings import ERROR, WARNING, Finding
+from weightsmith.audit.modules import Located
+from weightsmith.audit.survey import Survey
+from weightsmith.audit.values import CHUNK_BYTES, chunks, non_finite_count
+from weightsmith.safetensors.reader import ShardReader
+
+
+@dataclass(frozen=True)
+class _Scan:
+    name: str
+    shard: str
+    numel: int
+    non_finite: int
+    all_zero: bool
+
+
+def scan_values(found: Survey, workers: int | None = None) -> tuple[list[Finding], str]:
+    readers = {shard: ShardReader(found.path(shard), header) for shard, header in found.headers.items()}
+    local = threading.local()
+
+    def scan(item: tuple[str, Located]) -> _Scan:
+        name, located = item
+        buffer = getattr(local, "buffer", None)
+        if buffer is None:
+            buffer = local.buffer = np.empty(CHUNK_BYTES, dtype=np.uint8)
+        bad, nonzero = 0, False
+        for chunk in chunks(readers[located.shard], located.info, buffer):
+            bad += non_finite_count(located.info.dtype.code, chunk)
+            nonzero = nonzero or bool(chunk.any())
+        return _Scan(name, located.shard, located.info.numel, bad, not nonzero)
+
+    items = sorted(found.tensors.items(), key=lambda kv: (kv[1].shard, kv[1].info.begin))
+    total = sum(loc.info.nbytes for _, loc in items)
+    try:
+        with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
+            results = list(pool.map(scan, (i for i in items if i[1].info.nbytes)))
+    finally:
+        for reader in readers.values():
+            reader.close()
+    found_list = []
+    for r in results:
+        if r.non_finite:
+            found_list.append(
+                Finding(
+                    "values.non-finite",
+                    ERROR,
+                    f"holds {r.non_finite:,} NaN or Inf values among {r.numel:,}; "
+                    "export or quantize it again from a good source",
+                    r.shard,
+                    r.name,
+                )
+            )
+        elif r.all_zero:
+            found_list.append(
+                Finding(
+                    "values.all-zero",
+                    WARNING,
+                    "holds only zeros; a weight or scale that was never written?",
+                    r.shard,
+                    r.name,
+                )
+            )
+    return found_list, f"{len(items):,} tensors, {total:,} bytes read"

@@ -1,0 +1,357 @@
+"""What a checkpoint's quantization config declares, in one shape for every producer.
+
+Three producers are understood: compressed-tensors (`config.json` `quantization_config`, matched as
+vLLM and compressed-tensors match it: exact names, `re:` regexes anchored at the start, and the
+class name `Linear`), NVIDIA ModelOpt (`hf_quant_config.json`, or its converted `config.json` form,
+with fnmatch wildcards in `exclude_modules`/`ignore`), and the HF/DeepSeek `fp8` block format.
+`config.json` wins when both files declare, as in vLLM's `get_quant_config`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+
+from weightsmith import names
+from weightsmith.audit.expected import EIGHT_BIT_PARAMS, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS, MODELOPT_PARAMS
+from weightsmith.audit.findings import ERROR, INFO, Finding
+from weightsmith.audit.survey import HF_QUANT_CONFIG_FILE
+from weightsmith.checkpoint import CONFIG_FILE
+from weightsmith.formats import compressed_tensors as ct
+
+MODELOPT, HF_FP8 = "modelopt", "fp8"
+HF_FP8_BLOCK = "fp8-block"
+#: Fields compressed-tensors' QuantizationArgs accepts (it forbids any other key, so vLLM fails).
+CT_ARGS_FIELDS = frozenset(
+    {
+        "num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
+        "actorder", "scale_dtype", "zp_dtype", "observer", "observer_kwargs",
+    }
+)  # fmt: skip
+#: Shard leaf -> its fused layer's leaf (`q_proj` -> `qkv_proj`), as `names.fused_partners` says.
+_FUSED_LEAF = {
+    part: names.leaf(names.fused_partners(f"m.{part}")[0])
+    for parts in (*names.FUSED_LAYERS.values(), *names.FUSED_EXPERT_PAIRS)
+    for part in parts
+}
+_TORCH_DTYPES = {
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.bfloat16": "BF16",
+    "torch.float16": "F16",
+    "torch.float32": "F32",
+    "torch.float8_e8m0fnu": "F8_E8M0",
+}
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One config group: what it targets and how a targeted module must be stored."""
+
+    name: str
+    targets: tuple[str, ...]
+    format: str | None
+    num_bits: int | None = None
+    weight_type: str | None = None
+    group_size: int | None = None
+    strategy: str | None = None
+    symmetric: bool = True
+    scale_dtype: str | None = None
+    #: Activations quantized with static scales stored in the checkpoint.
+    static_input: bool = False
+    block: tuple[int, int] | None = None
+
+
+class _Matcher:
+    """Exact names plus one combined regex, so thousands of modules match in microseconds each.
+
+    Patterns that do not compile are left out and reported through `broken`.
+    """
+
+    def __init__(self, exact: set[str], patterns: list[str]) -> None:
+        self.exact = exact
+        self.broken = [p for p in patterns if not _compiles(p)]
+        good = [p for p in patterns if p not in self.broken]
+        self.regex = re.compile("|".join(f"(?:{p})" for p in good)) if good else None
+
+    def __call__(self, module: str) -> bool:
+        return module in self.exact or (self.regex is not None and self.regex.match(module) is not None)
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
+
+
+@dataclass
+class QuantDeclaration:
+    """A quantization config, reduced to the questions the doctor asks of each module."""
+
+    method: str
+    source: str
+    schemes: tuple[Scheme, ...] = ()
+    ignore: tuple[str, ...] = ()
+    #: The declared KV-cache scheme in words, or None; `kv_static` says whether scales must ship.
+    kv_cache: str | None = None
+    kv_source: str | None = None
+    kv_static: bool = True
+    problems: list[Finding] = field(default_factory=list)
+    fnmatch_ignore: bool = False
+
+    def __post_init__(self) -> None:
+        self._targets: list[tuple[_Matcher, Scheme]] = []
+        self._class_target: Scheme | None = None
+        for scheme in self.schemes:
+            exact, patterns = set(), []
+            for target in scheme.targets:
+                if target.startswith("re:"):
+                    patterns.append(target[3:])
+                elif "." in target:
+                    exact.add(target)
+                elif target.lower() == "linear" and self._class_target is None:
+                    self._class_target = scheme
+            self._targets.append((_Matcher(exact, patterns), scheme))
+        if self.fnmatch_ignore:
+            self._ignore = _Matcher(set(), [fnmatch.translate(p) for p in self.ignore])
+        else:
+            self._ignore = _Matcher(
+                {p for p in self.ignore if not p.startswith("re:")}, [p[3:] for p in self.ignore if p.startswith("re:")]
+            )
+        for matcher in [self._ignore, *(m for m, _ in self._targets)]:
+            for pattern in matcher.broken:
+                self.problems.append(_invalid(f"pattern {pattern!r} is not a valid regular expression", CONFIG_FILE))
+
+    def scheme_for(self, module: str, lm_head: bool | None = None) -> Scheme | None:
+        """The scheme a runtime applies to this Linear-like module: by name first, then by class.
+
+        vLLM's `ParallelLMHead` is not a Linear class, so `lm_head` is targeted only by name.
+        `lm_head` may be passed when the caller already knows whether the module is one.
+        """
+        for matcher, scheme in self._targets:
+            if matcher(module):
+                return scheme
+        if self._class_target is None:
+            return None
+        return None if (names.is_lm_head(module) if lm_head is None else lm_head) else self._class_target
+
+    def ignored(self, module: str) -> bool:
+        """Listed in `ignore` itself or through its fused layer (`qkv_proj` for `q_proj`)."""
+        if self._ignore(module):
+            return True
+        parent, _, leaf = module.rpartition(".")
+        fused = _FUSED_LEAF.get(leaf)
+        return fused is not None and self._ignore(f"{parent}.{fused}" if parent else fused)
+
+    def expected_params(self, scheme: Scheme) -> dict[str, str | None] | None:
+        """Parameter -> dtype a module stored under `scheme` must have (None: any float)."""
+        if self.method == MODELOPT:
+            return MODELOPT_PARAMS.get(scheme.format or "")
+        if self.method == HF_FP8:
+            scale = names.WEIGHT_SCALE_INV if scheme.block else names.WEIGHT_SCALE
+            return {names.WEIGHT: "F8_E4M3", scale: scheme.scale_dtype or "F32"}
+        params = ct.FORMAT_PARAMS.get(scheme.format or "")
+        if params is None and scheme.format in (ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED) and scheme.num_bits == 8:
+            params = EIGHT_BIT_PARAMS.get(scheme.weight_type or "")
+        if params is None:
+            return None
+        params = dict(params)
+        if scheme.format == ct.PACK_QUANTIZED and not scheme.symmetric:
+            params.update(ct.ASYM_PARAMS)
+        if scheme.static_input:
+            params[names.INPUT_GLOBAL_SCALE if scheme.format == ct.NVFP4_PACK_QUANTIZED else names.INPUT_SCALE] = "F32"
+        return params
+
+
+def read_declaration(config: dict | None, hf_quant_config: dict | None) -> QuantDeclaration | None:
+    """The checkpoint's quantization declaration, or None when it declares none."""
+    qc = config.get("quantization_config") if config else None
+    if isinstance(qc, dict):
+        method = qc.get("quant_method")
+        if method == ct.QUANT_METHOD:
+            return _compressed_tensors(qc)
+        if method == MODELOPT:
+            return _modelopt_config_json(qc)
+        if method == HF_FP8:
+            return _hf_fp8(qc)
+        return QuantDeclaration(
+            str(method),
+            f"{CONFIG_FILE} quantization_config",
+            problems=[
+                _info(f"quant_method {method!r} is not one the doctor checks; its tensors were not compared with it")
+            ],
+        )
+    if qc is not None:
+        return QuantDeclaration(
+            "invalid", CONFIG_FILE, problems=[_invalid("quantization_config is not a JSON object", CONFIG_FILE)]
+        )
+    if isinstance(hf_quant_config, dict):
+        return _modelopt_native(hf_quant_config)
+    return None
+
+
+def _info(message: str) -> Finding:
+    return Finding("quant.unchecked", INFO, message, CONFIG_FILE)
+
+
+def _invalid(message: str, file: str) -> Finding:
+    return Finding("quant.config-invalid", ERROR, message, file)
+
+
+def _torch_dtype(value: object) -> str | None:
+    return _TORCH_DTYPES.get(value) if isinstance(value, str) else None
+
+
+def _compressed_tensors(qc: dict) -> QuantDeclaration:
+    source = f"{CONFIG_FILE} quantization_config"
+    problems: list[Finding] = []
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict):
+        problems.append(_invalid("quantization_config.config_groups is not an object of named groups", CONFIG_FILE))
+        groups = {}
+    schemes, unresolved = [], []
+    for name, group in groups.items():
+        if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
+            problems.append(_invalid(f"config group {name!r} has no list of targets", CONFIG_FILE))
+            continue
+        targets = tuple(str(t) for t in group["targets"])
+        if targets and all(t.endswith("Attention") for t in targets):
+            continue  # vLLM drops groups that only target attention classes (KV-cache groups)
+        unresolved += [t for t in targets if not t.startswith("re:") and "." not in t and t.lower() != "linear"]
+        weights = group.get("weights")
+        if weights is None:
+            continue
+        if not isinstance(weights, dict):
+            problems.append(_invalid(f"config group {name!r}: weights is not an object", CONFIG_FILE))
+            continue
+        extra = sorted(set(weights) - CT_ARGS_FIELDS)
+        if extra:
+            problems.append(
+                _invalid(
+                    f"config group {name!r}: weights has unknown keys {extra}; "
+                    "compressed-tensors (and so vLLM) refuses them",
+                    CONFIG_FILE,
+                )
+            )
+        inputs = group.get("input_activations")
+        block = weights.get("block_structure")
+        schemes.append(
+            Scheme(
+                str(name),
+                targets,
+                group.get("format") or qc.get("format"),
+                num_bits=weights.get("num_bits"),
+                weight_type=weights.get("type"),
+                group_size=weights.get("group_size"),
+                strategy=weights.get("strategy"),
+                symmetric=weights.get("symmetric", True) is not False,
+                scale_dtype=_torch_dtype(weights.get("scale_dtype")),
+                static_input=isinstance(inputs, dict) and inputs.get("dynamic") is False,
+                block=tuple(block) if isinstance(block, list) and len(block) == 2 else None,
+            )
+        )
+    unresolved = list(dict.fromkeys(unresolved))
+    if unresolved:
+        problems.append(
+            _info(
+                f"targets {unresolved} are class names other than Linear, which tensor names cannot reveal; "
+                "modules they cover were treated as not targeted"
+            )
+        )
+    for scheme in schemes:
+        if scheme.format not in ct.FORMAT_PARAMS and scheme.format not in (ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED):
+            problems.append(
+                _info(
+                    f"format {scheme.format!r} of group {scheme.name!r} is not one the doctor checks tensor by tensor"
+                )
+            )
+    ignore = qc.get("ignore") or []
+    kv = qc.get("kv_cache_scheme")
+    return QuantDeclaration(
+        ct.QUANT_METHOD,
+        source,
+        tuple(schemes),
+        tuple(str(i) for i in ignore) if isinstance(ignore, list) else (),
+        kv_cache=_describe_kv(kv),
+        kv_source=f"{source}.kv_cache_scheme" if kv else None,
+        kv_static=not (isinstance(kv, dict) and kv.get("dynamic") is True),
+        problems=problems,
+    )
+
+
+def _describe_kv(kv: object) -> str | None:
+    if not isinstance(kv, dict):
+        return None
+    bits, kind = kv.get("num_bits"), kv.get("type")
+    return f"{bits}-bit {kind}" if bits and kind else "declared"
+
+
+def _modelopt_config_json(qc: dict) -> QuantDeclaration:
+    source = f"{CONFIG_FILE} quantization_config"
+    algo = str(qc.get("quant_algo") or "").upper()
+    kv = qc.get("kv_cache_scheme")
+    return _modelopt(algo, source, qc.get("ignore"), _describe_kv(kv), f"{source}.kv_cache_scheme" if kv else None, [])
+
+
+def _modelopt_native(doc: dict) -> QuantDeclaration:
+    source = f"{HF_QUANT_CONFIG_FILE} quantization"
+    q = doc.get("quantization")
+    if not isinstance(q, dict):
+        return QuantDeclaration(
+            MODELOPT, source, problems=[_invalid("has no quantization object", HF_QUANT_CONFIG_FILE)]
+        )
+    algo = str(q.get("quant_algo") or "").upper()
+    problems = []
+    missing = [k for k in MODELOPT_NVFP4_REQUIRED_KEYS if k not in q]
+    if algo == MODELOPT_NVFP4 and missing:
+        problems.append(
+            _invalid(
+                f"quantization lacks {missing}; vLLM refuses NVFP4 without them (null is allowed)", HF_QUANT_CONFIG_FILE
+            )
+        )
+    kv = q.get("kv_cache_quant_algo")
+    return _modelopt(
+        algo,
+        source,
+        q.get("exclude_modules"),
+        str(kv) if kv else None,
+        f"{source}.kv_cache_quant_algo" if kv else None,
+        problems,
+    )
+
+
+def _modelopt(
+    algo: str, source: str, ignore: object, kv: str | None, kv_source: str | None, problems: list[Finding]
+) -> QuantDeclaration:
+    if algo not in MODELOPT_PARAMS:
+        problems.append(_info(f"ModelOpt quant_algo {algo!r} is not one the doctor checks tensor by tensor"))
+    return QuantDeclaration(
+        MODELOPT,
+        source,
+        (Scheme(algo, ("Linear",), algo),),
+        tuple(str(i) for i in ignore) if isinstance(ignore, list) else (),
+        kv_cache=kv,
+        kv_source=kv_source,
+        problems=problems,
+        fnmatch_ignore=True,
+    )
+
+
+def _hf_fp8(qc: dict) -> QuantDeclaration:
+    block = qc.get("weight_block_size")
+    ignore = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or []
+    scale = "F8_E8M0" if qc.get("scale_fmt") == "ue8m0" else "F32"
+    scheme = Scheme(
+        HF_FP8_BLOCK,
+        ("Linear",),
+        HF_FP8_BLOCK,
+        num_bits=8,
+        weight_type="float",
+        scale_dtype=scale,
+        block=tuple(block) if isinstance(block, list) and len(block) == 2 else None,
+    )
+    # transformers skips a module when any entry is a substring of its name.
+    patterns = [f"re:.*{re.escape(str(i))}" for i in ignore] if isinstance(ignore, list) else []
+    return QuantDeclaration(HF_FP8, f"{CONFIG_FILE} quantization_config", (scheme,), tuple(patterns))

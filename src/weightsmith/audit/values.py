@@ -1,0 +1,79 @@
+"""Streaming reads of tensor bytes in fixed-size chunks, and bit-level tests on them.
+
+Non-finite values are found from the bit patterns (an all-ones exponent), which works the same for
+BF16, FP16, FP32 and the FP8 variants without converting anything to float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from weightsmith.safetensors.header import Header, TensorInfo
+from weightsmith.safetensors.reader import ShardReader
+
+CHUNK_BYTES = 16 << 20
+
+#: dtype code -> (unsigned view, mask, value): an element is NaN or Inf when `bits & mask == value`.
+NON_FINITE: dict[str, tuple[type[np.unsignedinteger], int, int]] = {
+    "F64": (np.uint64, 0x7FF0_0000_0000_0000, 0x7FF0_0000_0000_0000),
+    "F32": (np.uint32, 0x7F80_0000, 0x7F80_0000),
+    "F16": (np.uint16, 0x7C00, 0x7C00),
+    "BF16": (np.uint16, 0x7F80, 0x7F80),
+    "F8_E4M3": (np.uint8, 0x7F, 0x7F),  # fn variant: no Inf, NaN is S.1111.111
+    "F8_E5M2": (np.uint8, 0x7C, 0x7C),
+    "F8_E4M3FNUZ": (np.uint8, 0xFF, 0x80),  # the only NaN is negative zero's pattern
+    "F8_E5M2FNUZ": (np.uint8, 0xFF, 0x80),
+    "F8_E8M0": (np.uint8, 0xFF, 0xFF),
+}
+
+
+def chunks(reader: ShardReader, info: TensorInfo, buffer: np.ndarray) -> Iterator[np.ndarray]:
+    """The tensor's bytes, `len(buffer)` at a time, read into `buffer` (each chunk reuses it).
+
+    Chunk boundaries fall on whole elements for every dtype of 8 bits or more.
+    """
+    step = len(buffer) - len(buffer) % 8
+    for start in range(0, info.nbytes, step):
+        size = min(step, info.nbytes - start)
+        view = buffer[:size]
+        reader.read_bytes_into(info, view, start)
+        yield view
+
+
+def non_finite_count(code: str, chunk: np.ndarray) -> int:
+    """How many elements of a byte chunk of dtype `code` are NaN or Inf (0 for integer dtypes)."""
+    rule = NON_FINITE.get(code)
+    if rule is None:
+        return 0
+    view_type, mask, value = rule
+    bits = chunk.view(view_type)
+    return int(np.count_nonzero((bits & view_type(mask)) == view_type(value)))
+
+
+class SmallReads:
+    """Values of small tensors (scales, shapes), with one open reader per shard for the whole run."""
+
+    def __init__(self, root: Path, headers: dict[str, Header]) -> None:
+        self.root, self.headers = root, headers
+        self._readers: dict[str, ShardReader] = {}
+
+    def __enter__(self) -> SmallReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def array(self, shard: str, name: str) -> np.ndarray:
+        reader = self._readers.get(shard)
+        if reader is None:
+            reader = self._readers[shard] = ShardReader(self.root / shard, self.headers[shard])
+        return reader.read(name)
+
+    def scalar(self, shard: str, name: str) -> float:
+        """A one-element float tensor's value."""
+        return float(self.array(shard, name).reshape(-1)[0])
