@@ -13,115 +13,13 @@ flat as the model grows.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import ml_dtypes
-import numpy as np
-
-from weightsmith.safetensors.writer import ShardWriter, TensorSpec
-
-HIDDEN, INTER = 4096, 11008
-IGNORE = ["lm_head", "model.embed_tokens"]
-REFERENCE = """
-import sys
-from llmcompressor import model_free_ptq
-model_free_ptq(sys.argv[1], sys.argv[2], scheme="W4A16", ignore=["lm_head", "model.embed_tokens"], device="cpu")
-"""
-
-
-def layer_specs(layer: int) -> list[TensorSpec]:
-    p = f"model.layers.{layer}"
-    shapes = {
-        "self_attn.q_proj": (HIDDEN, HIDDEN),
-        "self_attn.k_proj": (1024, HIDDEN),
-        "self_attn.v_proj": (1024, HIDDEN),
-        "self_attn.o_proj": (HIDDEN, HIDDEN),
-        "mlp.gate_proj": (INTER, HIDDEN),
-        "mlp.up_proj": (INTER, HIDDEN),
-        "mlp.down_proj": (HIDDEN, INTER),
-    }
-    specs = [TensorSpec(f"{p}.{m}.weight", "BF16", s) for m, s in shapes.items()]
-    specs += [TensorSpec(f"{p}.{n}.weight", "BF16", (HIDDEN,)) for n in ("input_layernorm", "post_attention_layernorm")]
-    return specs
-
-
-def build(folder: Path, gib: float, shards: int = 4) -> int:
-    """A Llama-7B-shaped BF16 checkpoint of about `gib` GiB; returns its tensor bytes."""
-    per_layer = sum(s.nbytes for s in layer_specs(0))
-    layers = max(1, round(gib * 2**30 / per_layer))
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    pool = (rng.standard_normal(1 << 25, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)  # 64 MiB of values
-    weight_map, total = {}, 0
-    per_shard = -(-layers // shards)
-    for k in range(shards):
-        specs = [s for layer in range(k * per_shard, min(layers, (k + 1) * per_shard)) for s in layer_specs(layer)]
-        if k == 0:
-            specs.append(TensorSpec("model.embed_tokens.weight", "BF16", (32000, HIDDEN)))
-        if k == shards - 1:
-            specs += [
-                TensorSpec("model.norm.weight", "BF16", (HIDDEN,)),
-                TensorSpec("lm_head.weight", "BF16", (32000, HIDDEN)),
-            ]
-        if not specs:
-            continue
-        name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        with ShardWriter(folder / name, specs) as w:
-            for i, s in enumerate(specs):
-                n = int(np.prod(s.shape))
-                start = (i * 7919) % (pool.size - 1)
-                vals = np.resize(np.roll(pool, -start), n) if n > pool.size - start else pool[start : start + n]
-                w.write(s.name, vals)
-                weight_map[s.name] = name
-                total += s.nbytes
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
-    )
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
-        "num_hidden_layers": layers,
-        "torch_dtype": "bfloat16",
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    return total
-
-
-def timed(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MiB) of the child, and its stdout."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = proc.stdout.read() if proc.stdout else ""
-    err = proc.stderr.read() if proc.stderr else ""
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"command failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, out
-
-
-def ours(src: Path, out: Path, workers: int) -> dict:
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "weightsmith.cli", "quantize", str(src), str(out), "--json", "--no-hash"]
-    cmd += [a for i in IGNORE for a in ("--ignore", i)] + (["--workers", str(workers)] if workers else [])
-    wall, rss, stdout = timed(cmd)
-    return {"wall": wall, "rss_mib": rss, "work": json.loads(stdout)["seconds"]}
-
-
-def reference(src: Path, out: Path) -> dict:
-    shutil.rmtree(out, ignore_errors=True)
-    wall, rss, _ = timed([sys.executable, "-c", REFERENCE, str(src), str(out)])
-    return {"wall": wall, "rss_mib": rss}
+from common import build, ours, reference
 
 
 def main() -> None:
@@ -131,6 +29,7 @@ def main() -> None:
     ap.add_argument("--grow", type=float, default=0.0, help="also run weightsmith alone on a checkpoint this many GiB")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--search", action="store_true", help="also time --scale-search mse against plain RTN")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
@@ -138,15 +37,19 @@ def main() -> None:
         total = build(tmp_path / "src", args.gib)
         shards = len(list((tmp_path / "src").glob("*.safetensors")))
         print(f"checkpoint: {total / 2**30:.2f} GiB BF16 tensors in {shards} shards")
-        runs: dict[str, list[dict]] = {"weightsmith": [], "model_free_ptq": []}
+        runs: dict[str, list[dict]] = {"weightsmith": [], "model_free_ptq": [], "weightsmith --scale-search mse": []}
         for r in range(args.repeats):
-            order = ["weightsmith", "model_free_ptq"] if r % 2 == 0 else ["model_free_ptq", "weightsmith"]
-            for arm in order:
+            order = ["weightsmith", "model_free_ptq", "weightsmith --scale-search mse"]
+            for arm in order if r % 2 == 0 else order[::-1]:
                 if arm == "weightsmith":
                     runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers))
-                elif not args.skip_reference:
+                elif arm == "model_free_ptq" and not args.skip_reference:
                     runs[arm].append(reference(tmp_path / "src", tmp_path / "ref"))
-                print(f"  run {r + 1} {arm}: {runs[arm][-1] if runs[arm] else 'skipped'}", flush=True)
+                elif arm != "model_free_ptq" and args.search:
+                    runs[arm].append(ours(tmp_path / "src", tmp_path / "mse", args.workers, "--scale-search", "mse"))
+                else:
+                    continue
+                print(f"  run {r + 1} {arm}: {runs[arm][-1]}", flush=True)
 
         def med(arm: str, key: str) -> float:
             return statistics.median(x[key] for x in runs[arm])

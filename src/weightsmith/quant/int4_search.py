@@ -48,7 +48,7 @@ def _scale(mode: int, lo: np.float32, hi: np.float32, p: np.float32) -> np.float
     return s if s != 0 else _eps(mode)
 
 
-@njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def _squared_error(vals: np.ndarray, s: np.float32) -> np.float32:
     """Sum of squared RTN errors of one group at scale `s` (reassociated so it vectorises)."""
     inv = np.float32(1.0) / s
@@ -60,7 +60,7 @@ def _squared_error(vals: np.ndarray, s: np.float32) -> np.float32:
     return err
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _mse_rows(x, mode, group, coarse, fine, shrink):
     rows, cols = x.shape
     vals = np.empty(group, np.float32)
@@ -102,7 +102,7 @@ def search_mse(x: np.ndarray, mode: int, group: int, shrink: np.ndarray) -> int:
     return _mse_rows(x, mode, group, COARSE, FINE, shrink)
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _memoryless_rows(x, mode, group, steps, grid, norm, masks, improved):
     rows, cols = x.shape
     vals = np.empty(group, np.float32)

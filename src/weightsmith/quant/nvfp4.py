@@ -70,7 +70,7 @@ def fp4_index(t: np.float32) -> np.int64:
     return 7
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _quantize_rows(x, mode, global_scale, search, fp8_values, e2m1, offsets, packed, scale_codes):
     rows, cols = x.shape
     vals = np.empty(GROUP, np.float32)
@@ -132,12 +132,12 @@ def global_scale(amax: float, mode: int) -> np.float32:
     return np.float32(gs) if np.isfinite(gs) else np.float32(1.0)
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _reciprocal_times(a, k, mode):
     return round_to(mode, round_to(mode, np.float32(1.0) / a) * k)
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _amax_rows(x, mode):
     rows, cols = x.shape
     amax = np.float32(0.0)

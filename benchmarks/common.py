@@ -1,0 +1,123 @@
+"""Shared pieces of the benchmarks: a synthetic Llama-shaped checkpoint and timed child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from weightsmith.safetensors.writer import ShardWriter, TensorSpec
+
+HIDDEN, INTER = 4096, 11008
+IGNORE = ["lm_head", "model.embed_tokens"]
+
+
+def layer_specs(layer: int, hidden: int = HIDDEN, inter: int = INTER) -> list[TensorSpec]:
+    p = f"model.layers.{layer}"
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (hidden // 4, hidden),
+        "self_attn.v_proj": (hidden // 4, hidden),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (inter, hidden),
+        "mlp.up_proj": (inter, hidden),
+        "mlp.down_proj": (hidden, inter),
+    }
+    specs = [TensorSpec(f"{p}.{m}.weight", "BF16", s) for m, s in shapes.items()]
+    specs += [TensorSpec(f"{p}.{n}.weight", "BF16", (hidden,)) for n in ("input_layernorm", "post_attention_layernorm")]
+    return specs
+
+
+def build(
+    folder: Path, gib: float, shards: int = 4, hidden: int = HIDDEN, inter: int = INTER, vocab: int = 32000
+) -> int:
+    """A Llama-shaped BF16 checkpoint (7B-wide by default) of about `gib` GiB; returns its tensor bytes."""
+    per_layer = sum(s.nbytes for s in layer_specs(0, hidden, inter))
+    layers = max(1, round(gib * 2**30 / per_layer))
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    pool = (rng.standard_normal(1 << 25, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)  # 64 MiB of values
+    weight_map, total = {}, 0
+    per_shard = -(-layers // shards)
+    for k in range(shards):
+        layer_range = range(k * per_shard, min(layers, (k + 1) * per_shard))
+        specs = [s for layer in layer_range for s in layer_specs(layer, hidden, inter)]
+        if k == 0:
+            specs.append(TensorSpec("model.embed_tokens.weight", "BF16", (vocab, hidden)))
+        if k == shards - 1:
+            specs += [
+                TensorSpec("model.norm.weight", "BF16", (hidden,)),
+                TensorSpec("lm_head.weight", "BF16", (vocab, hidden)),
+            ]
+        if not specs:
+            continue
+        name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        with ShardWriter(folder / name, specs) as w:
+            for i, s in enumerate(specs):
+                n = int(np.prod(s.shape))
+                start = (i * 7919) % (pool.size - 1)
+                vals = np.resize(np.roll(pool, -start), n) if n > pool.size - start else pool[start : start + n]
+                w.write(s.name, vals)
+                weight_map[s.name] = name
+                total += s.nbytes
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "torch_dtype": "bfloat16",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return total
+
+
+def timed(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (MiB) of the child, and its stdout."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = proc.stdout.read() if proc.stdout else ""
+    err = proc.stderr.read() if proc.stderr else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed: {' '.join(cmd)}\n{err[-2000:]}")
+    return wall, usage.ru_maxrss / 1024, out
+
+
+def ours(src: Path, out: Path, workers: int, *extra: str) -> dict:
+    """One `weightsmith quantize` run in a fresh process: wall and work seconds, peak RSS."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "weightsmith.cli", "quantize", str(src), str(out), "--json", "--no-hash", *extra]
+    cmd += [a for i in IGNORE for a in ("--ignore", i)] + (["--workers", str(workers)] if workers else [])
+    wall, rss, stdout = timed(cmd)
+    return {"wall": wall, "rss_mib": rss, "work": json.loads(stdout)["seconds"]}
+
+
+REFERENCE = """
+import sys, time
+from llmcompressor import model_free_ptq
+{setup}
+started = time.perf_counter()
+model_free_ptq(sys.argv[1], sys.argv[2], scheme={scheme}, ignore={ignore!r}, device="cpu")
+print("WORK_SECONDS", time.perf_counter() - started)
+"""
+
+
+def reference(src: Path, out: Path, scheme: str = '"W4A16"', setup: str = "") -> dict:
+    """One llm-compressor `model_free_ptq` run in a fresh process: wall (imports included), work, peak RSS."""
+    shutil.rmtree(out, ignore_errors=True)
+    script = REFERENCE.format(setup=setup, scheme=scheme, ignore=IGNORE)
+    wall, rss, stdout = timed([sys.executable, "-c", script, str(src), str(out)])
+    work = float(stdout.split("WORK_SECONDS")[-1].split()[0])
+    return {"wall": wall, "rss_mib": rss, "work": work}
