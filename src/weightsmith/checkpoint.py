@@ -59,7 +59,11 @@ def read_json(path: Path, what: str) -> dict:
 
 
 def index_problems(index_path: Path, index: dict, headers: dict[str, Header]) -> list[CheckpointError]:
-    """Every way the index and the shard headers disagree, both directions."""
+    """Every way the index and the shard headers disagree, both directions.
+
+    `headers` may lack shards that could not be read: their entries are not resolved, and
+    `metadata.total_size` is then only checked for being an integer, not against the sum.
+    """
     problems: list[CheckpointError] = []
     weight_map: dict[str, str] = index["weight_map"]
     for name, shard in weight_map.items():
@@ -106,16 +110,48 @@ def index_problems(index_path: Path, index: dict, headers: dict[str, Header]) ->
                         code="index.wrong-shard",
                     )
                 )
-    declared = index.get("metadata", {}).get("total_size") if isinstance(index.get("metadata"), dict) else None
-    actual = sum(h.data_len for h in headers.values())
-    if declared is not None and declared != actual:
+    metadata = index.get("metadata")
+    declared = metadata.get("total_size") if isinstance(metadata, dict) else None
+    if declared is None:
+        return problems
+    if not isinstance(declared, int) or isinstance(declared, bool):
         problems.append(
             CheckpointError(
-                f"metadata.total_size is {declared:,} but the shards hold {actual:,} bytes of tensor data",
+                f"metadata.total_size is {declared!r}, not an integer byte count",
                 file=index_path,
                 code="index.total-size",
             )
         )
+    elif set(weight_map.values()) <= headers.keys():  # the sum is only known when every shard was read
+        actual = sum(h.data_len for h in headers.values())
+        if declared != actual:
+            problems.append(
+                CheckpointError(
+                    f"metadata.total_size is {declared:,} but the shards hold {actual:,} bytes of tensor data",
+                    file=index_path,
+                    code="index.total-size",
+                )
+            )
+    return problems
+
+
+def duplicate_tensors(headers: dict[str, Header]) -> list[CheckpointError]:
+    """Tensors stored in more than one shard, each reported at every shard after the first."""
+    problems: list[CheckpointError] = []
+    seen: dict[str, str] = {}
+    for shard, header in headers.items():
+        for name in header.tensors:
+            if name in seen:
+                problems.append(
+                    CheckpointError(
+                        f"is stored in both {seen[name]} and {shard}",
+                        file=header.path,
+                        tensor=name,
+                        code="index.duplicate-tensor",
+                    )
+                )
+            else:
+                seen[name] = shard
     return problems
 
 
@@ -177,17 +213,9 @@ class Checkpoint:
             if fatal:
                 raise fatal[0]
         else:
-            seen: dict[str, str] = {}
-            for shard, h in headers.items():
-                for name in h.tensors:
-                    if name in seen:
-                        raise CheckpointError(
-                            f"is stored in both {seen[name]} and {shard}",
-                            file=h.path,
-                            tensor=name,
-                            code="index.duplicate-tensor",
-                        )
-                    seen[name] = shard
+            duplicates = duplicate_tensors(headers)
+            if duplicates:
+                raise duplicates[0]
         return cls(root, config, index, headers)
 
     def path(self, shard: str) -> Path:

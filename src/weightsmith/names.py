@@ -1,12 +1,17 @@
 """Tensor and module names on disk: the contract with vLLM and compressed-tensors, in one place.
 
 Everything that decides a tensor's role from its name lives here: the parameter suffixes each
-format writes, the fused groups vLLM loads as one layer, and the categories used to account bytes.
+format writes, the fused groups vLLM loads as one layer, the names under which vLLM finds a
+KV-cache scale (`maybe_remap_kv_scale_name` in `model_loader/weight_utils.py`, and
+compressed-tensors' `get_cache_scale`), module spellings a runtime skips silently for an
+architecture (vLLM `laguna.py`, `qwen2_moe.py`, `deepseek_v2.py`: `if name not in params_dict:
+continue`), and the categories used to account bytes.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 # --- parameter names (the last dotted component of a tensor name) ---
 WEIGHT = "weight"
@@ -38,6 +43,18 @@ QUANT_PARAMS = frozenset(
     }
 )
 KV_SCALES = frozenset({K_SCALE, V_SCALE, Q_SCALE, KV_SCALE})
+#: Parameters whose presence marks a module as stored quantized.
+QUANTIZED_MARKERS = frozenset(
+    {
+        WEIGHT_PACKED,
+        WEIGHT_SCALE,
+        WEIGHT_SHAPE,
+        WEIGHT_ZERO_POINT,
+        WEIGHT_GLOBAL_SCALE,
+        WEIGHT_SCALE_INV,
+        WEIGHT_SCALE_2,
+    }
+)
 
 # --- fused groups: vLLM loads these shards into one layer, so they must share a scheme ---
 #: fused layer name -> its shards, as in vLLM's `packed_modules_mapping` (Llama and most others).
@@ -67,6 +84,81 @@ def fused_partners(module: str) -> tuple[str, tuple[str, ...]] | None:
         if last in parts:
             prefix = f"{parent}." if parent else ""
             return prefix + fused, tuple(prefix + p for p in parts)
+    return None
+
+
+# --- KV-cache scales ---
+#: Last component of the modules that make an attention layer's K (or fused QKV) projection.
+ATTENTION_KEY_PROJECTIONS = frozenset({"k_proj", "qkv_proj", "query_key_value", "wqkv"})
+
+
+def kv_scale_names(attention: str, kind: str) -> tuple[str, ...]:
+    """Every tensor name vLLM accepts as the `kind` ("k" or "v") scale of one attention module.
+
+    Order: the plain form, the ModelOpt form on the projection, the older compressed-tensors
+    `output_scale` form, and the deprecated single `kv_scale` (vLLM copies it into both).
+    """
+    return (
+        f"{attention}.{kind}_scale",
+        f"{attention}.{kind}_proj.{kind}_scale",
+        f"{attention}.{kind}_proj.{OUTPUT_SCALE}",
+        f"{attention}.{KV_SCALE}",
+    )
+
+
+def is_kv_scale_name(name: str) -> bool:
+    """True for a tensor that is a KV-cache scale under any accepted spelling."""
+    module, param = split(name)
+    if param in (K_SCALE, V_SCALE, KV_SCALE):
+        return True
+    return param == OUTPUT_SCALE and leaf(module) in ("k_proj", "v_proj")
+
+
+# --- module names each runtime loads ---
+@dataclass(frozen=True)
+class NameRule:
+    """A module spelling a runtime does not load for these architectures, and the one it does."""
+
+    model_types: frozenset[str]
+    runtime: str
+    found: re.Pattern[str]
+    expected: str
+    consequence: str
+
+    def rename(self, tensor: str) -> str:
+        return self.found.sub(self.expected, tensor, count=1)
+
+
+_SKIPPED = "it skips names it does not know, so those weights are never loaded and nothing warns"
+
+RUNTIME_NAME_RULES: tuple[NameRule, ...] = (
+    NameRule(
+        frozenset({"laguna", "qwen2_moe", "qwen3_moe"}),
+        "vLLM",
+        re.compile(r"\.mlp\.(shared_experts|shared_mlp)\."),
+        ".mlp.shared_expert.",
+        f"vLLM loads the shared expert as mlp.shared_expert (singular); {_SKIPPED}",
+    ),
+    NameRule(
+        frozenset({"deepseek_v2", "deepseek_v3"}),
+        "vLLM",
+        re.compile(r"\.mlp\.(shared_expert|shared_mlp)\."),
+        ".mlp.shared_experts.",
+        f"vLLM loads the shared experts as mlp.shared_experts (plural); {_SKIPPED}",
+    ),
+)
+
+
+def model_type(config: dict | None) -> str | None:
+    """The architecture key `RUNTIME_NAME_RULES` match: `model_type`, or one derived from `architectures`."""
+    if not config:
+        return None
+    if isinstance(config.get("model_type"), str):
+        return config["model_type"]
+    arch = config.get("architectures")
+    if isinstance(arch, list) and arch and isinstance(arch[0], str):
+        stem = re.sub(r"(ForCausalLM|ForConditionalGeneration|Model)$", "", arch[0])
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
     return None
 
 
@@ -121,7 +213,7 @@ CATEGORIES = (
 def category(name: str) -> str:
     """The byte-accounting category of a tensor, from its name alone."""
     module, param = split(name)
-    if param in KV_SCALES:
+    if param in KV_SCALES or is_kv_scale_name(name):
         return "kv scales"
     if param in QUANT_PARAMS:
         return "quantization params"

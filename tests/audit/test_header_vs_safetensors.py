@@ -73,6 +73,55 @@ def test_both_accept_clean_shards(tmp_path: Path) -> None:
         assert ours_accepts(shard) and library_accepts(shard)
 
 
+ENTRY = '"dtype":"F32","shape":[1],"data_offsets":[0,4]'
+
+
+@pytest.mark.parametrize(
+    ("header", "code", "tensor"),
+    [
+        # JSON has no NaN or Infinity; Python's parser takes them, serde_json does not, wherever they are
+        ('{"a":{' + ENTRY + ',"amax":NaN}}', "header.not-json", None),
+        ('{"a":{' + ENTRY + ',"amax":Infinity}}', "header.not-json", None),
+        ('{"a":{' + ENTRY + ',"amax":-Infinity}}', "header.not-json", None),
+        ('{"a":{"dtype":"F32","shape":[NaN],"data_offsets":[0,4]}}', "header.not-json", None),
+        ('{"__metadata__":{"n":NaN},"a":{' + ENTRY + "}}", "header.not-json", None),
+        # half a surrogate pair: Python decodes it to a lone surrogate, serde_json refuses it
+        (r'{"a\ud800":{' + ENTRY + "}}", "header.entry", r"a\ud800"),
+        (r'{"a\udfff":{' + ENTRY + "}}", "header.entry", r"a\udfff"),
+        (r'{"a\udc00\ud800":{' + ENTRY + "}}", "header.entry", r"a\udc00\ud800"),  # a pair in the wrong order
+        (r'{"a\uD800b":{' + ENTRY + "}}", "header.entry", r"a\ud800b"),
+        (r'{"a":{' + ENTRY + r',"note\ud800":"x"}}', "header.entry", "a"),
+        (r'{"a":{' + ENTRY + r',"note":["\udbff"]}}', "header.entry", "a"),
+        (r'{"__metadata__":{"k\ud800":"v"},"a":{' + ENTRY + "}}", "header.metadata", None),
+        (r'{"__metadata__":{"format":"pt\udc00"},"a":{' + ENTRY + "}}", "header.metadata", None),
+        (r'{"a\ud800":{' + ENTRY + r'},"a\ud800":{' + ENTRY + "}}", "header.duplicate-name", r"a\ud800"),
+    ],
+)
+def test_library_rejects_non_finite_literals_and_lone_surrogates(
+    header: str, code: str, tensor: str | None, tmp_path: Path
+) -> None:
+    shard = raw_shard(tmp_path / "x.safetensors", header, b"\0" * 4)
+    with pytest.raises(HeaderError) as err:
+        read_header(shard)
+    # a lone surrogate in a name is shown escaped, so that the error can be printed
+    assert (err.value.code, err.value.tensor) == (code, tensor)
+    str(err.value).encode("utf-8")
+    assert not library_accepts(shard)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        r'{"a\ud83d\ude00":{' + ENTRY + "}}",  # a whole surrogate pair is one character
+        r'{"a\\ud800":{' + ENTRY + "}}",  # an escaped backslash, then the letters ud800
+        '{"__metadata__":{"amax":"NaN"},"a":{' + ENTRY + ',"note":"Infinity"}}',
+    ],
+)
+def test_both_accept_what_only_looks_like_those(header: str, tmp_path: Path) -> None:
+    shard = raw_shard(tmp_path / "x.safetensors", header, b"\0" * 4)
+    assert ours_accepts(shard) and library_accepts(shard)
+
+
 def test_documented_difference_null_metadata(tmp_path: Path) -> None:
     shard = raw_shard(
         tmp_path / "n.safetensors",
@@ -144,3 +193,29 @@ def test_generated_files_library_rejects_what_we_reject(case: tuple[bytes, str])
         ours = ours_accepts(path)
         if not ours:
             assert not library_accepts(path), text
+
+
+#: Characters for names and strings that may hold halves of surrogate pairs (no astral characters,
+#: so that two distinct drawn names never decode to the same one).
+TRICKY = st.text(st.sampled_from(["a", "é", "\\", '"', "\ud800", "\udbff", "\udc00", "\udfff"]), min_size=1, max_size=5)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(
+    st.lists(TRICKY, min_size=1, max_size=3, unique=True),
+    st.one_of(st.none(), TRICKY),
+    st.sampled_from([None, float("nan"), float("inf"), float("-inf"), 0.5, "\ud800", "ok"]),
+    st.booleans(),
+)
+def test_generated_surrogates_and_constants_we_agree_with_the_library(
+    names: list[str], meta: str | None, extra: object, ascii_only: bool
+) -> None:
+    doc: dict[str, object] = {} if meta is None else {"__metadata__": {"format": meta}}
+    for i, name in enumerate(names):
+        doc[name] = {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+        if extra is not None:
+            doc[name]["note"] = extra
+    text = json.dumps(doc, ensure_ascii=ascii_only)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = raw_shard(Path(tmp) / "g.safetensors", text.encode("utf-8", "surrogatepass"), b"\0" * 4 * len(names))
+        assert ours_accepts(path) == library_accepts(path), text

@@ -139,6 +139,16 @@ def _duplicate_names(root: Path) -> None:
     raw_shard(shard, text + " " * (-len(text) % 8), raw[8 + n :])
 
 
+def _lone_surrogate_name(root: Path) -> None:
+    """Rename a tensor to one ending in half a surrogate pair (json.dumps writes it as a \\ud800 escape)."""
+
+    def change(doc: dict) -> None:
+        name = next(k for k in doc if k != "__metadata__")
+        doc[name + "\ud800"] = doc.pop(name)
+
+    rewrite_header(root / LAYER1, change)
+
+
 def _header_text(text: bytes) -> Callable[[Path], None]:
     def change(root: Path) -> None:
         raw_shard(root / LAYER1, text, b"\0" * 8)
@@ -274,6 +284,17 @@ CASES = [
         frozenset({"header.entry"}),
     ),
     Case(
+        "header.not-json/nan",
+        on_disk(lambda r: rewrite_header(r / LAYER1, lambda d: first_entry(d).update(amax=float("nan")))),
+        frozenset({"header.not-json"}),
+    ),
+    Case("header.entry/lone-surrogate", on_disk(_lone_surrogate_name), frozenset({"header.entry"})),
+    Case(
+        "header.metadata/lone-surrogate",
+        on_disk(lambda r: rewrite_header(r / LAYER1, lambda d: d.update({"__metadata__": {"format": "pt\udc00"}}))),
+        frozenset({"header.metadata"}),
+    ),
+    Case(
         "header.dtype",
         on_disk(lambda r: rewrite_header(r / LAYER1, lambda d: first_entry(d).update(dtype="I4"))),
         frozenset({"header.dtype"}),
@@ -316,6 +337,11 @@ CASES = [
     Case(
         "index.total-size",
         on_disk(_index(lambda d: d["metadata"].update(total_size=12345))),
+        frozenset({"index.total-size"}),
+    ),
+    Case(
+        "index.total-size/not-an-integer",
+        on_disk(_index(lambda d: d["metadata"].update(total_size="12345"))),
         frozenset({"index.total-size"}),
     ),
     Case(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 from weightsmith import names
-from weightsmith.audit.expected import ATTENTION_KEY_PROJECTIONS, is_kv_scale_name, kv_scale_names
 from weightsmith.audit.findings import ERROR, INFO, WARNING, Finding
 from weightsmith.audit.modules import Located, Module
 from weightsmith.audit.quant_config import QuantDeclaration
@@ -19,7 +18,9 @@ from weightsmith.audit.values import SmallReads
 
 def attention_modules(modules: dict[str, Module]) -> list[str]:
     """Attention modules, recognised as the parents of a K (or fused QKV) projection."""
-    found = {m.name.rpartition(".")[0] for m in modules.values() if names.leaf(m.name) in ATTENTION_KEY_PROJECTIONS}
+    found = {
+        m.name.rpartition(".")[0] for m in modules.values() if names.leaf(m.name) in names.ATTENTION_KEY_PROJECTIONS
+    }
     return sorted(found, key=lambda a: (len(a), a))
 
 
@@ -27,7 +28,7 @@ def check_kv_scales(
     decl: QuantDeclaration | None, modules: dict[str, Module], tensors: dict[str, Located], reads: SmallReads
 ) -> tuple[list[Finding], str]:
     attention = attention_modules(modules)
-    stored = [n for n in tensors if is_kv_scale_name(n)]
+    stored = [n for n in tensors if names.is_kv_scale_name(n)]
     if decl is None or decl.kv_cache is None:
         if not stored:
             return [], f"no KV-cache scheme declared, no KV scales stored ({len(attention)} attention layers)"
@@ -65,7 +66,7 @@ def check_kv_scales(
 def _scale_findings(
     attention: str, kind: str, decl: QuantDeclaration, tensors: dict[str, Located], reads: SmallReads
 ) -> list[Finding]:
-    candidates = kv_scale_names(attention, kind)
+    candidates = names.kv_scale_names(attention, kind)
     name = next((n for n in candidates if n in tensors), None)
     if name is None:
         accepted = ", ".join(n.rpartition(attention + ".")[2] for n in candidates)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from weightsmith.audit.expected import RUNTIME_NAME_RULES, model_type
 from weightsmith.audit.findings import ERROR, Finding
 from weightsmith.audit.modules import Located
+from weightsmith.names import RUNTIME_NAME_RULES, model_type
 
 
 def check_runtime_names(config: dict | None, tensors: dict[str, Located]) -> tuple[list[Finding], str]:

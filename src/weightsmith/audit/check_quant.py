@@ -12,12 +12,12 @@ import math
 
 from weightsmith import names
 from weightsmith.audit import coverage as cov
-from weightsmith.audit.expected import MODELOPT_NVFP4, MODELOPT_NVFP4_GROUP, QUANTIZED_MARKERS
 from weightsmith.audit.findings import ERROR, WARNING, Finding
 from weightsmith.audit.modules import DENSE_WEIGHT_DTYPES, Located, Module
 from weightsmith.audit.quant_config import HF_FP8, MODELOPT, QuantDeclaration, Scheme
 from weightsmith.audit.values import SmallReads
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.modelopt import MODELOPT_NVFP4, MODELOPT_NVFP4_GROUP
 
 SCALAR = (-1,)  # marker: any shape holding exactly one element
 
@@ -149,7 +149,7 @@ def _tensor_set_findings(module: Module, scheme: Scheme, expected: dict[str, str
                 names.WEIGHT,
             )
         )
-    for param in sorted((QUANTIZED_MARKERS & module.params.keys()) - expected.keys()):
+    for param in sorted((names.QUANTIZED_MARKERS & module.params.keys()) - expected.keys()):
         found.append(
             _finding(
                 module,

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from weightsmith import names
-from weightsmith.audit.expected import QUANTIZED_MARKERS
 from weightsmith.safetensors.header import Header, TensorInfo
 
 DENSE_WEIGHT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})
@@ -51,7 +50,7 @@ class Module:
     @property
     def quantized(self) -> bool:
         """Stored in a quantized form: a quantization parameter, or a weight that is not dense float."""
-        if not QUANTIZED_MARKERS.isdisjoint(self.params):
+        if not names.QUANTIZED_MARKERS.isdisjoint(self.params):
             return True
         weight = self.params.get(names.WEIGHT)
         return weight is not None and weight.info.dtype.code not in DENSE_WEIGHT_DTYPES

@@ -14,21 +14,18 @@ import re
 from dataclasses import dataclass, field
 
 from weightsmith import names
-from weightsmith.audit.expected import EIGHT_BIT_PARAMS, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS, MODELOPT_PARAMS
 from weightsmith.audit.findings import ERROR, INFO, Finding
-from weightsmith.audit.survey import HF_QUANT_CONFIG_FILE
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.modelopt import (
+    HF_QUANT_CONFIG_FILE,
+    MODELOPT_NVFP4,
+    MODELOPT_NVFP4_REQUIRED_KEYS,
+    MODELOPT_PARAMS,
+)
 
 MODELOPT, HF_FP8 = "modelopt", "fp8"
 HF_FP8_BLOCK = "fp8-block"
-#: Fields compressed-tensors' QuantizationArgs accepts (it forbids any other key, so vLLM fails).
-CT_ARGS_FIELDS = frozenset(
-    {
-        "num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
-        "actorder", "scale_dtype", "zp_dtype", "observer", "observer_kwargs",
-    }
-)  # fmt: skip
 #: Shard leaf -> its fused layer's leaf (`q_proj` -> `qkv_proj`), as `names.fused_partners` says.
 _FUSED_LEAF = {
     part: names.leaf(names.fused_partners(f"m.{part}")[0])
@@ -154,7 +151,7 @@ class QuantDeclaration:
             return {names.WEIGHT: "F8_E4M3", scale: scheme.scale_dtype or "F32"}
         params = ct.FORMAT_PARAMS.get(scheme.format or "")
         if params is None and scheme.format in (ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED) and scheme.num_bits == 8:
-            params = EIGHT_BIT_PARAMS.get(scheme.weight_type or "")
+            params = ct.EIGHT_BIT_PARAMS.get(scheme.weight_type or "")
         if params is None:
             return None
         params = dict(params)
@@ -226,7 +223,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
         if not isinstance(weights, dict):
             problems.append(_invalid(f"config group {name!r}: weights is not an object", CONFIG_FILE))
             continue
-        extra = sorted(set(weights) - CT_ARGS_FIELDS)
+        extra = sorted(set(weights) - ct.QUANT_ARGS_FIELDS)
         if extra:
             problems.append(
                 _invalid(

@@ -23,10 +23,12 @@ from weightsmith.checkpoint import (
     INDEX_FILE,
     SHARD_SUFFIX,
     SINGLE_FILE,
+    duplicate_tensors,
     index_problems,
     read_json,
 )
 from weightsmith.errors import CheckpointError, HeaderError
+from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.safetensors.header import Header, read_header
 
 #: What to do about each problem the shared readers report (their messages say what is wrong).
@@ -54,9 +56,6 @@ ACTIONS = {
     "json.invalid": "fix the JSON or download the file again",
     "file.unreadable": "check its permissions, or download it again",
 }
-
-#: ModelOpt's own quantization config, beside config.json (vLLM `get_config_filenames`).
-HF_QUANT_CONFIG_FILE = "hf_quant_config.json"
 
 
 @dataclass
@@ -129,7 +128,7 @@ def survey(path: str | os.PathLike[str], cross_check: bool = True) -> Survey:
         )
 
     root, findings = path, []
-    config = _json(root / CONFIG_FILE, "config.json", root, findings, required=True)
+    config = _json(root / CONFIG_FILE, CONFIG_FILE, root, findings, required=True)
     hf_quant = _json(root / HF_QUANT_CONFIG_FILE, HF_QUANT_CONFIG_FILE, root, findings, required=False)
     index, listed = _index(root, findings)
     present = sorted(p.name for p in root.iterdir() if p.name.endswith(SHARD_SUFFIX))
@@ -230,27 +229,15 @@ def _headers(root: Path, shard_names: list[str], indexed: bool, findings: list[F
 
 
 def _index_findings(root: Path, index: dict, headers: dict[str, Header], incomplete: bool) -> list[Finding]:
-    """Index-versus-header disagreements; `total_size` is only judged when every shard was read."""
-    found = []
+    """Index-versus-header disagreements, and a missing `total_size` when every shard was read."""
+    found = [_actionable(from_error(problem, root)) for problem in index_problems(root / INDEX_FILE, index, headers)]
     metadata = index.get("metadata")
-    total = metadata.get("total_size") if isinstance(metadata, dict) else None
-    if total is not None and (not isinstance(total, int) or isinstance(total, bool)):
-        found.append(
-            Finding(
-                "index.total-size", ERROR, f"metadata.total_size is {total!r}, not an integer byte count", INDEX_FILE
-            )
-        )
-        index = {"weight_map": index["weight_map"]}
-    elif total is None and not incomplete:
+    if not incomplete and (not isinstance(metadata, dict) or metadata.get("total_size") is None):
         found.append(
             Finding(
                 "index.total-size", WARNING, "has no metadata.total_size; add the sum of tensor data bytes", INDEX_FILE
             )
         )
-    for problem in index_problems(root / INDEX_FILE, index, headers):
-        if incomplete and problem.code == "index.total-size":
-            continue
-        found.append(_actionable(from_error(problem, root)))
     return found
 
 
@@ -262,20 +249,7 @@ def _actionable(finding: Finding) -> Finding:
 
 
 def _duplicates(root: Path, headers: dict[str, Header]) -> list[Finding]:
-    seen: dict[str, str] = {}
-    found = []
-    for shard, header in headers.items():
-        for name in header.tensors:
-            if name in seen:
-                found.append(
-                    Finding(
-                        "index.duplicate-tensor",
-                        ERROR,
-                        f"is stored in both {seen[name]} and {shard}; keep one",
-                        relative(header.path, root),
-                        name,
-                    )
-                )
-            else:
-                seen[name] = shard
-    return found
+    return [
+        Finding(p.code, ERROR, f"{p.message}; keep one", relative(p.file, root), p.tensor)
+        for p in duplicate_tensors(headers)
+    ]

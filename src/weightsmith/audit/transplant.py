@@ -24,15 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from weightsmith import __version__, names
-from weightsmith.audit.expected import is_kv_scale_name, kv_scale_names
 from weightsmith.audit.findings import ERROR
 from weightsmith.audit.quant_config import MODELOPT, read_declaration
-from weightsmith.audit.survey import HF_QUANT_CONFIG_FILE
 from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.outputdir import check_destination, staged
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
@@ -162,7 +161,7 @@ def _plan(donor: Checkpoint, target: Checkpoint, chosen: list[str], shard: str, 
         if parent not in homes:
             reasons.append(f"{name}: the target has no module {parent} (layer counts or architectures differ?)")
             continue
-        if is_kv_scale_name(name) and (info.dtype.code != "F32" or info.numel != 1):
+        if names.is_kv_scale_name(name) and (info.dtype.code != "F32" or info.numel != 1):
             reasons.append(
                 f"{name}: a KV-cache scale must be one F32 value; the donor's is {info.dtype.code} {list(info.shape)}"
             )
@@ -191,7 +190,7 @@ def _plan(donor: Checkpoint, target: Checkpoint, chosen: list[str], shard: str, 
     elif (target.root / shard).exists():
         reasons.append(f"{shard}: a file of this name exists in the target (choose --shard)")
     config_changes, declared = {}, None
-    if any(is_kv_scale_name(c.name) for c in copies):
+    if any(names.is_kv_scale_name(c.name) for c in copies):
         config_changes, declared = _kv_declaration(donor, target, reasons)
     if reasons:
         shown = "; ".join(reasons[:_MAX_REASONS]) + (
@@ -224,10 +223,10 @@ def _module_prefixes(tensors: dict[str, object]) -> set[str]:
 def _clashes(name: str, target: Checkpoint) -> list[str]:
     """Target tensors the copy would replace: the same name, or the same KV scale spelled otherwise."""
     found = [name] if name in target.tensors else []
-    if is_kv_scale_name(name):
+    if names.is_kv_scale_name(name):
         for attention in {name.rsplit(".", 2)[0], name.rsplit(".", 1)[0]}:
             for kind in ("k", "v"):
-                spellings = kv_scale_names(attention, kind)
+                spellings = names.kv_scale_names(attention, kind)
                 if name in spellings:
                     found += [n for n in spellings if n != name and n in target.tensors and n not in found]
     return found

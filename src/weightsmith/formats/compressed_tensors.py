@@ -30,6 +30,12 @@ FORMAT_PARAMS: dict[str, dict[str, str | None]] = {
     },
 }
 ASYM_PARAMS: dict[str, str] = {names.WEIGHT_ZERO_POINT: "I32"}
+#: 8-bit `float-quantized` (FP8) and `naive-quantized` (int8) weights, by `QuantizationArgs.type`
+#: (`compressors/naive_quantized`): the scale keeps the original weight's float dtype (None).
+EIGHT_BIT_PARAMS: dict[str, dict[str, str | None]] = {
+    "float": {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: None},
+    "int": {names.WEIGHT: "I8", names.WEIGHT_SCALE: None},
+}
 
 
 def weight_args(
@@ -59,6 +65,11 @@ def weight_args(
         "type": type_,
         "zp_dtype": None if symmetric else "torch.int8",
     }
+
+
+#: Every field of `QuantizationArgs`, which `weight_args` writes out in full. compressed-tensors
+#: forbids any other key (pydantic `extra="forbid"`), so a `weights` block with one fails to load.
+QUANT_ARGS_FIELDS = frozenset(weight_args(num_bits=4, symmetric=True, group_size=128))
 
 
 def quantization_config(group_name: str, fmt: str, weights: dict, ignore: list[str]) -> dict:

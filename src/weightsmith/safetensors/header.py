@@ -4,6 +4,9 @@ The format (huggingface/safetensors README, `tensor.rs`): an 8-byte little-endia
 N bytes of JSON mapping names to `{dtype, shape, data_offsets}` plus an optional string-to-string
 `__metadata__`, then the data buffer. We enforce every rule the reference reader enforces, and
 some it lets slip (duplicate names, which it silently collapses), before any offset is trusted.
+Its JSON parser (serde_json) is stricter than Python's: anywhere in the header it refuses the
+`NaN`/`Infinity` literals and an escaped half of a UTF-16 surrogate pair without its other half
+(Python decodes it to a lone surrogate, which is not Unicode text), so we refuse both too.
 Each violation raises `HeaderError` with a stable `code`, naming the file and tensor.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +26,10 @@ from weightsmith.lfs import parse_pointer, pointer_message
 #: The reference reader's limit (`MAX_HEADER_SIZE` in tensor.rs).
 MAX_HEADER_BYTES = 100_000_000
 METADATA_KEY = "__metadata__"
+#: A `\uD800`-`\uDFFF` escape: the only way a lone surrogate gets into the parsed header (raw
+#: surrogate bytes are not UTF-8). Headers without one skip the string-by-string search.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -76,16 +84,60 @@ def _fail(path: Path, code: str, message: str, tensor: str | None = None) -> Hea
     return HeaderError(message, file=path, tensor=tensor, code=code)
 
 
+def _printable(text: str) -> str:
+    """`text` with any lone surrogate written as its escape, so that it can be printed and encoded."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _no_duplicates(path: Path):
     def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
         seen: dict[str, object] = {}
         for key, value in pairs:
             if key in seen:
-                raise _fail(path, "header.duplicate-name", "appears twice in the header", key)
+                raise _fail(path, "header.duplicate-name", "appears twice in the header", _printable(key))
             seen[key] = value
         return seen
 
     return hook
+
+
+def _no_constants(path: Path):
+    def hook(literal: str) -> object:
+        raise _fail(path, "header.not-json", f"header is not valid JSON ({literal} is not a JSON value)")
+
+    return hook
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    """True when a string anywhere in `value` (object keys included) holds a lone UTF-16 surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _no_lone_surrogates(path: Path, doc: dict[str, object]) -> None:
+    """Refuse a lone surrogate in a tensor name, its entry or `__metadata__`, naming where it is.
+
+    Names are reported with the surrogate escaped (`a\\ud800`), so that the error can be printed.
+    """
+    why = "a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which the reference reader refuses"
+    for key, value in doc.items():
+        if key == METADATA_KEY:
+            if _has_lone_surrogate(value):
+                raise _fail(path, "header.metadata", f"__metadata__ holds {why}")
+        elif _has_lone_surrogate(key):
+            raise _fail(path, "header.entry", f"the name holds {why}", _printable(key))
+        elif _has_lone_surrogate(value):
+            raise _fail(path, "header.entry", f"entry holds {why}", key)
 
 
 def _int_list(value: object) -> list[int] | None:
@@ -119,7 +171,7 @@ def parse_header(path: Path, prefix: bytes, file_size: int) -> Header:
     if not text.lstrip(" \t\r\n").startswith("{"):
         raise _fail(path, "header.not-json", "header does not start with a JSON object")
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates(path))
+        doc = json.loads(text, object_pairs_hook=_no_duplicates(path), parse_constant=_no_constants(path))
     except HeaderError:
         raise
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -127,6 +179,8 @@ def parse_header(path: Path, prefix: bytes, file_size: int) -> Header:
         raise _fail(path, "header.not-json", f"header is not valid JSON ({msg})") from None
     if not isinstance(doc, dict):
         raise _fail(path, "header.not-json", "header is not a JSON object")
+    if _SURROGATE_ESCAPE.search(text):
+        _no_lone_surrogates(path, doc)
 
     metadata = doc.pop(METADATA_KEY, {})
     if not isinstance(metadata, dict) or not all(
