@@ -194,8 +194,9 @@ def is_router(module: str) -> bool:
     return bool(_ROUTER.search(module))
 
 
+ROUTED_EXPERTS, KV_SCALES_CATEGORY, QUANT_PARAMS_CATEGORY = "routed experts", "kv scales", "quantization params"
 CATEGORIES = (
-    "routed experts",
+    ROUTED_EXPERTS,
     "shared expert",
     "attention",
     "attention gate",
@@ -204,8 +205,8 @@ CATEGORIES = (
     "embeddings",
     "lm_head",
     "norms",
-    "kv scales",
-    "quantization params",
+    KV_SCALES_CATEGORY,
+    QUANT_PARAMS_CATEGORY,
     "other",
 )
 
@@ -214,9 +215,9 @@ def category(name: str) -> str:
     """The byte-accounting category of a tensor, from its name alone."""
     module, param = split(name)
     if param in KV_SCALES or is_kv_scale_name(name):
-        return "kv scales"
+        return KV_SCALES_CATEGORY
     if param in QUANT_PARAMS:
-        return "quantization params"
+        return QUANT_PARAMS_CATEGORY
     if is_norm(module):
         return "norms"
     if is_embedding(module):
@@ -228,7 +229,7 @@ def category(name: str) -> str:
     if _SHARED_EXPERT.search(module):
         return "shared expert"
     if _EXPERT.search(module + "."):
-        return "routed experts"
+        return ROUTED_EXPERTS
     if _ATTN_GATE.search(module):
         return "attention gate"
     if _ATTENTION.search(module + "."):

@@ -167,7 +167,7 @@ class Plan:
 def _keep_reason(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
     """Why a tensor is not a quantization target by its nature, or None if it is a target."""
     module, param = names.split(name)
-    if len(shape) == 3 and dtype in DENSE_FLOATS + FP8_FLOATS and names.category(name) == "routed experts":
+    if len(shape) == 3 and dtype in DENSE_FLOATS + FP8_FLOATS and names.category(name) == names.ROUTED_EXPERTS:
         return "3-D fused expert tensor: no per-expert layout that vLLM loads is known for it"
     if param != names.WEIGHT:
         return "not a weight"
@@ -302,7 +302,7 @@ def _enforce_fused_agreement(decisions: list[Decision]) -> None:
 def _is_linear_like_weight(d: Decision) -> bool:
     """A kept weight that vLLM would build as a Linear layer (so it must be listed in ignore)."""
     module, param = names.split(d.name)
-    if len(d.shape) == 3 and names.category(d.name) == "routed experts":
+    if len(d.shape) == 3 and names.category(d.name) == names.ROUTED_EXPERTS:
         return True
     if param != names.WEIGHT or len(d.shape) != 2:
         return False

@@ -27,8 +27,8 @@ from weightsmith.safetensors.reader import ShardReader
 
 BY_CATEGORY, BY_DTYPE, BY_LAYER = "category", "dtype", "layer"
 VIEWS = (BY_CATEGORY, BY_DTYPE, BY_LAYER)
-QUANT_PARAMS = "quantization params"
-OVERHEAD = frozenset({QUANT_PARAMS, "kv scales"})
+QUANT_PARAMS = names.QUANT_PARAMS_CATEGORY
+OVERHEAD = frozenset({QUANT_PARAMS, names.KV_SCALES_CATEGORY})
 OUTSIDE_LAYERS = "outside layers"
 
 
