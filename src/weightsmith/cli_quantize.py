@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from weightsmith.audit.verify import verify
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
@@ -21,7 +22,7 @@ from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_
 from weightsmith.plan import PRESETS, Plan, build_plan
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
 
@@ -236,3 +237,11 @@ def demo(
         show_progress=err.is_terminal,
     )
     _summary(result, seconds)
+    console.print(f"[bold]4. verify[/] (the checks `weightsmith verify` runs, values scanned too) on {out}")
+    report = verify(out, scan=True)
+    for check in report.checks:
+        status = "FAIL" if check.errors else "ok  " if check.ran else "skip"
+        console.print(f"   {status} {check.title}")
+    console.print(f"   {report.summary}")
+    if not report.clean:
+        raise typer.Exit(1)
