@@ -222,7 +222,8 @@ def demo(
         if d.action != "quantize" and len(d.shape) == 2:
             kept.setdefault(d.reason, []).append(d.name)
     for reason, tensors in kept.items():
-        console.print(f"   keep {len(tensors)} x {tensors[0].split('.')[-2]}-like weights ({reason})")
+        leaves = ", ".join(sorted({t.split(".")[-2] for t in tensors}))
+        console.print(f"   keep {len(tensors)} weights ({leaves}): {reason}")
     console.print(f"   {plan.count('quantize')} Linear weights to quantize, {plan.count('keep')} tensors kept")
     console.print(f"[bold]3. quantizing[/] to {out}")
     result, seconds = run_quantize(
