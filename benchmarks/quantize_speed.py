@@ -61,9 +61,12 @@ def main() -> None:
         if runs["model_free_ptq"]:
             ref_wall, ref_rss = med("model_free_ptq", "wall"), med("model_free_ptq", "rss_mib")
             print(f"model_free_ptq   end to end {ref_wall:6.2f} s   peak RSS {ref_rss:,.0f} MiB")
-            print(
-                f"ratio            {ref_wall / ws_wall:.1f}x faster end to end (median of {args.repeats}, alternating)"
-            )
+            print(f"ratio            {ref_wall / ws_wall:.1f}x faster end to end, ", end="")
+            print(f"{med('model_free_ptq', 'work') / ws_work:.1f}x on the quantize work (median of {args.repeats})")
+        if runs["weightsmith --scale-search mse"]:
+            mse_work = med("weightsmith --scale-search mse", "work")
+            print(f"with --scale-search mse: quantize work {mse_work:6.2f} s ({gb / mse_work:.2f} GB/s), ", end="")
+            print(f"{ws_work / mse_work:.2f} of plain RTN's throughput")
         if args.grow:
             for leftover in ("ours", "ref", "src"):
                 shutil.rmtree(tmp_path / leftover, ignore_errors=True)
