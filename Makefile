@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test bench fidelity clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,16 @@ demo: $(VENV)/.core
 	$(BIN)/weightsmith demo
 
 test: $(VENV)/.test
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test
-	$(BIN)/python benchmarks/quantize_speed.py
+	$(BIN)/python benchmarks/quantize_speed.py --search --grow 8
+	$(BIN)/python benchmarks/scale_search_speed.py
+
+# The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.
+fidelity: $(VENV)/.test
+	$(BIN)/python scripts/smollm2_fidelity.py
 
 clean:
 	rm -rf $(VENV) .cache

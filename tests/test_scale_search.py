@@ -108,7 +108,7 @@ def _rel_mse(w: np.ndarray, q: int4.Int4Weight) -> float:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_our_search_beats_rtn_and_matches_or_beats_memoryless(seed: int) -> None:
+def test_our_search_beats_rtn_and_matches_memoryless_on_weight_error(seed: int) -> None:
     w = _weights(512, 1024, seed)
     shrink = np.empty((512, 8), np.float32)
     assert int4_search.search_mse(w.view(np.uint16), 1, 128, shrink) == -1
@@ -117,7 +117,8 @@ def test_our_search_beats_rtn_and_matches_or_beats_memoryless(seed: int) -> None
     memoryless = _rel_mse(w, int4.quantize(w, 128, True, _memoryless(w)))
     ours = _rel_mse(w, int4.quantize(w, 128, True, shrink))
     assert ours < 0.88 * rtn  # at least 12 % lower weight error
-    assert ours <= memoryless
+    # Its |e|^2.5 objective trades a little weight MSE for next-token KL (docs/fidelity-smollm2.md).
+    assert ours <= 1.01 * memoryless
 
 
 def test_search_kernels_refuse_non_finite_values() -> None:

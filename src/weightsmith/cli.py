@@ -48,6 +48,9 @@ app.command()(demo)
 from weightsmith.audit.commands import register as register_audit  # noqa: E402
 
 register_audit(app)
+from weightsmith.fidelity.cli import register as register_eval  # noqa: E402
+
+register_eval(app)
 # --- end commands ---
 
 

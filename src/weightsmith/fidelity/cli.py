@@ -1,0 +1,85 @@
+"""`weightsmith eval ORIG QUANT`: weight error streamed from disk, then logits where the model runs.
+
+Exit status: 0 when measured (logits may be unavailable on this machine, which the output says),
+1 when QUANT fails to load in transformers, 2 for bad input (one line from `cli.main`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+from weightsmith.fidelity import logits as logits_mod
+from weightsmith.fidelity.report import EvalReport, print_report, to_json
+from weightsmith.fidelity.weights import WeightReport, weight_error
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def _weights_with_progress(orig: Path, quant: Path) -> WeightReport:
+    """The weight pass with a byte progress bar on stderr."""
+    columns = (TextColumn("weight error"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("weights", total=None)
+        return weight_error(
+            orig,
+            quant,
+            progress=lambda n: bar.advance(task, n),
+            on_start=lambda total: bar.update(task, total=total),
+        )
+
+
+def _quiet_loaders() -> None:
+    """Keep transformers' and compressed-tensors' progress bars and warnings off the terminal."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def eval_command(
+    orig: Annotated[Path, typer.Argument(help="The original checkpoint folder (BF16, FP16, FP32 or FP8).")],
+    quant: Annotated[Path, typer.Argument(help="The quantized compressed-tensors checkpoint folder.")],
+    text: Annotated[
+        Path | None,
+        typer.Option("--text", help="UTF-8 text the models read (default: Python's json/decoder.py source)."),
+    ] = None,
+    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Tokens of the text used, at most.")] = (
+        logits_mod.DEFAULT_TOKENS
+    ),
+    layers: Annotated[
+        int, typer.Option("--layers", min=0, help="Per-layer rows in the table, worst first (0: all).")
+    ] = 20,
+    no_logits: Annotated[
+        bool, typer.Option("--no-logits", help="Weight error only; do not run the models in transformers.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results object as JSON.")] = False,
+) -> None:
+    """How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity."""
+    sample = logits_mod.read_text(text) if text is not None else None  # a bad --text fails before any work
+    if as_json or not err_console.is_terminal:
+        weights = weight_error(orig, quant)
+    else:
+        weights = _weights_with_progress(orig, quant)
+    if no_logits:
+        logits = logits_mod.LogitsReport(logits_mod.SKIPPED, reason="--no-logits")
+    else:
+        _quiet_loaders()
+        if sample is None:
+            sample = logits_mod.default_text()
+        logits = logits_mod.compare(orig, quant, sample.text, tokens, text_source=sample.source)
+    report = EvalReport(str(orig), str(quant), weights, logits)
+    if as_json:
+        print(to_json(report))
+    else:
+        print_report(report, layers)
+    if logits.status == logits_mod.FAILED:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `eval` to the project's command line."""
+    app.command("eval")(eval_command)
