@@ -8,7 +8,6 @@ compressed-tensors' own quantize/dequantize functions.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
 
 from models import smollm2_fp32, stdlib_text  # noqa: E402
+from weightsmith.fidelity.logits import kl_divergence, next_token_logits, perplexity, top1_agreement  # noqa: E402
 
 pytestmark = pytest.mark.slow
 N_TOKENS = 512
@@ -32,19 +32,14 @@ def base() -> tuple[Path, object, object]:
     tok = transformers.AutoTokenizer.from_pretrained(path)
     ids = tok(stdlib_text(), return_tensors="pt").input_ids[:, :N_TOKENS]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(ids).logits[0]
-    return path, ids, logits
+    return path, ids, next_token_logits(model, ids)
 
 
 def _score(logits: torch.Tensor, ref_logits: torch.Tensor, ids: torch.Tensor) -> dict[str, float]:
-    nll = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:])
-    ref_p = torch.log_softmax(ref_logits, -1)
-    kl = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), ref_p, log_target=True, reduction="batchmean")
     return {
-        "ppl": math.exp(nll.item()),
-        "top1_agreement": (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item(),
-        "kl": kl.item(),
+        "ppl": perplexity(logits, ids),
+        "top1_agreement": top1_agreement(ref_logits, logits),
+        "kl": kl_divergence(ref_logits, logits),
     }
 
 
@@ -86,9 +81,8 @@ def test_smollm2_quantized_loads_in_transformers_and_matches_fake_quant(base, tm
 
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(model).__name__ == "LlamaForCausalLM"
-    with torch.no_grad():
-        ours = _score(model(ids).logits[0].float(), ref_logits, ids)
-        fake = _score(_fake_quant(path, quantized, group)(ids).logits[0], ref_logits, ids)
+    ours = _score(next_token_logits(model, ids), ref_logits, ids)
+    fake = _score(next_token_logits(_fake_quant(path, quantized, group), ids), ref_logits, ids)
     reference = _score(ref_logits, ref_logits, ids)
     report = {
         "group": group,
