@@ -12,7 +12,12 @@ import typer
 from rich.console import Console
 
 from weightsmith import __version__
+from weightsmith.audit.commands import register as register_audit
+from weightsmith.bench.cli import bench_app
+from weightsmith.card.cli import register as register_card
+from weightsmith.cli_quantize import demo, quantize
 from weightsmith.errors import WeightsmithError
+from weightsmith.fidelity.cli import register as register_eval
 
 app = typer.Typer(
     name="weightsmith",
@@ -39,19 +44,13 @@ def _root(
     """Serving-ready LLM checkpoints from raw safetensors, and the evidence for them."""
 
 
-# Sub-command registration: each job lives in its own module and registers itself here.
-# --- commands ---
-from weightsmith.cli_quantize import demo, quantize  # noqa: E402
-
+# Sub-commands: each job lives in its own module.
 app.command()(quantize)
 app.command()(demo)
-from weightsmith.audit.commands import register as register_audit  # noqa: E402
-
 register_audit(app)
-from weightsmith.fidelity.cli import register as register_eval  # noqa: E402
-
+app.add_typer(bench_app, name="bench")
 register_eval(app)
-# --- end commands ---
+register_card(app)
 
 
 def main() -> None:

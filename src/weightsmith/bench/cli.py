@@ -1,0 +1,135 @@
+"""`weightsmith bench`: run an A/B serving benchmark, re-render its report, check server logs.
+
+The benchmark's modules (scipy, matplotlib) are imported inside the commands, so that registering
+this sub-command costs every other `weightsmith` command nothing at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+
+from weightsmith.errors import OutputError
+
+if TYPE_CHECKING:
+    from weightsmith.bench.results import BenchResults
+
+bench_app = typer.Typer(
+    help="A/B serving benchmarks: arms from a TOML file, counterbalanced, with honest statistics.",
+    no_args_is_help=True,
+)
+
+
+@bench_app.command("run")
+def run_command(
+    arms: Path = typer.Argument(..., help="Arms file (TOML); see docs/bench.md."),
+    out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Output folder."),
+    force: bool = typer.Option(False, "--force", help="Overwrite results already in --out."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+) -> None:
+    """Measure every arm, write results.json, report.md and PNG plots into --out.
+
+    Exit status 0 when every arm was measured, 1 when an arm failed or the run was interrupted
+    (whatever was measured is still written), 2 for a bad arms file.
+    """
+    from weightsmith.bench.config import load_config
+    from weightsmith.bench.progress import RichProgress
+    from weightsmith.bench.report import RESULTS_FILE, write_all, write_results_file
+    from weightsmith.bench.results import VISIT_OK
+    from weightsmith.bench.runner import QuietObserver, run_bench
+    from weightsmith.bench.stats import SHOWN
+
+    config = load_config(arms)
+    if (out / RESULTS_FILE).exists() and not force:
+        raise OutputError(f"{out / RESULTS_FILE} exists; choose another --out or pass --force")
+    err = Console(stderr=True, highlight=False)
+
+    def save(results: BenchResults) -> None:
+        write_results_file(results, None, out)
+
+    if quiet or as_json:
+        results = run_bench(config, out, QuietObserver(), save=save)
+    else:
+        with RichProgress(err) as progress:
+            results = run_bench(config, out, progress, save=save)
+    analysis, files = write_all(results, out)
+    failed = [a.name for a in results.arms if a.status != VISIT_OK]
+    verdicts = [
+        {
+            "arm": c.arm,
+            "metric": c.metric,
+            "effect": c.effect,
+            "ci": [c.ci_low, c.ci_high],
+            "verdict": c.verdict,
+            "arm_better": c.arm_better,
+        }
+        for c in analysis.comparisons
+    ]
+    if as_json:
+        summary = {
+            "files": {k: str(v) for k, v in files.items()},
+            "failed_arms": failed,
+            "interrupted": results.interrupted,
+            "verdicts": verdicts,
+        }
+        print(json.dumps(summary, indent=1))
+    else:
+        for c in analysis.comparisons:
+            if c.effect is None:
+                continue
+            word = c.verdict
+            if c.verdict == SHOWN:
+                word = "better" if c.arm_better else "worse"
+            err.print(f"{c.arm} vs {c.baseline}, {c.metric}: {c.effect:+.1%} ({word})")
+        err.print(f"report: {files['report']}")
+        for name in failed:
+            err.print(f"[red]arm '{name}' failed[/]: {results.arm(name).failure}")
+    if failed or results.interrupted:
+        raise typer.Exit(1)
+
+
+@bench_app.command("report")
+def report_command(
+    results_file: Path = typer.Argument(..., help="results.json from `weightsmith bench run`."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder (default: beside the file)."),
+) -> None:
+    """Recompute the analysis and rewrite report.md and the plots from a results file."""
+    from weightsmith.bench.report import write_all
+    from weightsmith.bench.results import load_results
+
+    results = load_results(results_file)
+    target = out or results_file.parent
+    _, files = write_all(results, target)
+    print(files["report"])
+
+
+@bench_app.command("logcheck")
+def logcheck_command(
+    logs: list[Path] = typer.Argument(..., help="Server log files."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run the evidence patterns over server logs; exit 1 if a 'bad' pattern matched."""
+    from weightsmith.bench import logcheck
+
+    found = {}
+    for log in logs:
+        if not log.is_file():
+            raise OutputError(f"{log}: no such log file")
+        found[str(log)] = logcheck.scan_log(log)
+    if as_json:
+        print(json.dumps({k: [vars(e) for e in v] for k, v in found.items()}, indent=1))
+    else:
+        for log, evidence in found.items():
+            print(f"{log}:")
+            if not evidence:
+                print("  nothing matched")
+            for e in evidence:
+                value = f" [{e.value}]" if e.value else ""
+                print(f"  {e.severity:4} {e.pattern}{value} x{e.count}: {e.meaning}")
+    if any(e.severity == logcheck.BAD for v in found.values() for e in v):
+        raise typer.Exit(1)

@@ -1,0 +1,262 @@
+"""Speculative-decoding acceptance from a server's Prometheus `/metrics`, as window deltas.
+
+This module is the one place that knows metric names. vLLM registers counters
+`vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens` and
+`..._num_accepted_tokens_per_pos` (labels `model_name`, `engine`, and `position`), exposed with the
+`_total` suffix (vllm/v1/spec_decode/metrics.py); llama.cpp's llama-server (`--metrics`) exposes the
+same four under `llamacpp:` with only a `position` label, and updates them when a request ends.
+
+Definitions (vLLM's `SpecDecodingProm` docstrings; llama.cpp uses the same):
+    acceptance rate        = d(accepted_tokens) / d(draft_tokens)
+    mean acceptance length = 1 + d(accepted_tokens) / d(drafts)      (counts the bonus token)
+    per-position rate[i]   = d(accepted_per_pos[i]) / d(drafts)
+
+Counters are summed over `engine` (one series per data-parallel engine) and filtered by
+`model_name` where that label exists. A window in which the server restarted is void (the delta
+would mix two processes): a counter went down, or a counter's `_created` time or the process start
+time changed (a restart followed by enough requests can climb back past the old value).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True)
+class SpecMetricNames:
+    """Sample names (as exposed, with `_total`) of one server family's spec-decode counters."""
+
+    flavour: str
+    drafts: str
+    draft_tokens: str
+    accepted: str
+    accepted_per_pos: str
+    generation_tokens: str
+
+
+VLLM = SpecMetricNames(
+    flavour="vllm",
+    drafts="vllm:spec_decode_num_drafts_total",
+    draft_tokens="vllm:spec_decode_num_draft_tokens_total",
+    accepted="vllm:spec_decode_num_accepted_tokens_total",
+    accepted_per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    generation_tokens="vllm:generation_tokens_total",
+)
+LLAMACPP = SpecMetricNames(
+    flavour="llamacpp",
+    drafts="llamacpp:spec_decode_num_drafts_total",
+    draft_tokens="llamacpp:spec_decode_num_draft_tokens_total",
+    accepted="llamacpp:spec_decode_num_accepted_tokens_total",
+    accepted_per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+    generation_tokens="llamacpp:tokens_predicted_total",
+)
+FLAVOURS = (VLLM, LLAMACPP)
+
+#: prometheus_client's process collector: changes when the server process is a new one.
+PROCESS_START = "process_start_time_seconds"
+
+MODEL_LABEL = "model_name"
+POSITION_LABEL = "position"
+
+#: Window status values, as written to the results file.
+OK = "ok"
+UNAVAILABLE = "unavailable"
+NOT_SPECULATING = "not-speculating"
+NO_DRAFTS = "no-drafts"
+VOID = "void"
+
+
+@dataclass
+class Snapshot:
+    """Every sample of one scrape: name -> list of (labels, value)."""
+
+    samples: dict[str, list[tuple[dict[str, str], float]]]
+
+
+@dataclass
+class SpecWindow:
+    """Acceptance over one measured window; `status` says why a number is missing."""
+
+    status: str
+    detail: str = ""
+    flavour: str | None = None
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted: float | None = None
+    accepted_per_pos: list[float] = field(default_factory=list)
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    per_position_rate: list[float] = field(default_factory=list)
+
+
+def parse_exposition(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Parse Prometheus text with prometheus_client's parser, keyed by sample name."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return samples
+
+
+class MetricsUnavailable(Exception):
+    """The server has no usable /metrics endpoint; the message says what happened."""
+
+
+def scrape(client: httpx.Client, base_url: str) -> Snapshot:
+    """GET /metrics once; raise `MetricsUnavailable` rather than return anything like zero."""
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        r = client.get(url, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise MetricsUnavailable(f"GET /metrics failed: {type(exc).__name__}") from None
+    if r.status_code != 200:
+        hint = " (llama-server needs --metrics)" if r.status_code in (404, 501) else ""
+        raise MetricsUnavailable(f"GET /metrics answered HTTP {r.status_code}{hint}")
+    try:
+        samples = parse_exposition(r.text)
+    except ValueError as exc:
+        raise MetricsUnavailable(f"/metrics is not Prometheus text: {exc}") from None
+    return Snapshot(samples=samples)
+
+
+def detect_flavour(snapshot: Snapshot) -> SpecMetricNames | None:
+    """The family whose spec-decode counters this server exposes, if any."""
+    for names in FLAVOURS:
+        if names.drafts in snapshot.samples:
+            return names
+    return None
+
+
+def _series(snapshot: Snapshot, name: str, model: str | None) -> dict[tuple[tuple[str, str], ...], float]:
+    """Series of one sample name (filtered by model where labelled), keyed by their labels."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for labels, value in snapshot.samples.get(name, []):
+        if model is not None and MODEL_LABEL in labels and labels[MODEL_LABEL] != model:
+            continue
+        out[tuple(sorted(labels.items()))] = value
+    return out
+
+
+class CounterReset(Exception):
+    """A counter is lower after the window than before it."""
+
+
+def _delta_by(before: Snapshot, after: Snapshot, name: str, model: str | None, group: str | None) -> dict[str, float]:
+    """Per-series deltas summed over every label except `group` (so over `engine`)."""
+    b = _series(before, name, model)
+    a = _series(after, name, model)
+    totals: dict[str, float] = {}
+    for key, value in a.items():
+        previous = b.get(key, 0.0)
+        if value < previous:
+            raise CounterReset(f"{name}{dict(key)} went from {previous:g} to {value:g}")
+        group_value = dict(key).get(group, "") if group else ""
+        totals[group_value] = totals.get(group_value, 0.0) + (value - previous)
+    for key in b:
+        if key not in a:
+            raise CounterReset(f"{name}{dict(key)} disappeared")
+    return totals
+
+
+def _restart_evidence(before: Snapshot, after: Snapshot, names: SpecMetricNames) -> str | None:
+    """A restart that later increments could hide from the went-down check: a counter's
+    `_created` time or the process start time changes when the process is new."""
+    watched = [PROCESS_START]
+    for name in (names.drafts, names.draft_tokens, names.accepted, names.accepted_per_pos):
+        watched.append(name.removesuffix("_total") + "_created")
+    for name in watched:
+        b = _series(before, name, None)
+        a = _series(after, name, None)
+        for key, value in b.items():
+            if key in a and a[key] != value:
+                return f"{name}{dict(key)} changed from {value:.17g} to {a[key]:.17g}"
+    return None
+
+
+def spec_window(before: Snapshot, after: Snapshot, model: str | None) -> SpecWindow:
+    """Acceptance over the window between two scrapes of the same server."""
+    names = detect_flavour(after) or detect_flavour(before)
+    if names is None:
+        return SpecWindow(
+            status=NOT_SPECULATING,
+            detail="/metrics has no spec-decode counters (server runs without speculative decoding)",
+        )
+    if model is not None and not _series(after, names.drafts, model):
+        found = sorted({labels.get(MODEL_LABEL, "") for labels, _ in after.samples.get(names.drafts, [])})
+        return SpecWindow(
+            status=UNAVAILABLE,
+            flavour=names.flavour,
+            detail=f"no spec-decode series for model_name={model!r} (found: {', '.join(found)})",
+        )
+    restarted = _restart_evidence(before, after, names)
+    if restarted:
+        return SpecWindow(status=VOID, flavour=names.flavour, detail=f"server restarted inside the window: {restarted}")
+    try:
+        drafts = sum(_delta_by(before, after, names.drafts, model, None).values())
+        draft_tokens = sum(_delta_by(before, after, names.draft_tokens, model, None).values())
+        accepted = sum(_delta_by(before, after, names.accepted, model, None).values())
+        by_pos = _delta_by(before, after, names.accepted_per_pos, model, POSITION_LABEL)
+    except CounterReset as exc:
+        return SpecWindow(
+            status=VOID,
+            flavour=names.flavour,
+            detail=f"server restarted inside the window: counter went backwards: {exc}",
+        )
+    positions = sorted((int(p), v) for p, v in by_pos.items() if p.isdigit())
+    per_pos = [0.0] * (positions[-1][0] + 1 if positions else 0)
+    for p, v in positions:
+        per_pos[p] = v
+    window = SpecWindow(
+        status=OK,
+        flavour=names.flavour,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted=accepted,
+        accepted_per_pos=per_pos,
+    )
+    if drafts <= 0:
+        window.status = NO_DRAFTS
+        window.detail = "spec-decode counters did not move in this window (no drafts were made)"
+        return window
+    window.acceptance_rate = accepted / draft_tokens if draft_tokens > 0 else None
+    window.mean_acceptance_length = 1.0 + accepted / drafts
+    window.per_position_rate = [v / drafts for v in per_pos]
+    return window
+
+
+def unavailable(reason: str) -> SpecWindow:
+    """A window for a server whose /metrics could not be read: no numbers, only the reason."""
+    return SpecWindow(status=UNAVAILABLE, detail=reason)
+
+
+def settled_scrape(client: httpx.Client, base_url: str, settle_s: float = 0.25, timeout_s: float = 5.0) -> Snapshot:
+    """Scrape until two scrapes `settle_s` apart agree on the spec-decode and generation counters.
+
+    llama.cpp folds a request into its counters only when its slot is released, which can come
+    just after the client has read the last chunk; reading once could miss the last request.
+    """
+    deadline = time.monotonic() + timeout_s
+    previous = scrape(client, base_url)
+    while True:
+        time.sleep(settle_s)
+        current = scrape(client, base_url)
+        if _watched(current) == _watched(previous) or time.monotonic() > deadline:
+            return current
+        previous = current
+
+
+def _watched(snapshot: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
+    keys = set()
+    for names in FLAVOURS:
+        keys |= {
+            names.drafts,
+            names.draft_tokens,
+            names.accepted,
+            names.accepted_per_pos,
+            names.generation_tokens,
+        }
+    return {k: v for k, v in snapshot.samples.items() if k in keys}

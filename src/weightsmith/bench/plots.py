@@ -1,0 +1,282 @@
+"""PNG plots for the report: every sample shown, intervals drawn, nothing smoothed away.
+
+- `ttft.png`: every TTFT sample per arm, one panel per prompt length, with the median and the
+  10th-90th percentile band; cells flagged as two-mode are marked.
+- `decode.png`: decode rate per arm and prompt length: each request as a dot, the median with its
+  95% bootstrap interval.
+- `acceptance.png`: per-position acceptance rate from /metrics, one line per arm.
+- `sweep-<arm>.png`: decode rate against the swept parameter, best value marked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from weightsmith.bench.analysis import Analysis
+from weightsmith.bench.results import BenchResults
+
+_DPI = 110
+_COLOURS = plt.get_cmap("tab10").colors
+
+
+def _label(name: str, limit: int = 22) -> str:
+    """An axis label for an arm: a sweep arm's parameter goes on its own line, so the arms of
+    one sweep stay distinguishable however long their base name is."""
+
+    def cut(text: str) -> str:
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    if "@" in name:
+        base, param = name.split("@", 1)
+        return f"{cut(base)}\n{cut(param)}"
+    return cut(name)
+
+
+def _jitter(n: int, width: float, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-width, width, n)
+
+
+def _samples(results: BenchResults, arm: str, length: int, attr: str) -> list[float]:
+    return [
+        getattr(r, attr)
+        for v in results.visits
+        if v.arm == arm
+        for r in v.requests
+        if r.ok and r.target_tokens == length and getattr(r, attr) is not None
+    ]
+
+
+def plot_ttft(results: BenchResults, analysis: Analysis, path: Path) -> Path | None:
+    """All TTFT samples per arm, a panel per prompt length."""
+    lengths = sorted({p.target_tokens for p in results.prompts})
+    arms = [a.name for a in results.arms]
+    if not lengths or not any(_samples(results, a, n, "ttft_s") for a in arms for n in lengths):
+        return None
+    flagged = {(c.arm, c.target_tokens) for c in analysis.cells if c.ttft_modality and c.ttft_modality.flagged}
+    fig, axes = plt.subplots(
+        1,
+        len(lengths),
+        figsize=(max(4.8, 1.1 * len(arms) + 2.2) * len(lengths) ** 0.8 + 1, 4.6),
+        squeeze=False,
+    )
+    longest = max(max(_samples(results, a, n, "ttft_s"), default=0.0) for a in arms for n in lengths)
+    scale, unit = (1.0, "s") if longest > 10 else (1000.0, "ms")
+    for ax, length in zip(axes[0], lengths, strict=True):
+        values_all = []
+        for i, arm in enumerate(arms):
+            ms = np.array(_samples(results, arm, length, "ttft_s")) * scale
+            if ms.size == 0:
+                continue
+            values_all.extend(ms)
+            colour = _COLOURS[i % len(_COLOURS)]
+            ax.scatter(i + _jitter(ms.size, 0.18, i), ms, s=14, alpha=0.6, color=colour, lw=0)
+            p10, med, p90 = np.percentile(ms, [10, 50, 90])
+            ax.plot([i - 0.3, i + 0.3], [med, med], color="black", lw=1.6)
+            ax.add_patch(plt.Rectangle((i - 0.3, p10), 0.6, p90 - p10, fill=False, ec="0.4", lw=0.8))
+            if (arm, length) in flagged:
+                ax.annotate(
+                    "two modes",
+                    (i, np.max(ms)),
+                    textcoords="offset points",
+                    xytext=(0, 6),
+                    ha="center",
+                    color="crimson",
+                    fontsize=8,
+                    fontweight="bold",
+                )
+        cell_tokens = [
+            c.prompt_tokens_median for c in analysis.cells if c.target_tokens == length and c.prompt_tokens_median
+        ]
+        measured = f" (~{int(np.median(cell_tokens))} measured)" if cell_tokens else ""
+        ax.set_title(f"prompt {length} tokens{measured}", fontsize=10)
+        ax.set_xticks(range(len(arms)), [_label(a) for a in arms], fontsize=8)
+        ax.set_xlim(-0.6, len(arms) - 0.4)
+        if values_all and max(values_all) / max(min(values_all), 1e-9) > 20:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_ylim(bottom=0 if ax.get_yscale() == "linear" else None)
+    axes[0][0].set_ylabel(f"time to first token ({unit})")
+    fig.suptitle("TTFT, every request (line: median, box: 10th-90th percentile)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
+def plot_decode(results: BenchResults, analysis: Analysis, path: Path) -> Path | None:
+    """Decode rate per arm and prompt length: dots per request, median with 95% interval."""
+    lengths = sorted({p.target_tokens for p in results.prompts})
+    arms = [a.name for a in results.arms]
+    cells = {(c.arm, c.target_tokens): c for c in analysis.cells}
+    if not any(c.decode for c in analysis.cells):
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(arms) + 2.5), 4.6))
+    width = 0.7 / max(1, len(lengths))
+    for j, length in enumerate(lengths):
+        colour = _COLOURS[j % len(_COLOURS)]
+        for i, arm in enumerate(arms):
+            x = i - 0.35 + width * (j + 0.5)
+            rates = _samples(results, arm, length, "decode_tok_s")
+            if rates:
+                ax.scatter(
+                    x + _jitter(len(rates), width * 0.25, i * 7 + j), rates, s=10, alpha=0.35, color=colour, lw=0
+                )
+            cell = cells.get((arm, length))
+            if cell is None or cell.decode is None:
+                continue
+            lo, hi = cell.decode_median_ci or (cell.decode.median, cell.decode.median)
+            ax.errorbar(
+                x,
+                cell.decode.median,
+                yerr=[[cell.decode.median - lo], [hi - cell.decode.median]],
+                fmt="o",
+                color=colour,
+                ecolor="black",
+                elinewidth=1.2,
+                capsize=4,
+                ms=6,
+                mec="black",
+                label=f"prompt {length}" if i == 0 else None,
+            )
+    ax.set_xticks(range(len(arms)), [_label(a) for a in arms], fontsize=8)
+    ax.set_ylabel("decode rate (tokens/s after the first)")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(lengths), frameon=False)
+    ax.set_title("Decode rate per request; median with 95% bootstrap interval", fontsize=11, pad=24)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
+def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
+    """Per-position acceptance rate for every arm whose /metrics gave one."""
+    usable = [a for a in analysis.acceptance if a.per_position_rate]
+    if not usable:
+        return None
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    k_max = max(len(a.per_position_rate) for a in usable)
+    for i, acc in enumerate(usable):
+        # identical curves (e.g. every arm at 1.0) stay visible: later arms get smaller markers
+        # drawn on top, so earlier ones show as a ring around them
+        positions = np.arange(1, len(acc.per_position_rate) + 1)
+        label = f"{acc.arm} (mean length {acc.mean_acceptance_length:.2f})"
+        ax.plot(
+            positions,
+            acc.per_position_rate,
+            marker="osD^v<>ph*"[i % 10],
+            linestyle=("-", "--", ":", "-.")[i % 4],
+            color=_COLOURS[i % len(_COLOURS)],
+            label=label,
+            lw=1.5,
+            markersize=max(3.5, 9.0 - 1.8 * i),
+            zorder=2 + i,
+        )
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / drafts")
+    if k_max <= 16:
+        ax.set_xticks(range(1, k_max + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("Acceptance per draft position (from /metrics deltas)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
+def plot_sweeps(analysis: Analysis, out_dir: Path) -> list[Path]:
+    """Decode rate against each swept parameter, with the best value marked."""
+    paths = []
+    for sweep in analysis.sweeps:
+        points = [p for p in sweep.points if p.decode_geomean is not None]
+        if not points:
+            continue
+        numeric = all(isinstance(p.value, int | float) for p in points)
+        xs = [float(p.value) for p in points] if numeric else list(range(len(points)))
+        order = np.argsort(xs)
+        xs = [xs[i] for i in order]
+        points = [points[i] for i in order]
+        ys = [p.decode_geomean for p in points]
+        lo = [y - (p.decode_ci[0] if p.decode_ci else y) for y, p in zip(ys, points, strict=True)]
+        hi = [(p.decode_ci[1] if p.decode_ci else y) - y for y, p in zip(ys, points, strict=True)]
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[lo, hi],
+            fmt="o-",
+            color=_COLOURS[0],
+            capsize=4,
+            label="decode rate (geometric mean over prompts)",
+        )
+        for x, p in zip(xs, points, strict=True):
+            if p.arm == sweep.best_arm:
+                ax.scatter(
+                    [x],
+                    [p.decode_geomean],
+                    s=260,
+                    marker="*",
+                    color="gold",
+                    edgecolor="black",
+                    zorder=5,
+                    label=f"best: {sweep.param}={p.value}",
+                )
+        accept = [p.mean_acceptance_length for p in points]
+        if any(a is not None for a in accept):
+            ax2 = ax.twinx()
+            ax2.plot(
+                [x for x, a in zip(xs, accept, strict=True) if a is not None],
+                [a for a in accept if a is not None],
+                "s--",
+                color=_COLOURS[1],
+                alpha=0.7,
+                label="mean acceptance length",
+            )
+            ax2.set_ylabel("mean acceptance length", color=_COLOURS[1])
+            ax2.set_ylim(bottom=1)
+            handles, labels = ax.get_legend_handles_labels()
+            h2, l2 = ax2.get_legend_handles_labels()
+            ax.legend(handles + h2, labels + l2, fontsize=8, loc="lower right")
+        else:
+            ax.legend(fontsize=8, loc="lower right")
+        ax.set_xticks(xs, [str(p.value) for p in points])
+        ax.set_xlabel(sweep.param)
+        ax.set_ylabel("decode rate (tok/s), 95% interval")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{sweep.base}: decode rate against {sweep.param}", fontsize=11)
+        fig.tight_layout()
+        path = out_dir / f"sweep-{sweep.base}.png"
+        fig.savefig(path, dpi=_DPI)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_plots(results: BenchResults, analysis: Analysis, out_dir: Path) -> dict[str, Path]:
+    """Every plot that has data, by name."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made: dict[str, Path] = {}
+    for name, fn in (
+        ("ttft", lambda p: plot_ttft(results, analysis, p)),
+        ("decode", lambda p: plot_decode(results, analysis, p)),
+        ("acceptance", lambda p: plot_acceptance(analysis, p)),
+    ):
+        path = fn(out_dir / f"{name}.png")
+        if path is not None:
+            made[name] = path
+    for path in plot_sweeps(analysis, out_dir):
+        made[path.stem] = path
+    return made

@@ -1,0 +1,483 @@
+"""The Markdown report: verdicts first, then the spread behind them, then the evidence.
+
+A reader should learn, in this order: did anything fail, is there a difference that survives the
+noise, what the distributions look like, what the servers' own counters and logs say, and exactly
+what was run. Numbers that could not be measured say why instead of showing a zero.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from weightsmith.bench import logcheck
+from weightsmith.bench.analysis import METRICS, Analysis, analyse
+from weightsmith.bench.determinism import ArmDeterminism
+from weightsmith.bench.plots import write_plots
+from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
+from weightsmith.bench.stats import SHOWN
+
+_METRIC = {m.key: m for m in METRICS}
+#: Prompt tokens per request a server may take from its cache without comment: the BOS token and
+#: the `#` that every unique first line starts with.
+_CACHED_TOKENS_NOTED = 3
+_MAX_POSITIONS_SHOWN = 8
+
+
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:+.1%}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _rel(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
+    lines: list[str] = []
+    if results.interrupted:
+        lines.append("- **The run was interrupted**; what was measured before is kept below.")
+    for arm in results.arms:
+        if arm.status != VISIT_OK:
+            lines.append(f"- **Arm `{arm.name}` failed**: {arm.failure}")
+    for v in results.visits:
+        if v.log_tail:
+            lines += [
+                f"  - end of the log of `{v.arm}` repeat {v.repeat + 1}:",
+                "",
+                "```text",
+                *v.log_tail.splitlines()[-15:],
+                "```",
+                "",
+            ]
+    errors: dict[str, int] = {}
+    example: dict[str, str] = {}
+    for v in results.visits:
+        for r in v.requests:
+            if r.error:
+                errors[v.arm] = errors.get(v.arm, 0) + 1
+                example.setdefault(v.arm, r.error)
+    for arm, n in errors.items():
+        lines.append(f"- `{arm}`: {n} request(s) failed, e.g. {example[arm]}")
+    for cell in analysis.cells:
+        per_request = cell.cached_tokens_total / max(1, cell.n_ok)
+        if per_request > _CACHED_TOKENS_NOTED:
+            lines.append(
+                f"- `{cell.arm}` at {cell.target_tokens} tokens: the server served {per_request:.0f} "
+                "prompt tokens per request from its prefix cache despite the unique first lines; "
+                "TTFT there is flattered"
+            )
+    lines += [f"- {note}" for note in analysis.notes]
+    return lines
+
+
+def _verdicts(analysis: Analysis) -> list[str]:
+    if not analysis.comparisons:
+        return ["Only one arm: nothing to compare."]
+    rows = []
+    for c in analysis.comparisons:
+        spec = _METRIC[c.metric]
+        verdict = c.verdict
+        if c.verdict == SHOWN:
+            better = "better" if c.arm_better else "worse"
+            verdict = f"**{c.arm} {better}**"
+        ci = "–" if c.ci_low is None else f"{_pct(c.ci_low)} … {_pct(c.ci_high)}"
+        sign = "–" if c.sign_p is None else f"{c.n_higher}↑ {c.n_lower}↓, p={c.sign_p:.3g}"
+        floor = "–" if c.noise_floor is None else f"±{c.noise_floor:.1%}"
+        rows.append(
+            [
+                f"`{c.arm}`",
+                spec.label,
+                str(c.n_pairs),
+                _pct(c.effect),
+                ci,
+                sign,
+                floor,
+                verdict,
+                c.reason,
+            ]
+        )
+    return [
+        f"Each arm against the baseline `{analysis.baseline}` on matched prompts (the same body "
+        "sent to both; effect = geometric mean of per-prompt ratios, positive = the arm's value "
+        "is higher). A difference is shown only when the interval excludes 0, the sign test "
+        "rejects, and the effect exceeds the noise floor (the larger of the two arms' gaps between "
+        "two of their own repeats).",
+        "",
+        *_table(
+            ["arm", "metric", "pairs", "effect", "95% CI", "sign test", "noise floor", "verdict", "why"],
+            rows,
+        ),
+    ]
+
+
+def _cells(results: BenchResults, analysis: Analysis) -> list[str]:
+    if not any(c.n_ok + c.n_errors for c in analysis.cells):
+        return ["Nothing was measured."]
+    rows = []
+    notes = set()
+    for c in analysis.cells:
+        ttft = "–"
+        if c.ttft:
+            ttft = f"{_ms(c.ttft.median)} [{_ms(c.ttft.p10)}–{_ms(c.ttft.p90)}]"
+        shape = "–"
+        if c.ttft_modality is not None:
+            shape = "**two modes**" if c.ttft_modality.flagged else "one mode"
+            if not c.ttft_modality.flagged and c.ttft_modality.reason.startswith("too few"):
+                shape = "too few to tell"
+        decode = "–"
+        if c.decode:
+            ci = c.decode_median_ci
+            decode = f"{_num(c.decode.median)}" + (f" [{_num(ci[0])}–{_num(ci[1])}]" if ci else "")
+        prefill = "–"
+        if c.prefill_tok_s:
+            prefill = f"{c.prefill_tok_s.median:.0f}"
+        elif c.prefill_note:
+            prefill = "n/a¹"
+            notes.add(c.prefill_note)
+        rows.append(
+            [
+                f"`{c.arm}`",
+                str(c.target_tokens),
+                _num(c.prompt_tokens_median, 0),
+                f"{c.n_ok}/{c.n_ok + c.n_errors}",
+                ttft,
+                shape,
+                decode,
+                _num(c.tokens_per_chunk, 2),
+                _num(c.e2e.median if c.e2e else None, 2),
+                prefill,
+            ]
+        )
+    lines = _table(
+        [
+            "arm",
+            "target tokens",
+            "prompt tokens (server)",
+            "ok/sent",
+            "TTFT ms median [p10–p90]",
+            "TTFT shape",
+            "decode tok/s median [95% CI]",
+            "tokens/chunk",
+            "e2e s",
+            "prefill tok/s",
+        ],
+        rows,
+    )
+    if notes:
+        lines += ["", f"¹ {sorted(notes)[0]}."]
+    flagged = [c for c in analysis.cells if c.ttft_modality and c.ttft_modality.flagged]
+    if flagged:
+        lines += ["", "TTFT distributions with two modes (a median describes neither):", ""]
+        for c in flagged:
+            b = c.ttft_modality
+            assert b is not None
+            lines.append(
+                f"- `{c.arm}` at {c.target_tokens} tokens: {b.weights[0]:.0%} near "
+                f"{b.modes[0] * 1000:.1f} ms, {b.weights[1]:.0%} near {b.modes[1] * 1000:.1f} ms "
+                f"(BIC gain {b.delta_bic:.0f}, Ashman's D {b.ashman_d:.1f}, n={b.n})"
+            )
+    return lines
+
+
+def _acceptance(analysis: Analysis) -> list[str]:
+    rows = []
+    for a in analysis.acceptance:
+        shown = a.per_position_rate[:_MAX_POSITIONS_SHOWN]
+        per_pos = ", ".join(f"{r:.2f}" for r in shown) or "–"
+        if len(a.per_position_rate) > len(shown):
+            per_pos += f", … ({len(a.per_position_rate)} positions)"
+        spread = "–"
+        if len(a.window_rates) > 1:
+            spread = f"{min(a.window_rates):.3f}–{max(a.window_rates):.3f}"
+        rows.append(
+            [
+                f"`{a.arm}`",
+                a.status,
+                f"{a.windows_ok}/{a.windows_total}",
+                _num(a.acceptance_rate, 3),
+                spread,
+                _num(a.mean_acceptance_length, 2),
+                f"{a.accepted:.0f}/{a.draft_tokens:.0f} in {a.drafts:.0f} drafts" if a.drafts else "–",
+                per_pos,
+                a.detail,
+            ]
+        )
+    return [
+        "From the servers' Prometheus counters, differenced over each measured window (warmups "
+        "excluded), summed over engines. Acceptance rate = accepted / draft tokens; mean "
+        "acceptance length = 1 + accepted / drafts; per position = accepted at position / drafts.",
+        "",
+        *_table(
+            [
+                "arm",
+                "status",
+                "windows used",
+                "acceptance rate",
+                "per-window range",
+                "mean acceptance length",
+                "accepted/drafted",
+                "per position",
+                "detail",
+            ],
+            rows,
+        ),
+    ]
+
+
+def _sweeps(analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> list[str]:
+    lines: list[str] = []
+    for s in analysis.sweeps:
+        lines += [f"### `{s.base}` over `{s.param}`", ""]
+        rows = [
+            [
+                str(p.value),
+                f"`{p.arm}`",
+                _num(p.decode_geomean),
+                f"{_num(p.decode_ci[0])}–{_num(p.decode_ci[1])}" if p.decode_ci else "–",
+                _num(p.mean_acceptance_length, 2),
+                "★" if p.arm == s.best_arm else "",
+            ]
+            for p in s.points
+        ]
+        lines += _table(
+            [s.param, "arm", "decode tok/s (geometric mean over prompts)", "95% CI", "mean acceptance length", "best"],
+            rows,
+        )
+        if s.best_value is not None:
+            lines += ["", f"Best by decode rate: `{s.param}={s.best_value}`."]
+            if s.best_note:
+                lines[-1] += f" {s.best_note[0].upper()}{s.best_note[1:]}."
+        key = f"sweep-{s.base}"
+        if key in plots:
+            lines += ["", f"![decode against {s.param}]({_rel(plots[key], out_dir)})"]
+        lines.append("")
+    return lines
+
+
+def _divergence(d: ArmDeterminism) -> str:
+    if d.replicates < 2:
+        return "–"
+    if d.logprobs:
+        return "never" if d.first_divergence is None else f"token {d.first_divergence}"
+    return "never" if d.first_divergence_char is None else f"character {d.first_divergence_char}"
+
+
+def _determinism(results: BenchResults, analysis: Analysis) -> list[str]:
+    if not analysis.determinism:
+        return ["Not run (`[determinism] replicates = 0`)."]
+    det = results.config.get("determinism", {})
+    rows = []
+    for d in analysis.determinism:
+        rows.append(
+            [
+                f"`{d.arm}`",
+                f"{d.replicates}" + (f" ({d.errors} failed)" if d.errors else ""),
+                str(d.distinct_outputs),
+                str(d.positions) if d.logprobs else "–",
+                "–" if d.token_stable_share is None else f"{d.token_stable_share:.1%}",
+                "–" if d.bitwise_stable_share is None else f"{d.bitwise_stable_share:.1%}",
+                _divergence(d),
+                "–" if d.kl_within_mean is None else f"{d.kl_within_mean:.3g}",
+                d.note,
+            ]
+        )
+    lines = [
+        f"The same request ({det.get('prompt_tokens', '?')}-token prompt, "
+        f"{det.get('max_tokens', '?')} tokens, temperature 0, top-{det.get('top_logprobs', '?')} "
+        "logprobs) sent repeatedly to each arm.",
+        "",
+        *_table(
+            [
+                "arm",
+                "replicates",
+                "distinct outputs",
+                "positions compared",
+                "token-stable",
+                "token+logprob bitwise stable",
+                "first divergence",
+                "KL within arm (mean)",
+                "note",
+            ],
+            rows,
+        ),
+    ]
+    if analysis.determinism_pairs:
+        rows = [
+            [
+                f"`{p.arm}`",
+                "never" if p.first_divergence is None else str(p.first_divergence),
+                str(p.positions_compared),
+                "–" if p.kl_between_mean is None else f"{p.kl_between_mean:.3g}",
+                "–" if p.kl_within_baseline is None else f"{p.kl_within_baseline:.3g}",
+                "–" if p.kl_within_arm is None else f"{p.kl_within_arm:.3g}",
+                p.reading,
+            ]
+            for p in analysis.determinism_pairs
+        ]
+        lines += [
+            "",
+            f"Against the baseline `{analysis.baseline}` (first replicates; KL over positions "
+            "whose preceding tokens agree):",
+            "",
+            *_table(
+                [
+                    "arm",
+                    "first divergence",
+                    "positions",
+                    "KL between arms",
+                    "KL within baseline (max)",
+                    "KL within arm (max)",
+                    "reading",
+                ],
+                rows,
+            ),
+        ]
+    return lines
+
+
+def _logcheck(results: BenchResults) -> list[str]:
+    lines = []
+    for arm in results.arms:
+        if not arm.log_paths and not arm.evidence:
+            lines += ["", f"`{arm.name}`: no server log (a `url` arm; the server was not started here)"]
+            continue
+        if not arm.evidence:
+            lines += ["", f"`{arm.name}`: none of the patterns below matched."]
+            continue
+        lines += ["", f"`{arm.name}`:", ""]
+        lines += _table(
+            ["pattern", "severity", "lines", "value", "first line"],
+            [[e.pattern, e.severity, str(e.count), e.value or "", f"`{e.first_line}`"] for e in arm.evidence],
+        )
+    lines += ["", "<details><summary>Patterns checked</summary>", ""]
+    lines += _table(
+        ["pattern", "looks in", "severity", "meaning"],
+        [[p.id, p.source, p.severity, p.meaning] for p in logcheck.PATTERNS],
+    )
+    lines += ["", "</details>"]
+    return lines
+
+
+def _setup(results: BenchResults) -> list[str]:
+    w = results.config.get("workload", {})
+    lines = [
+        f"- weightsmith {results.weightsmith_version}, {results.created}; client host: "
+        + ", ".join(f"{k} {v}" for k, v in results.host.items()),
+        f"- workload: code-continuation prompts cut from Python's standard library at "
+        f"{w.get('prompt_tokens')} target tokens, {w.get('prompts_per_length')} per length, "
+        f"unique first line per request; `{w.get('endpoint')}` endpoint, "
+        f"max_tokens {w.get('max_tokens')}, temperature {w.get('temperature')}, "
+        f"ignore_eos {w.get('ignore_eos')}, concurrency {w.get('concurrency')}",
+        f"- prompts sized at {results.chars_per_token:.2f} characters per token "
+        f"({results.chars_per_token_source}); token counts in the tables are the servers' `usage`",
+        f"- {results.config.get('repeats')} repeat(s) per arm in counterbalanced order, "
+        f"{results.config.get('warmups')} warmup request(s) per visit discarded; alpha {results.alpha}",
+        "",
+    ]
+    rows = []
+    for a in results.arms:
+        what = f"`{' '.join(a.command)}`" if a.command else (a.url or "")
+        env = ", ".join(f"{k}={v}" for k, v in a.env.items())
+        model = Path(a.model).name if a.model and a.model.startswith("/") else a.model
+        rows.append([f"`{a.name}`", a.kind, model or "–", what + (f" (env: {env})" if env else ""), a.status])
+    lines += _table(["arm", "kind", "model", "server", "status"], rows)
+    lines += ["", "Visits in the order they ran:", ""]
+    vrows = []
+    for v in results.visits:
+        ok = sum(1 for r in v.requests if r.ok)
+        vrows.append(
+            [
+                str(v.position + 1),
+                f"`{v.arm}`",
+                str(v.repeat + 1),
+                v.status + (f": {v.failure}" if v.failure else ""),
+                _num(v.startup_s, 1),
+                f"{ok}/{len(v.requests)}",
+                v.spec.status if v.spec else "–",
+            ]
+        )
+    lines += _table(["#", "arm", "repeat", "status", "startup s", "requests ok", "/metrics window"], vrows)
+    return lines
+
+
+def _noise(analysis: Analysis) -> list[str]:
+    rows: list[list[str]] = []
+    for key, floor in analysis.noise.items():
+        per_arm = ", ".join(f"`{a}` {v:.1%}" for a, v in floor.per_arm.items()) or "–"
+        rows.append([_METRIC[key].label, "–" if floor.value is None else f"±{floor.value:.1%}", per_arm, floor.detail])
+    return [
+        "For each arm, the largest gap between two of its own repeats (same estimator as the "
+        "verdicts). A comparison uses the larger of its two arms' gaps.",
+        "",
+        *_table(["metric", "largest", "per arm", "largest in"], rows),
+    ]
+
+
+def render_markdown(results: BenchResults, analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> str:
+    """The whole report as Markdown, with plot links relative to `out_dir`."""
+    names = ", ".join(f"`{a.name}`" for a in results.arms)
+    lines = [f"# Serving benchmark: {names}", ""]
+    problems = _problems(results, analysis)
+    if problems:
+        lines += ["## Read first", "", *problems, ""]
+    lines += ["## Verdicts", "", *_verdicts(analysis), ""]
+    lines += ["## Per arm and prompt length", "", *_cells(results, analysis), ""]
+    if "ttft" in plots:
+        lines += [f"![TTFT distributions]({_rel(plots['ttft'], out_dir)})", ""]
+    if "decode" in plots:
+        lines += [f"![decode rate]({_rel(plots['decode'], out_dir)})", ""]
+    lines += ["## Speculative decoding acceptance", "", *_acceptance(analysis), ""]
+    if "acceptance" in plots:
+        lines += [f"![acceptance per position]({_rel(plots['acceptance'], out_dir)})", ""]
+    if analysis.sweeps:
+        lines += ["## Sweeps", "", *_sweeps(analysis, plots, out_dir)]
+    lines += ["## Determinism", "", *_determinism(results, analysis), ""]
+    lines += ["## Server log check", "", *_logcheck(results), ""]
+    lines += ["## Noise floor", "", *_noise(analysis), ""]
+    lines += ["## Setup", "", *_setup(results), ""]
+    return "\n".join(lines)
+
+
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.md"
+
+
+def write_results_file(results: BenchResults, analysis: Analysis | None, out_dir: Path) -> Path:
+    """results.json: the raw record plus (for convenience, never read back) the analysis."""
+    payload = to_jsonable(results)
+    if analysis is not None:
+        payload["analysis"] = to_jsonable(analysis)
+    path = out_dir / RESULTS_FILE
+    write_json(path, payload)
+    return path
+
+
+def write_all(results: BenchResults, out_dir: Path) -> tuple[Analysis, dict[str, Path]]:
+    """Analyse, then write results.json, the plots and report.md into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    analysis = analyse(results)
+    files = {"results": write_results_file(results, analysis, out_dir)}
+    plots = write_plots(results, analysis, out_dir)
+    report = out_dir / REPORT_FILE
+    report.write_text(render_markdown(results, analysis, plots, out_dir), encoding="utf-8")
+    files["report"] = report
+    files.update(plots)
+    return analysis, files

@@ -1,0 +1,464 @@
+"""Drive a benchmark run: visit the arms in counterbalanced order, measure, keep everything.
+
+Per visit: start the server (or find it), warm it up (discarded), scrape /metrics, send the
+measured requests, scrape again once the counters have settled, run the determinism replicates on
+the arm's first visit, stop the server, and read its log. The results file is rewritten after every
+visit, so a crash, a Ctrl-C or a server that dies keeps what was already measured.
+
+Failures are one line each and never stop the other arms: a server that does not start (with the
+end of its log), dies during the window (requests measured so far are kept), or answers with
+errors. The arm is marked failed and its remaining visits are skipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from weightsmith import __version__
+from weightsmith.bench import client as cl
+from weightsmith.bench import logcheck
+from weightsmith.bench import metrics as m
+from weightsmith.bench.config import ArmSpec, BenchConfig
+from weightsmith.bench.results import (
+    VISIT_FAILED,
+    VISIT_SKIPPED,
+    ArmInfo,
+    BenchResults,
+    DeterminismRun,
+    PromptInfo,
+    Replicate,
+    RequestRecord,
+    VisitResult,
+    to_jsonable,
+)
+from weightsmith.bench.schedule import Visit, counterbalanced_order
+from weightsmith.bench.servers import RunningServer, ServerError, start_server
+from weightsmith.bench.workloads import (
+    FALLBACK_CHARS_PER_TOKEN,
+    SIZE_TOLERANCE,
+    Prompt,
+    build_prompts,
+    interleaved,
+    stdlib_corpus,
+    unique_prefix,
+)
+
+#: Consecutive connection failures or timeouts after which a server counts as gone (alive or not):
+#: without it, a hung server would cost `request_timeout_s` for every remaining request.
+_MAX_CONNECTION_FAILURES = 3
+_CALIBRATION_CHARS = 12000
+
+
+class Observer(Protocol):
+    """Receives progress; the command line shows it live, tests ignore it."""
+
+    def run_started(self, visits: int, requests_per_visit: int) -> None: ...
+    def visit_started(self, visit: Visit, index: int) -> None: ...
+    def phase(self, text: str) -> None: ...
+    def request_done(self, record: RequestRecord) -> None: ...
+    def visit_finished(self, result: VisitResult) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class QuietObserver:
+    """An observer that shows nothing."""
+
+    def run_started(self, visits: int, requests_per_visit: int) -> None:
+        """Nothing to show."""
+
+    def visit_started(self, visit: Visit, index: int) -> None:
+        """Nothing to show."""
+
+    def phase(self, text: str) -> None:
+        """Nothing to show."""
+
+    def request_done(self, record: RequestRecord) -> None:
+        """Nothing to show."""
+
+    def visit_finished(self, result: VisitResult) -> None:
+        """Nothing to show."""
+
+    def message(self, text: str) -> None:
+        """Nothing to show."""
+
+
+def slug(name: str) -> str:
+    """A file-name-safe form of an arm name."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", name)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def host_info() -> dict[str, str]:
+    """The machine the client ran on, and how busy it was at the start."""
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": str(os.cpu_count()),
+    }
+    if hasattr(os, "getloadavg"):
+        info["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return info
+
+
+@dataclass
+class _Workload:
+    measured: list[Prompt]
+    warmup: list[Prompt]
+    determinism: Prompt
+
+
+@dataclass
+class _RunState:
+    config: BenchConfig
+    out_dir: Path
+    client: httpx.Client
+    observer: Observer
+    results: BenchResults
+    t0: float
+    arm_infos: dict[str, ArmInfo]
+    workload: _Workload | None = None
+    failed_arms: set[str] = field(default_factory=set)
+    caches_cleared: set[str] = field(default_factory=set)
+    current: VisitResult | None = None
+
+
+def _calibrate(state: _RunState, arm: ArmSpec, url: str, model: str) -> None:
+    """Fix the prompts, cut to length with this (the first serving) arm's tokenizer if it has one."""
+    spec = state.config.workload
+    sample = "".join(text for _, text in stdlib_corpus()[:20])[:_CALIBRATION_CHARS]
+    measured = cl.count_tokens(state.client, url, model, sample)
+
+    def count(text: str) -> int | None:
+        return cl.count_tokens(state.client, url, model, text)
+
+    counter = count if measured else None
+    if spec.chars_per_token is not None:
+        ratio, source = spec.chars_per_token, "arms file"
+    elif measured:
+        ratio, source = len(sample) / measured, f"/tokenize of arm '{arm.name}'"
+    else:
+        ratio, source = FALLBACK_CHARS_PER_TOKEN, "fixed estimate (no /tokenize on the server)"
+    if counter is not None:
+        source += f"; each prompt cut to within {SIZE_TOLERANCE:.0%} of its target with that tokenizer"
+    state.results.chars_per_token = ratio
+    state.results.chars_per_token_source = source
+    measured_prompts = build_prompts(spec.prompt_tokens, spec.prompts_per_length, ratio, spec.seed, counter)
+    warmup = build_prompts(spec.prompt_tokens, 1, ratio, spec.seed + 1000, counter)
+    det = state.config.determinism
+    determinism = build_prompts([det.prompt_tokens], 1, ratio, spec.seed + 2000, counter)[0]
+    state.workload = _Workload(interleaved(measured_prompts, spec.seed), warmup, determinism)
+    state.results.prompts = [
+        PromptInfo(p.key, p.target_tokens, p.index, p.source, len(p.text)) for p in measured_prompts
+    ]
+
+
+def _send(
+    state: _RunState,
+    arm: ArmSpec,
+    url: str,
+    model: str,
+    text: str,
+    top_logprobs: int = 0,
+    max_tokens: int | None = None,
+) -> cl.StreamOutcome:
+    spec = state.config.workload
+    body = cl.request_body(
+        spec.endpoint,
+        model,
+        text,
+        max_tokens=max_tokens or spec.max_tokens,
+        temperature=spec.temperature,
+        ignore_eos=spec.ignore_eos,
+        top_logprobs=top_logprobs,
+        extra=arm.extra_body,
+    )
+    return cl.stream_request(state.client, url, spec.endpoint, body, spec.request_timeout_s)
+
+
+def _record(prompt: Prompt, outcome: cl.StreamOutcome, started_s: float) -> RequestRecord:
+    return RequestRecord(
+        prompt_key=prompt.key,
+        target_tokens=prompt.target_tokens,
+        prompt_index=prompt.index,
+        error=outcome.error,
+        ttft_s=outcome.ttft_s,
+        decode_tok_s=outcome.decode_tok_s,
+        e2e_s=outcome.e2e_s,
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        cached_tokens=outcome.cached_tokens,
+        token_chunks=outcome.token_chunks,
+        finish_reason=outcome.finish_reason,
+        started_s=started_s,
+    )
+
+
+def _server_gone(server: RunningServer, consecutive_failures: int) -> str | None:
+    if not server.alive():
+        return f"server exited with status {server.exit_code()} during the measured window"
+    if consecutive_failures >= _MAX_CONNECTION_FAILURES:
+        return f"server stopped answering ({consecutive_failures} requests in a row timed out or were refused)"
+    return None
+
+
+def _measure(
+    state: _RunState,
+    arm: ArmSpec,
+    server: RunningServer,
+    model: str,
+    vr: VisitResult,
+    contents: list[str],
+) -> str | None:
+    """Send the measured requests; return a failure line if the server went away."""
+    assert state.workload is not None
+    prompts = state.workload.measured
+    failures = 0
+
+    def one(prompt: Prompt) -> tuple[RequestRecord, str]:
+        started = time.perf_counter() - state.t0
+        outcome = _send(state, arm, server.url, model, unique_prefix() + prompt.text)
+        return _record(prompt, outcome, started), outcome.content
+
+    def keep(record: RequestRecord, content: str) -> None:
+        vr.requests.append(record)
+        contents.append(content)
+        state.observer.request_done(record)
+
+    if state.config.workload.concurrency == 1:
+        for prompt in prompts:
+            gone = _server_gone(server, failures)
+            if gone:
+                return gone
+            record, content = one(prompt)
+            keep(record, content)
+            failures = failures + 1 if (record.error or "").startswith(("connection failed", "timed out")) else 0
+        gone = _server_gone(server, failures)
+        return gone
+    with ThreadPoolExecutor(max_workers=state.config.workload.concurrency) as pool:
+        for record, content in pool.map(one, prompts):
+            keep(record, content)
+    return _server_gone(server, 0 if any(r.ok for r in vr.requests) else len(vr.requests))
+
+
+def _determinism(state: _RunState, arm: ArmSpec, server: RunningServer, model: str) -> None:
+    spec = state.config.determinism
+    if spec.replicates == 0 or any(r.arm == arm.name for r in state.results.determinism):
+        return
+    assert state.workload is not None
+    prompt = state.workload.determinism
+    run = DeterminismRun(arm=arm.name, prompt_key=prompt.key)
+    for i in range(spec.replicates):
+        if not server.alive():
+            break
+        state.observer.phase(f"determinism replicate {i + 1}/{spec.replicates}")
+        outcome = _send(state, arm, server.url, model, prompt.text, spec.top_logprobs, spec.max_tokens)
+        run.replicates.append(
+            Replicate(
+                content=outcome.content,
+                error=outcome.error,
+                positions=outcome.positions,
+                completion_tokens=outcome.completion_tokens,
+            )
+        )
+    state.results.determinism.append(run)
+
+
+def _scrape_settled(state: _RunState, url: str) -> tuple[m.Snapshot | None, str]:
+    try:
+        return m.settled_scrape(state.client, url), ""
+    except m.MetricsUnavailable as exc:
+        return None, str(exc)
+
+
+def _fail(state: _RunState, vr: VisitResult, line: str, log_tail: str | None = None) -> None:
+    vr.status = VISIT_FAILED
+    vr.failure = line
+    vr.log_tail = log_tail or None
+    state.failed_arms.add(vr.arm)
+    info = state.arm_infos[vr.arm]
+    info.status = VISIT_FAILED
+    info.failure = info.failure or line
+    state.observer.message(f"arm '{vr.arm}' repeat {vr.repeat + 1}: {line}")
+
+
+def _cache_root(state: _RunState, arm: ArmSpec) -> Path | None:
+    """A fresh VLLM_CACHE_ROOT per vLLM arm (cleared once per run, shared by its visits)."""
+    if arm.resolved_kind != "vllm" or not arm.fresh_cache:
+        return None
+    root = state.out_dir / "cache" / slug(arm.name)
+    if arm.name not in state.caches_cleared:
+        shutil.rmtree(root, ignore_errors=True)
+        state.caches_cleared.add(arm.name)
+    return root
+
+
+def _visit(state: _RunState, arm: ArmSpec, visit: Visit) -> VisitResult:
+    vr = VisitResult(arm=arm.name, repeat=visit.repeat, position=visit.position, started_at=_now())
+    state.current = vr
+    log_path = state.out_dir / "logs" / f"{slug(arm.name)}.r{visit.repeat + 1}.log"
+    info = state.arm_infos[arm.name]
+    state.observer.phase("starting server")
+    try:
+        server = start_server(arm, state.client, log_path, _cache_root(state, arm))
+    except ServerError as exc:
+        _fail(state, vr, f"server did not start: {exc}", exc.log_tail)
+        if log_path.exists():
+            vr.log_path = str(log_path)
+            info.log_paths.append(vr.log_path)
+            info.evidence = logcheck.merge(info.evidence, logcheck.scan_log(log_path))
+        vr.finished_at = _now()
+        return vr
+    vr.startup_s = server.startup_s
+    if server.log_path is not None:
+        vr.log_path = str(server.log_path)
+        info.log_paths.append(vr.log_path)
+    info.url = server.url
+    contents: list[str] = []
+    try:
+        try:
+            model = arm.model or cl.fetch_model_id(state.client, server.url)
+        except (httpx.HTTPError, ValueError) as exc:
+            _fail(state, vr, f"cannot read the model id from /v1/models: {exc}", server.log_tail())
+            return vr
+        info.model = model
+        if state.workload is None:
+            state.observer.phase("sizing prompts")
+            _calibrate(state, arm, server.url, model)
+        assert state.workload is not None
+        for i in range(state.config.warmups):
+            state.observer.phase(f"warmup {i + 1}/{state.config.warmups} (discarded)")
+            prompt = state.workload.warmup[i % len(state.workload.warmup)]
+            outcome = _send(state, arm, server.url, model, unique_prefix() + prompt.text)
+            if outcome.error:
+                _fail(state, vr, f"warmup request failed: {outcome.error}", server.log_tail())
+                return vr
+            vr.warmups += 1
+        state.observer.phase("measuring")
+        before, reason = _scrape_settled(state, server.url)
+        gone = _measure(state, arm, server, model, vr, contents)
+        if gone:
+            _fail(state, vr, gone, server.log_tail())
+            vr.spec = m.SpecWindow(status=m.VOID, detail="server went away during the window")
+            return vr
+        after, reason_after = (None, reason) if before is None else _scrape_settled(state, server.url)
+        if before is None or after is None:
+            vr.spec = m.unavailable(reason or reason_after)
+        else:
+            vr.spec = m.spec_window(before, after, model)
+        errors = [r for r in vr.requests if not r.ok]
+        if errors and len(errors) == len(vr.requests):
+            _fail(state, vr, f"every measured request failed, e.g. {errors[0].error}")
+            return vr
+        if errors:
+            state.observer.message(
+                f"arm '{arm.name}' repeat {visit.repeat + 1}: {len(errors)} of "
+                f"{len(vr.requests)} requests failed, e.g. {errors[0].error}"
+            )
+        _determinism(state, arm, server, model)
+        return vr
+    finally:
+        state.observer.phase("stopping server")
+        server.stop()
+        if server.log_path is not None:
+            info.evidence = logcheck.merge(info.evidence, logcheck.scan_log(server.log_path))
+        info.evidence = logcheck.merge(info.evidence, logcheck.scan_contents(contents))
+        vr.finished_at = _now()
+
+
+def new_results(config: BenchConfig) -> BenchResults:
+    """An empty results record for `config`, before anything is measured."""
+    return BenchResults(
+        created=_now(),
+        weightsmith_version=__version__,
+        host=host_info(),
+        config=to_jsonable(config),
+        baseline=config.baseline_arm,
+        prefill_min_tokens=config.prefill_min_tokens,
+        alpha=config.alpha,
+        chars_per_token=0.0,
+        chars_per_token_source="not measured (no arm served)",
+        arms=[
+            ArmInfo(
+                name=a.name,
+                kind=a.resolved_kind,
+                url=a.url,
+                command=a.command,
+                env=dict(a.env),
+                model=a.model,
+                sweep_param=a.sweep_param,
+                sweep_value=a.sweep_value,
+            )
+            for a in config.arms
+        ],
+    )
+
+
+def run_bench(
+    config: BenchConfig,
+    out_dir: Path,
+    observer: Observer | None = None,
+    save: Callable[[BenchResults], None] | None = None,
+) -> BenchResults:
+    """Run every visit of `config`; `save` is called after each visit with the results so far."""
+    observer = observer or QuietObserver()
+    out_dir = out_dir.resolve()  # servers run with this in their environment (VLLM_CACHE_ROOT)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = new_results(config)
+    order = counterbalanced_order([a.name for a in config.arms], config.repeats)
+    results.order = [[v.arm, v.repeat] for v in order]
+    arms = {a.name: a for a in config.arms}
+    state = _RunState(
+        config=config,
+        out_dir=out_dir,
+        client=httpx.Client(trust_env=False),
+        observer=observer,
+        results=results,
+        t0=time.perf_counter(),
+        arm_infos={a.name: a for a in results.arms},
+    )
+    per_visit = len(config.workload.prompt_tokens) * config.workload.prompts_per_length
+    observer.run_started(len(order), per_visit)
+    try:
+        for index, visit in enumerate(order):
+            observer.visit_started(visit, index)
+            if visit.arm in state.failed_arms:
+                vr = VisitResult(
+                    arm=visit.arm,
+                    repeat=visit.repeat,
+                    position=visit.position,
+                    status=VISIT_SKIPPED,
+                    failure="arm failed earlier in the run",
+                )
+            else:
+                vr = _visit(state, arms[visit.arm], visit)
+            state.current = None
+            results.visits.append(vr)
+            observer.visit_finished(vr)
+            if save is not None:
+                save(results)
+    except KeyboardInterrupt:
+        results.interrupted = True
+        if state.current is not None:
+            # Keep the requests of the visit that was running; its window is incomplete.
+            state.current.status = VISIT_FAILED
+            state.current.failure = "interrupted"
+            state.current.spec = None
+            results.visits.append(state.current)
+    finally:
+        state.client.close()
+    return results

@@ -1,0 +1,186 @@
+"""Start, watch and stop the server behind an arm.
+
+An arm either names a running server (`url`), which is used as found, or a command, which is
+started in its own process group with its output kept in a log file (the log check reads it, and
+a failure report shows its end). A vLLM arm gets its own `VLLM_CACHE_ROOT` unless told otherwise:
+vLLM's compile cache is keyed without the draft's quantization, so a second arm could reuse the
+first arm's compiled graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from weightsmith.bench.config import PORT_PLACEHOLDER, ArmSpec
+from weightsmith.bench.logcheck import COMMAND_LINE_PREFIX
+
+
+class ServerError(Exception):
+    """The server could not be started or stopped answering; `log_tail` holds its last lines."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, chosen at random.
+
+    A port the kernel handed out for `bind(0)` can be handed out again to any other process before
+    the server binds it; ports below the ephemeral range are never handed out that way, so only
+    another explicit choice could collide, and a random one rarely does.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _attempt in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: Path | None, lines: int = 20) -> str:
+    """The last `lines` lines of a log file ('' when there is none)."""
+    if path is None or not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 64 * 1024))
+        data = f.read().decode("utf-8", "replace")
+    return "\n".join(data.splitlines()[-lines:])
+
+
+@dataclass
+class RunningServer:
+    """A server an arm is measured on; `process` is None for a server we did not start."""
+
+    url: str
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    startup_s: float | None = None
+
+    def alive(self) -> bool:
+        """False once a server we started has exited (a `url` arm is assumed alive)."""
+        return self.process is None or self.process.poll() is None
+
+    def exit_code(self) -> int | None:
+        """The exit status of a server we started, once it has exited."""
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the server's log, for failure messages."""
+        return tail(self.log_path, lines)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL after `grace_s`."""
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _ready(client: httpx.Client, url: str) -> bool:
+    """Loaded and serving: /health is not 503 (llama.cpp while loading) and /v1/models lists one."""
+    try:
+        health = client.get(url + "/health", timeout=5.0)
+        if health.status_code == 503:
+            return False
+        models = client.get(url + "/v1/models", timeout=5.0)
+        return models.status_code == 200 and bool(models.json().get("data"))
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def wait_ready(client: httpx.Client, server: RunningServer, timeout_s: float, poll_s: float = 0.25) -> None:
+    """Block until the server answers; raise `ServerError` if it exits or the time runs out."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    while True:
+        if not server.alive():
+            raise ServerError(
+                f"server exited with status {server.exit_code()} before answering",
+                server.log_tail(),
+            )
+        if _ready(client, server.url) and server.alive():
+            server.startup_s = time.monotonic() - start
+            return
+        if time.monotonic() > deadline:
+            server.stop()
+            raise ServerError(f"server did not answer at {server.url} within {timeout_s:g} s", server.log_tail())
+        time.sleep(poll_s)
+
+
+def start_server(arm: ArmSpec, client: httpx.Client, log_path: Path, cache_root: Path | None) -> RunningServer:
+    """Start the arm's command (or find its url) and wait until it serves.
+
+    `{port}` in the command, url and env becomes a free loopback port; the command's output goes
+    to `log_path`; `cache_root`, when given, becomes `VLLM_CACHE_ROOT` unless the arm sets it.
+    """
+    if arm.command is None:
+        assert arm.url is not None
+        server = RunningServer(url=arm.url.rstrip("/"))
+        if not _ready(client, server.url):
+            raise ServerError(f"no server answering at {server.url}")
+        return server
+    port = str(free_port())
+    command = [t.replace(PORT_PLACEHOLDER, port) for t in arm.command]
+    url = (arm.url or f"http://127.0.0.1:{PORT_PLACEHOLDER}").replace(PORT_PLACEHOLDER, port)
+    env = dict(os.environ)
+    env.update({k: v.replace(PORT_PLACEHOLDER, port) for k, v in arm.env.items()})
+    if cache_root is not None and "VLLM_CACHE_ROOT" not in arm.env:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        env["VLLM_CACHE_ROOT"] = str(cache_root)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"{COMMAND_LINE_PREFIX}{' '.join(command)}\n".encode())
+        log.flush()
+        try:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot run {command[0]!r}: {exc.strerror}") from None
+    server = RunningServer(url=url.rstrip("/"), process=process, log_path=log_path)
+    try:
+        wait_ready(client, server, arm.startup_timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server

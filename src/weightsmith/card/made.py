@@ -1,0 +1,140 @@
+"""The card's first sections: what the checkpoint is, and how it was made (from the manifest and config)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from weightsmith import names
+from weightsmith.card.cite import Citations
+from weightsmith.card.sources import CONFIG_FILE, INSPECT_FILE, CardSources
+from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.plan import PRESETS
+
+M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE
+
+_SEARCH = {
+    "mse": "each group's range is clipped to the value that lowers its squared error",
+    "memoryless_mse": "llm-compressor's memoryless MSE search over each group's range",
+}
+#: Why tensors of a category are never a quantization target (the plan's rules, by category).
+_NOT_TARGETED = {
+    "embeddings": "a lookup table, not a Linear layer",
+    "norms": "1-D norm weights, not Linear layers",
+}
+
+
+def draft_kind(config: dict[str, Any]) -> str | None:
+    """The kind of speculative draft the config declares, or None for a standalone model."""
+    if "dflash_config" in config:
+        return "DFlash"
+    arch = " ".join(config.get("architectures") or [])
+    for kind in ("Eagle3", "Eagle", "Medusa", "MTP"):
+        if kind.lower() in arch.lower():
+            return kind
+    return None
+
+
+def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
+    """One paragraph: a quantized checkpoint of BASE, or a draft tied to its target."""
+    recipe, config = src.manifest["recipe"], src.config
+    scheme = c.text(recipe["scheme"], M, "recipe.scheme")
+    archs = config.get("architectures") or []
+    arch = c.text(archs[0], C, "architectures[0]") if archs else "an architecture config.json does not name"
+    of = f"`{base}`" if base else f"the {arch} model it was quantized from"
+    kind = draft_kind(config)
+    if kind is None:
+        return [f"A {scheme} quantized checkpoint of {of} ({arch}), in compressed-tensors format, which vLLM loads."]
+    lines = [
+        f"A {kind} speculative draft ({arch}), quantized with {scheme}. A draft is specific to the target model "
+        "it was trained against: it proposes tokens that only that target verifies, so serve it with that target."
+    ]
+    layer_ids = (config.get("dflash_config") or {}).get("target_layer_ids")
+    if layer_ids:
+        ids = ", ".join(c.num(str(v), C, f"dflash_config.target_layer_ids[{i}]") for i, v in enumerate(layer_ids))
+        lines[0] += f" It reads the target's hidden states at layers {ids}."
+    target = config.get("target_model") or config.get("target_model_name_or_path")
+    if target:
+        lines[0] += f" Its target: {c.text(str(target), C, 'target_model')}."
+    else:
+        lines[0] += " config.json does not name the target."
+    return lines
+
+
+def _scheme_line(recipe: dict[str, Any], c: Citations) -> str:
+    bits = c.num(str(recipe["num_bits"]), M, "recipe.num_bits")
+    group = c.num(str(recipe["group_size"]), M, "recipe.group_size")
+    sym = "symmetric" if recipe["symmetric"] else "asymmetric (with a zero point)"
+    kind = "FP4 (E2M1)" if recipe["scheme"].startswith("nvfp4") else "integer"
+    return (
+        f"- **Scheme**: {c.text(recipe['scheme'], M, 'recipe.scheme')} (config group "
+        f"{c.text(recipe['config_group'], M, 'recipe.config_group')}): {bits}-bit {kind} weights, {sym}, "
+        f"one scale per {group} input columns; activations stay 16-bit."
+    )
+
+
+def _ignore_reason(entry: str, preset: str | None, tied: bool) -> str:
+    if preset in PRESETS and entry in PRESETS[preset].ignore:
+        return f"preset {preset}: {PRESETS[preset].why}"
+    if names.is_lm_head(entry):
+        why = "vLLM's ParallelLMHead is not a Linear target"
+        return why + ("; here it is tied to the embeddings, so no separate tensor is stored" if tied else "")
+    if names.is_router(entry):
+        return "MoE router (vLLM builds it as ReplicatedLinear)"
+    return "listed in the recipe's ignore list"
+
+
+def how_made(src: CardSources, c: Citations) -> list[str]:
+    """Scheme, group size, scale search, what stayed unquantized and why, tool version, source hashes."""
+    m, recipe = src.manifest, src.manifest["recipe"]
+    search = recipe.get("scale_search")
+    search_line = (
+        f"{c.text(search, M, 'recipe.scale_search')}: {_SEARCH.get(search, 'as named')}"
+        if search
+        else "none: plain round-to-nearest from each group's absolute maximum"
+    )
+    t = m["tensors"]
+    lines = [
+        _scheme_line(recipe, c),
+        f"- **Scale search**: {search_line}.",
+        f"- **Tensors**: {c.num(str(t['quantize']), M, 'tensors.quantize')} quantized, "
+        f"{c.num(str(t['keep']), M, 'tensors.keep')} kept as they were, "
+        f"{c.num(str(t['decode']), M, 'tensors.decode')} FP8 weights decoded to BF16, "
+        f"{c.num(str(t['drop']), M, 'tensors.drop')} FP8 scales consumed.",
+    ]
+    if recipe.get("preset"):
+        lines.append(f"- **Preset**: {c.text(recipe['preset'], M, 'recipe.preset')}.")
+    tied = bool(src.config.get("tie_word_embeddings"))
+    for i, entry in enumerate(recipe.get("ignore") or []):
+        reason = _ignore_reason(entry, recipe.get("preset"), tied)
+        lines.append(f"- **Kept unquantized** {c.text(entry, M, f'recipe.ignore[{i}]')}: {reason}.")
+    for row in src.inspect["rows"]:
+        why = _NOT_TARGETED.get(row["key"])
+        if why and row["params"] and row["bits_per_param"] is not None:
+            bits = c.num(f"{row['bits_per_param']:.3f}", INS, f"rows[{row['key']}].bits_per_param")
+            lines.append(f"- **Kept at source precision** {row['key']} ({bits} bits per parameter): {why}.")
+    lines += _coverage(src, c)
+    tool = m["tool"]
+    lines.append(
+        f"- **Tool**: {tool['name']} {c.text(tool['version'], M, 'tool.version')}, "
+        f"run {c.text(m['created_utc'], M, 'created_utc')}."
+    )
+    for shard, info in m["source"]["files"].items():
+        size = c.num(f"{info['bytes']:,}", M, f"source.files[{shard}].bytes")
+        digest = info.get("sha256")
+        hashed = f"sha256 {c.text(digest, M, f'source.files[{shard}].sha256')}" if digest else "not hashed (--no-hash)"
+        lines.append(f"- **Source file** `{shard}`: {size} bytes, {hashed}.")
+    return lines
+
+
+def _coverage(src: CardSources, c: Citations) -> list[str]:
+    """The quantization config against the tensors, as `inspect` found it."""
+    cov = src.inspect.get("quantization")
+    if not cov:
+        return []
+    out = []
+    for gi, group in enumerate(cov["statuses"]):
+        n = c.num(f"{group['modules']:,}", INS, f"quantization.statuses[{gi}].modules")
+        patterns = ", ".join(f"`{p['pattern']}`" for p in group["patterns"][:8])
+        more = f" and {len(group['patterns']) - 8} more patterns" if len(group["patterns"]) > 8 else ""
+        out.append(f"- **{group['status'].capitalize()}** (inspect): {n} Linear modules: {patterns}{more}.")
+    return out

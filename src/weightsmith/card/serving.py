@@ -1,0 +1,142 @@
+"""The card's serving section, recomputed from the raw `weightsmith bench` results.
+
+The analysis is rebuilt from the samples (as `bench report` does), never read from the file, so the
+card and `card --check` derive the same numbers the bench report shows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from weightsmith.bench.analysis import METRICS
+from weightsmith.card.cite import Citations
+from weightsmith.card.measured import table
+from weightsmith.card.sources import BENCH_FILE, CardSources
+
+B = BENCH_FILE
+_LABEL = {m.key: m.label for m in METRICS}
+
+
+def _n(c: Citations, value: float | None, spec: str, field: str) -> str:
+    return "not measured" if value is None else c.num(format(value, spec), B, field)
+
+
+def serving(src: CardSources, c: Citations) -> list[str]:
+    """Serve commands, the per-cell table with intervals, verdicts, acceptance, best k, noise, environment."""
+    res, an = src.bench, src.analysis
+    assert res is not None and an is not None
+    lines = [
+        f"`weightsmith bench` (`{B}`, analysis recomputed from its samples). These numbers describe each arm's "
+        "server serving the model file named below, which is not necessarily the safetensors in this folder.",
+        "",
+    ]
+    for arm in res.arms:
+        model = Path(arm.model).name if arm.model else "not recorded"
+        lines.append(f"- `{arm.name}` ({arm.kind}, model `{model}`, status {arm.status}):")
+        if arm.command:
+            lines.append(f"  {c.text(' '.join(arm.command), B, f'arms[{arm.name}].command')}")
+        elif arm.url:
+            lines.append(f"  already running at {c.text(arm.url, B, f'arms[{arm.name}].url')}")
+        if arm.env:
+            env = " ".join(f"{k}={v}" for k, v in arm.env.items())
+            lines.append(f"  environment {c.text(env, B, f'arms[{arm.name}].env')}")
+    lines += ["", *_cells(src, c), ""]
+    if an.comparisons:
+        lines += [*_verdicts(src, c), ""]
+    lines += [*_acceptance(src, c), ""]
+    for s in an.sweeps:
+        if s.best_value is not None:
+            best = c.text(str(s.best_value), B, f"analysis.sweeps[{s.base},{s.param}].best_value")
+            note = f" ({s.best_note})" if s.best_note else ""
+            lines.append(f"Best `{s.param}` for `{s.base}` by median decode rate: {best}{note}.")
+    for key, floor in an.noise.items():
+        value = (
+            "not measured" if floor.value is None else c.num(format(floor.value, ".1%"), B, f"analysis.noise[{key}]")
+        )
+        lines.append(f"- noise floor, {_LABEL[key]}: ±{value} ({floor.detail or 'largest repeat-to-repeat gap'})")
+    host = ", ".join(f"{k} {v}" for k, v in res.host.items())
+    lines += [
+        "",
+        f"Measured {c.text(res.created, B, 'created')} with weightsmith "
+        f"{c.text(res.weightsmith_version, B, 'weightsmith_version')}; client host {c.text(host, B, 'host')}; "
+        f"{c.num(str(res.config.get('repeats')), B, 'config.repeats')} repeat(s) per arm in counterbalanced order.",
+    ]
+    return lines
+
+
+def _cells(src: CardSources, c: Citations) -> list[str]:
+    an = src.analysis
+    assert an is not None
+    rows = []
+    for cell in an.cells:
+        f = f"analysis.cells[{cell.arm},{cell.target_tokens}]"
+        ci = cell.decode_median_ci
+        decode = _n(c, cell.decode.median if cell.decode else None, ".1f", f + ".decode.median")
+        if ci:
+            low = _n(c, ci[0], ".1f", f + ".decode_median_ci[0]")
+            decode += f" [{low}–{_n(c, ci[1], '.1f', f + '.decode_median_ci[1]')}]"
+        t = cell.ttft
+        ttft = "not measured"
+        if t:
+            ttft = (
+                f"{_n(c, t.median * 1000, '.1f', f + '.ttft.median')} "
+                f"[{_n(c, t.p10 * 1000, '.1f', f + '.ttft.p10')}–{_n(c, t.p90 * 1000, '.1f', f + '.ttft.p90')}]"
+            )
+        rows.append(
+            [
+                f"`{cell.arm}`",
+                c.num(str(cell.target_tokens), B, f + ".target_tokens"),
+                f"{c.num(str(cell.n_ok), B, f + '.n_ok')}/{c.num(str(cell.n_ok + cell.n_errors), B, f + '.sent')}",
+                ttft,
+                decode,
+                _n(c, cell.e2e.median if cell.e2e else None, ".2f", f + ".e2e.median"),
+            ]
+        )
+    header = ["arm", "prompt tokens", "ok/sent", "TTFT ms median [p10–p90]", "decode tok/s median [95% CI]", "e2e s"]
+    return table(header, rows)
+
+
+def _verdicts(src: CardSources, c: Citations) -> list[str]:
+    an = src.analysis
+    assert an is not None
+    rows = []
+    for cmp in an.comparisons:
+        f = f"analysis.comparisons[{cmp.arm},{cmp.metric}]"
+        ci = "not measured"
+        if cmp.ci_low is not None and cmp.ci_high is not None:
+            ci = f"{_n(c, cmp.ci_low, '+.1%', f + '.ci_low')} … {_n(c, cmp.ci_high, '+.1%', f + '.ci_high')}"
+        rows.append(
+            [
+                f"`{cmp.arm}`",
+                _LABEL[cmp.metric],
+                c.num(str(cmp.n_pairs), B, f + ".n_pairs"),
+                _n(c, cmp.effect, "+.1%", f + ".effect"),
+                ci,
+                "not measured" if cmp.noise_floor is None else "±" + _n(c, cmp.noise_floor, ".1%", f + ".noise_floor"),
+                c.text(cmp.verdict, B, f + ".verdict"),
+            ]
+        )
+    head = f"Against the baseline `{an.baseline}` on matched prompts (effect: geometric mean of per-prompt ratios):"
+    return [head, "", *table(["arm", "metric", "pairs", "effect", "95% CI", "noise floor", "verdict"], rows)]
+
+
+def _acceptance(src: CardSources, c: Citations) -> list[str]:
+    an = src.analysis
+    assert an is not None
+    rows = []
+    for a in an.acceptance:
+        f = f"analysis.acceptance[{a.arm}]"
+        rows.append(
+            [
+                f"`{a.arm}`",
+                c.text(a.status, B, f + ".status"),
+                c.num(str(a.windows_ok), B, f + ".windows_ok")
+                + "/"
+                + c.num(str(a.windows_total), B, f + ".windows_total"),
+                _n(c, a.acceptance_rate, ".3f", f + ".acceptance_rate"),
+                _n(c, a.mean_acceptance_length, ".2f", f + ".mean_acceptance_length"),
+            ]
+        )
+    head = "Speculative-decoding acceptance from the servers' counters over the measured windows:"
+    header = ["arm", "status", "windows used", "acceptance rate", "mean acceptance length"]
+    return [head, "", *table(header, rows)]

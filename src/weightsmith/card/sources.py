@@ -1,0 +1,153 @@
+"""What a card is written from, gathered into the checkpoint folder so the card can be checked later.
+
+Writing a card runs `inspect` and `verify` on the checkpoint and keeps their results as
+`inspect.json` and `verify.json`, and copies the `eval` and `bench` JSON given into the folder as
+`eval.json` and `bench.json`. The card cites those names, so `card --check` works on the folder alone:
+it re-runs `inspect` and `verify` when the safetensors are there, and otherwise reads the kept results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weightsmith.audit.inspect import inspect
+from weightsmith.audit.verify import verify
+from weightsmith.bench.analysis import Analysis, analyse
+from weightsmith.bench.results import BenchResults, load_results
+from weightsmith.errors import WeightsmithError
+from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
+from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
+from weightsmith.manifest import MANIFEST_FILE
+
+CARD_FILE = "README.md"
+CONFIG_FILE = "config.json"
+INSPECT_FILE = "inspect.json"
+VERIFY_FILE = "verify.json"
+EVAL_FILE = "eval.json"
+BENCH_FILE = "bench.json"
+
+
+@dataclass
+class CardSources:
+    """Everything one card is rendered from, as plain JSON values (bench results typed)."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    config: dict[str, Any]
+    inspect: dict[str, Any]
+    verify: dict[str, Any]
+    eval: dict[str, Any] | None = None
+    bench: BenchResults | None = None
+    analysis: Analysis | None = None
+    #: One line per source saying whether it was measured now or read from a kept file.
+    provenance: list[str] = field(default_factory=list)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or one `WeightsmithError` line saying what is wrong with it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WeightsmithError("not found", file=path) from None
+    except OSError as exc:
+        raise WeightsmithError(f"cannot read: {exc.strerror}", file=path) from None
+    except json.JSONDecodeError as exc:
+        raise WeightsmithError(f"is not JSON: {exc.msg}", file=path) from None
+    if not isinstance(data, dict):
+        raise WeightsmithError("is not a JSON object", file=path)
+    return data
+
+
+def has_weights(folder: Path) -> bool:
+    return any(folder.glob("*.safetensors"))
+
+
+def _eval_checked(path: Path) -> dict[str, Any]:
+    data = read_json(path)
+    if data.get("schema") != EVAL_SCHEMA or data.get("schema_version") != EVAL_SCHEMA_VERSION:
+        raise WeightsmithError(
+            f"is not `weightsmith eval --json` output ({EVAL_SCHEMA} v{EVAL_SCHEMA_VERSION})", file=path
+        )
+    return data
+
+
+def _measure(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    inspected = dataclasses.asdict(inspect(folder))
+    verified = dataclasses.asdict(verify(folder))
+    for report in (inspected, verified):
+        report["path"] = "."  # the card travels with its folder; an absolute path would not
+    verified["summary"] = verified["summary"].replace(str(folder), ".")
+    return inspected, verified
+
+
+def _copy_in(src: Path | None, folder: Path, name: str) -> Path | None:
+    """Put an input into the folder under the name the card cites (no copy when it is already there)."""
+    if src is None:
+        return None
+    if not src.is_file():
+        raise WeightsmithError("not found", file=src)
+    dest = folder / name
+    if not dest.exists() or not dest.samefile(src):
+        shutil.copyfile(src, dest)
+    return dest
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _load_common(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not folder.is_dir():
+        raise WeightsmithError("is not a folder", file=folder)
+    if not (folder / MANIFEST_FILE).exists():
+        raise WeightsmithError(
+            f"has no {MANIFEST_FILE}; a card is written for `weightsmith quantize` output", file=folder
+        )
+    return read_json(folder / MANIFEST_FILE), read_json(folder / CONFIG_FILE)
+
+
+def _bench(path: Path | None) -> tuple[BenchResults | None, Analysis | None]:
+    if path is None:
+        return None, None
+    results = load_results(path)
+    return results, analyse(results)
+
+
+def gather(folder: Path, eval_path: Path | None, bench_path: Path | None) -> CardSources:
+    """Measure the checkpoint now and bring every input into `folder` (for writing a card)."""
+    manifest, config = _load_common(folder)
+    if not has_weights(folder):
+        raise WeightsmithError("has no .safetensors files to inspect and verify", file=folder)
+    evaluated = _eval_checked(eval_path) if eval_path is not None else None
+    bench, analysis = _bench(bench_path)
+    inspected, verified = _measure(folder)
+    _write(folder / INSPECT_FILE, inspected)
+    _write(folder / VERIFY_FILE, verified)
+    _copy_in(eval_path, folder, EVAL_FILE)
+    _copy_in(bench_path, folder, BENCH_FILE)
+    return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis)
+
+
+def reload(folder: Path) -> CardSources:
+    """Re-derive every source from `folder` (for checking a card); says which were measured again."""
+    manifest, config = _load_common(folder)
+    provenance = [f"{MANIFEST_FILE}, {CONFIG_FILE}: read"]
+    if has_weights(folder):
+        inspected, verified = _measure(folder)
+        provenance.append(f"{INSPECT_FILE}, {VERIFY_FILE}: re-derived by running inspect and verify on the safetensors")
+    else:
+        inspected, verified = read_json(folder / INSPECT_FILE), read_json(folder / VERIFY_FILE)
+        provenance.append(f"{INSPECT_FILE}, {VERIFY_FILE}: read (no safetensors here to re-run inspect and verify)")
+    evaluated = None
+    if (folder / EVAL_FILE).exists():
+        evaluated = _eval_checked(folder / EVAL_FILE)
+        provenance.append(f"{EVAL_FILE}: read")
+    bench, analysis = _bench(folder / BENCH_FILE if (folder / BENCH_FILE).exists() else None)
+    if bench is not None:
+        provenance.append(f"{BENCH_FILE}: read, analysis recomputed from the raw samples")
+    return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis, provenance)
