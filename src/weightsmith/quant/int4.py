@@ -33,6 +33,28 @@ MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfl
 
 
 @njit(inline="always", nogil=True)
+def load_group(x, r, c0, group, mode, vals):
+    """Decode one group of row `r` into `vals`: (min(0, min), max(0, max), column of a NaN/Inf or -1).
+
+    Zero is always inside the range, as compressed-tensors' `calculate_qparams` makes it.
+    """
+    lo = np.float32(0.0)
+    hi = np.float32(0.0)
+    poison = np.float32(0.0)  # becomes NaN if any value is NaN or infinite
+    for i in range(group):
+        v = decode(mode, x[r, c0 + i])
+        vals[i] = v
+        lo = min(lo, v)
+        hi = max(hi, v)
+        poison += v * np.float32(0.0)
+    if poison != poison:
+        for i in range(group):
+            if not np.isfinite(vals[i]):
+                return lo, hi, c0 + i
+    return lo, hi, -1
+
+
+@njit(inline="always", nogil=True)
 def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point):
     """The kernel body; `mode` and `symmetric` are compile-time constants in each caller."""
     rows, cols = x.shape
@@ -50,19 +72,9 @@ def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point)
     for r in range(rows):
         for g in range(cols // group):
             c0 = g * group
-            lo = np.float32(0.0)
-            hi = np.float32(0.0)
-            poison = np.float32(0.0)  # becomes NaN if any value is NaN or infinite
-            for i in range(group):
-                v = decode(mode, x[r, c0 + i])
-                vals[i] = v
-                lo = min(lo, v)
-                hi = max(hi, v)
-                poison += v * np.float32(0.0)
-            if poison != poison:
-                for i in range(group):
-                    if not np.isfinite(vals[i]):
-                        return r * cols + c0 + i
+            lo, hi, bad = load_group(x, r, c0, group, mode, vals)
+            if bad >= 0:
+                return r * cols + bad
             p = shrink[r, g]
             if p != 1:  # a clipping factor chosen by a scale search, applied as llm-compressor's observers do
                 lo = round_to(mode, lo * p)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, decode, round_to
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, round_to
+from weightsmith.quant.int4 import load_group
 
 SEARCHES = ("mse", "memoryless_mse")
 COARSE = np.array([1.0 - 0.05 * k for k in range(8)], np.float32)
@@ -72,19 +73,9 @@ def _mse_rows(x, mode, group, coarse, fine, shrink):
     for r in range(rows):
         for g in range(cols // group):
             c0 = g * group
-            lo = np.float32(0.0)
-            hi = np.float32(0.0)
-            poison = np.float32(0.0)
-            for i in range(group):
-                v = decode(mode, x[r, c0 + i])
-                vals[i] = v
-                lo = min(lo, v)
-                hi = max(hi, v)
-                poison += v * np.float32(0.0)
-            if poison != poison:
-                for i in range(group):
-                    if not np.isfinite(vals[i]):
-                        return r * cols + c0 + i
+            lo, hi, bad = load_group(x, r, c0, group, mode, vals)
+            if bad >= 0:
+                return r * cols + bad
             best, best_p = np.float32(np.inf), np.float32(1.0)
             for k in range(coarse.size):
                 e = _group_error(vals, _scale(mode, lo, hi, coarse[k]))
@@ -118,19 +109,9 @@ def _memoryless_rows(x, mode, group, steps, grid, norm, masks, improved):
     for r in range(rows):
         for g in range(cols // group):
             c0 = g * group
-            lo = np.float32(np.inf)
-            hi = np.float32(-np.inf)
-            poison = np.float32(0.0)
-            for i in range(group):
-                v = decode(mode, x[r, c0 + i])
-                vals[i] = v
-                lo = min(lo, v)
-                hi = max(hi, v)
-                poison += v * np.float32(0.0)
-            if poison != poison:
-                for i in range(group):
-                    if not np.isfinite(vals[i]):
-                        return r * cols + c0 + i
+            lo, hi, bad = load_group(x, r, c0, group, mode, vals)
+            if bad >= 0:
+                return r * cols + bad
             best = big
             mask = np.uint32(0)
             for k in range(steps):
