@@ -77,20 +77,13 @@ def index_problems(index_path: Path, index: dict, headers: dict[str, Header]) ->
                     code="index.missing-tensor",
                 )
             )
-    seen: dict[str, str] = {}
+    problems.extend(duplicate_tensors(headers))
+    seen: set[str] = set()
     for shard, header in headers.items():
         for name in header.tensors:
-            if name in seen:
-                problems.append(
-                    CheckpointError(
-                        f"is stored in both {seen[name]} and {shard}",
-                        file=header.path,
-                        tensor=name,
-                        code="index.duplicate-tensor",
-                    )
-                )
+            if name in seen:  # a duplicate, reported above
                 continue
-            seen[name] = shard
+            seen.add(name)
             listed = weight_map.get(name)
             if listed is None:
                 problems.append(
