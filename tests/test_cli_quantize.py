@@ -15,28 +15,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from clirun import one_error_line, run
 from synth import llama_tensors, write_checkpoint
-from weightsmith import cli, pipeline
+from weightsmith import pipeline
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.errors import OutputError
-
-
-def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["weightsmith", *map(str, args)])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def digest(folder: Path) -> dict[str, str]:

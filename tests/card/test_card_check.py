@@ -5,28 +5,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+from clirun import run
 from synth import llama_tensors, write_checkpoint
-from weightsmith import cli
 from weightsmith.bench.metrics import OK, SpecWindow
 from weightsmith.bench.results import ArmInfo, BenchResults, PromptInfo, RequestRecord, VisitResult, to_jsonable
 from weightsmith.card.cite import find_cited
 from weightsmith.cli_quantize import run_quantize
-
-
-def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: object) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["weightsmith", *map(str, args)])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def bench_results() -> BenchResults:
