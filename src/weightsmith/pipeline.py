@@ -100,6 +100,7 @@ class _Runner:
         self.scratch = _Scratch()
         self.cancelled = threading.Event()
         self.global_scales: dict[str, np.float32] = {}
+        self.fp8_scales: dict[str, np.ndarray] = {}  # small; a racing duplicate read is harmless
 
     def alloc(self, key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A per-thread reused array (an `Alloc` for `Scheme.encode`)."""
@@ -154,8 +155,10 @@ class _Runner:
         rows = reader.read_rows(info, r0, r1, buf)
         if d.scale is None:
             return rows
-        scale_ref = self.plan.source.tensors[d.scale]
-        scale = self.readers[scale_ref.shard].read(d.scale)
+        scale = self.fp8_scales.get(d.scale)
+        if scale is None:  # read once per weight, not once per row block
+            scale_ref = self.plan.source.tensors[d.scale]
+            scale = self.fp8_scales[d.scale] = self.readers[scale_ref.shard].read(d.scale)
         return fp8.dequantize_rows(rows, scale, r0, self.plan.source_format.block)
 
     def _check(self, d: Decision, bad: int, r0: int, cols: int) -> None:
