@@ -79,6 +79,7 @@ def build(
         "torch_dtype": "bfloat16",
     }
     (folder / "config.json").write_text(json.dumps(config))
+    os.sync()  # flush it now: its writeback would otherwise compete with the first timed runs
     return total
 
 

@@ -25,7 +25,14 @@ def _awkward(dtype: object, rows: int = 64, cols: int = 512, seed: int = 0) -> n
     w[4, :] = np.abs(w[4, :])  # one-signed rows: asymmetric ranges clip at zero
     w[5, :] = -np.abs(w[5, :])
     w[6, :128] = 3.0  # constant group
-    return w.astype(dtype)
+    # the range is read from the stored bits: signed zeros and subnormals of either sign must not fool it
+    w[7, :128] = -0.0
+    w[7, 128:256] = np.where(np.arange(128) % 2, -0.0, 0.0)
+    w[7, 256:384] = -np.abs(w[7, 256:384]) * 1e-36  # float32 subnormals, zero in bf16/fp16
+    w[8, :128] = np.where(np.arange(128) % 3, -1e-39, 2e-39)
+    out = w.astype(dtype)
+    out[9, :128] = np.where(np.arange(128) % 2, -1, 1) * ml_dtypes.finfo(dtype).smallest_subnormal
+    return out
 
 
 def _reference(w: np.ndarray, torch_dtype: str, group: int, symmetric: bool) -> tuple[np.ndarray, ...]:
@@ -102,14 +109,16 @@ def test_packing_matches_documented_examples() -> None:
     assert np.array_equal(int4.unpack_nibbles(int4.pack_nibbles(q, axis=0), 13, axis=0), q)
 
 
-def test_non_finite_and_bad_shapes_are_refused() -> None:
-    w = np.zeros((8, 128), np.float32)
-    w[3, 77] = np.nan
-    with pytest.raises(ValueError, match="row 3, column 77"):
-        int4.quantize(w)
-    w[3, 77] = np.inf
-    with pytest.raises(ValueError, match="row 3, column 77"):
-        int4.quantize(w)
+@pytest.mark.parametrize("dtype", [d for d, _ in DTYPES])
+def test_non_finite_and_bad_shapes_are_refused(dtype: object) -> None:
+    for bad in (np.nan, np.inf, -np.inf, -np.nan):
+        w = np.zeros((8, 256), dtype)
+        w[3, 77] = bad
+        w[3, 100] = np.nan  # the first one in the group is the one reported
+        with pytest.raises(ValueError, match="row 3, column 77"):
+            int4.quantize(w)
+        with pytest.raises(ValueError, match="row 3, column 77"):
+            int4.quantize(w, symmetric=False)
     assert int4.supports(576, 128) == "input size 576 is not a multiple of the group size 128"
     assert int4.supports(576, 64) is None
 

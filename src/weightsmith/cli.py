@@ -6,26 +6,29 @@ prints machine-readable results on stdout instead of tables.
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
 from rich.console import Console
 
 from weightsmith import __version__
-from weightsmith.audit.commands import register as register_audit
-from weightsmith.bench.cli import bench_app
-from weightsmith.card.cli import register as register_card
-from weightsmith.cli_quantize import demo, quantize
 from weightsmith.errors import WeightsmithError
-from weightsmith.fidelity.cli import register as register_eval
 
-app = typer.Typer(
-    name="weightsmith",
-    help="Serving-ready LLM checkpoints from raw safetensors, and the evidence for them.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+#: The module that adds each top-level command, in help order. Only the module of the command a
+#: command line names is imported: `weightsmith inspect` then starts without numba, scipy or httpx,
+#: which the other commands need. `--help` and unknown names load them all.
+COMMAND_MODULES = {
+    "quantize": "weightsmith.cli_quantize",
+    "demo": "weightsmith.cli_quantize",
+    "inspect": "weightsmith.audit.commands",
+    "verify": "weightsmith.audit.commands",
+    "transplant": "weightsmith.audit.commands",
+    "diff": "weightsmith.audit.commands",
+    "bench": "weightsmith.bench.cli",
+    "eval": "weightsmith.fidelity.cli",
+    "card": "weightsmith.card.cli",
+}
 err_console = Console(stderr=True, highlight=False)
 
 
@@ -35,7 +38,6 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
@@ -44,19 +46,26 @@ def _root(
     """Serving-ready LLM checkpoints from raw safetensors, and the evidence for them."""
 
 
-# Sub-commands: each job lives in its own module.
-app.command()(quantize)
-app.command()(demo)
-register_audit(app)
-app.add_typer(bench_app, name="bench")
-register_eval(app)
-register_card(app)
+def build_app(args: list[str]) -> typer.Typer:
+    """The app for the command line `args` (without the program name)."""
+    app = typer.Typer(
+        name="weightsmith",
+        help="Serving-ready LLM checkpoints from raw safetensors, and the evidence for them.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(_root)  # a root callback also keeps a one-command app a group
+    named = COMMAND_MODULES.get(args[0]) if args else None
+    for module in [named] if named else dict.fromkeys(COMMAND_MODULES.values()):
+        importlib.import_module(module).register(app)
+    return app
 
 
 def main() -> None:
     """Entry point: usage errors, --help, exit codes and Ctrl-C are click's; ours become one line."""
     try:
-        app()
+        build_app(sys.argv[1:])()
     except WeightsmithError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
         sys.exit(2)

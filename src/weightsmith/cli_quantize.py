@@ -246,3 +246,9 @@ def demo(
     console.print(f"   {report.summary}")
     if not report.clean:
         raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `quantize` and `demo` to `app`."""
+    app.command()(quantize)
+    app.command()(demo)

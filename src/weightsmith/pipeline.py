@@ -101,6 +101,30 @@ class _Runner:
         self.cancelled = threading.Event()
         self.global_scales: dict[str, np.float32] = {}
         self.fp8_scales: dict[str, np.ndarray] = {}  # small; a racing duplicate read is harmless
+        self._unfinished: dict[str, int] = {}  # output shard -> jobs still to write into it
+        self._lock = threading.Lock()
+
+    def jobs(self) -> list[_Job]:
+        """The write jobs, counted per output shard so that each shard is synced once it is complete."""
+        jobs = _jobs(self.plan)
+        for job in jobs:
+            shard = self.plan.decisions[job.decision_index].shard
+            self._unfinished[shard] = self._unfinished.get(shard, 0) + 1
+        return jobs
+
+    def warm(self) -> None:
+        """Load (or compile) the quantize kernels on a tiny block of the first weight's dtype.
+
+        Run first on one worker: loading takes most of a second, which the other workers spend
+        copying kept tensors instead of waiting for the kernel.
+        """
+        first = next((d for d in self.plan.decisions if d.action == QUANTIZE), None)
+        if first is None:
+            return
+        scheme = self.plan.scheme
+        dtype = ml_dtypes.bfloat16 if first.scale else self.plan.source.tensors[first.name].info.dtype.numpy
+        x = np.zeros((int4.PACK, scheme.group_size), dtype)
+        scheme.encode(x, 0, x.shape, np.float32(1.0) if scheme.needs_tensor_amax else None)
 
     def alloc(self, key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A per-thread reused array (an `Alloc` for `Scheme.encode`)."""
@@ -146,6 +170,11 @@ class _Runner:
             self._quantize_memoryless(d, ref.info, reader, writer)
         else:
             self._quantize_block(d, ref.info, reader, writer, job.r0, job.r1, self.global_scales.get(d.module))
+        with self._lock:
+            self._unfinished[d.shard] -= 1
+            complete = self._unfinished[d.shard] == 0
+        if complete:  # flush it to disk now, while the other shards are still being computed
+            writer.sync()
         return job.nbytes
 
     def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
@@ -275,13 +304,15 @@ def execute(
                     max_workers=workers + (1 if hash_sources else 0), thread_name_prefix="ws"
                 ) as pool:
                     hashes = pool.submit(hash_files, [src.path(s) for s in src.headers]) if hash_sources else None
+                    warmed = pool.submit(runner.warm)
                     if plan.scheme.needs_tensor_amax:
                         targets = [
                             _Job(i, nbytes=d.nbytes) for i, d in enumerate(plan.decisions) if d.action == QUANTIZE
                         ]
                         results = _drain(pool, runner, runner.amax, targets, lambda r: r[2], progress)
                         runner.set_global_scales({module: amax for module, amax, _ in results})
-                    _drain(pool, runner, runner.run, _jobs(plan), lambda n: n, progress)
+                    _drain(pool, runner, runner.run, runner.jobs(), lambda n: n, progress)
+                    warmed.result()
                     source_hashes = hashes.result() if hashes is not None else {}
             finally:
                 for r in readers.values():

@@ -95,6 +95,14 @@ ENTRY = '"dtype":"F32","shape":[1],"data_offsets":[0,4]'
         (r'{"__metadata__":{"k\ud800":"v"},"a":{' + ENTRY + "}}", "header.metadata", None),
         (r'{"__metadata__":{"format":"pt\udc00"},"a":{' + ENTRY + "}}", "header.metadata", None),
         (r'{"a\ud800":{' + ENTRY + r'},"a\ud800":{' + ENTRY + "}}", "header.duplicate-name", r"a\ud800"),
+        # serde_json reads -0 as the float -0.0, and a shape or offset must fit a u64
+        ('{"a":{' + ENTRY + '},"z":{"dtype":"F32","shape":[-0,1],"data_offsets":[4,4]}}', "header.entry", "z"),
+        ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[-0,4]}}', "header.entry", "a"),
+        (
+            '{"a":{' + ENTRY + '},"z":{"dtype":"F32","shape":[18446744073709551616,0],"data_offsets":[4,4]}}',
+            "header.entry",
+            "z",
+        ),
     ],
 )
 def test_library_rejects_non_finite_literals_and_lone_surrogates(
@@ -115,6 +123,9 @@ def test_library_rejects_non_finite_literals_and_lone_surrogates(
         r'{"a\ud83d\ude00":{' + ENTRY + "}}",  # a whole surrogate pair is one character
         r'{"a\\ud800":{' + ENTRY + "}}",  # an escaped backslash, then the letters ud800
         '{"__metadata__":{"amax":"NaN"},"a":{' + ENTRY + ',"note":"Infinity"}}',
+        '{"a":{' + ENTRY + ',"note":-0}}',  # -0 outside shape and offsets is ignored by both
+        '{"a-0":{' + ENTRY + "}}",
+        '{"a":{' + ENTRY + '},"z":{"dtype":"F32","shape":[18446744073709551615,0],"data_offsets":[4,4]}}',  # u64 max
     ],
 )
 def test_both_accept_what_only_looks_like_those(header: str, tmp_path: Path) -> None:

@@ -133,3 +133,8 @@ def logcheck_command(
                 print(f"  {e.severity:4} {e.pattern}{value} x{e.count}: {e.meaning}")
     if any(e.severity == logcheck.BAD for v in found.values() for e in v):
         raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `bench` group to `app`."""
+    app.add_typer(bench_app, name="bench")

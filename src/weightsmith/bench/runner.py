@@ -58,6 +58,8 @@ from weightsmith.bench.workloads import (
 #: Consecutive connection failures or timeouts after which a server counts as gone (alive or not):
 #: without it, a hung server would cost `request_timeout_s` for every remaining request.
 _MAX_CONNECTION_FAILURES = 3
+# how long a refused or timed-out request waits for a dying server to be reported gone
+_EXIT_GRACE_S = 3.0
 _CALIBRATION_CHARS = 12000
 
 
@@ -209,7 +211,7 @@ def _record(prompt: Prompt, outcome: cl.StreamOutcome, started_s: float) -> Requ
 
 
 def _server_gone(server: RunningServer, consecutive_failures: int) -> str | None:
-    if not server.alive():
+    if not server.alive(_EXIT_GRACE_S if consecutive_failures else 0.0):
         return f"server exited with status {server.exit_code()} during the measured window"
     if consecutive_failures >= _MAX_CONNECTION_FAILURES:
         return f"server stopped answering ({consecutive_failures} requests in a row timed out or were refused)"

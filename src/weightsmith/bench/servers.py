@@ -84,9 +84,19 @@ class RunningServer:
     log_path: Path | None = None
     startup_s: float | None = None
 
-    def alive(self) -> bool:
-        """False once a server we started has exited (a `url` arm is assumed alive)."""
-        return self.process is None or self.process.poll() is None
+    def alive(self, grace_s: float = 0.0) -> bool:
+        """False once a server we started has exited (a `url` arm is assumed alive).
+
+        `grace_s` waits that long for an exit already under way: a server that dies closes its
+        sockets before the kernel reports it gone, so a refused request can come first.
+        """
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def exit_code(self) -> int | None:
         """The exit status of a server we started, once it has exited."""

@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats as sps
 
 SHOWN = "difference shown"
 NOT_SHOWN = "no difference shown"
@@ -174,7 +173,9 @@ def compare_paired(
     out.n_lower = int((lr < 0).sum())
     untied = out.n_higher + out.n_lower
     if untied:
-        out.sign_p = float(sps.binomtest(out.n_higher, untied, 0.5).pvalue)
+        from scipy.stats import binomtest  # here: scipy.stats takes most of a second to import
+
+        out.sign_p = float(binomtest(out.n_higher, untied, 0.5).pvalue)
     out.arm_better = (out.effect > 0) == higher_is_better if out.effect != 0 else None
 
     reasons = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from weightsmith import names
-from weightsmith.quant import int4, nvfp4
 
 QUANT_METHOD = "compressed-tensors"
 PACK_QUANTIZED = "pack-quantized"
@@ -103,6 +102,8 @@ def dequantize(fmt: str, weights: dict, params: dict[str, np.ndarray]) -> np.nda
     names (`weight_packed`, `weight_scale`, ...) to arrays as read from disk. The result has the
     dtype compressed-tensors' decompressor gives (the scale dtype for pack-quantized).
     """
+    # the kernels are imported here: reading a config or a header must not pay numba's start-up
+    from weightsmith.quant import int4, nvfp4
     if fmt == PACK_QUANTIZED and weights.get("num_bits") == 4 and weights.get("strategy") == "group":
         shape = tuple(int(v) for v in params[names.WEIGHT_SHAPE])
         weight = int4.Int4Weight(

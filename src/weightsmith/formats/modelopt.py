@@ -8,7 +8,7 @@ docs (the unified Hugging Face checkpoint: `hf_quant_config.json` beside `config
 from __future__ import annotations
 
 from weightsmith import names
-from weightsmith.quant import nvfp4
+from weightsmith.quant import NVFP4_GROUP
 
 #: ModelOpt's own quantization config, beside config.json (vLLM `get_config_filenames`).
 HF_QUANT_CONFIG_FILE = "hf_quant_config.json"
@@ -26,6 +26,6 @@ MODELOPT_PARAMS: dict[str, dict[str, str | None]] = {
     MODELOPT_FP8: {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: "F32", names.INPUT_SCALE: "F32"},
 }
 #: Inputs per FP8 block scale of an NVFP4 weight: the NVFP4 format's group.
-MODELOPT_NVFP4_GROUP = nvfp4.GROUP
+MODELOPT_NVFP4_GROUP = NVFP4_GROUP
 #: vLLM refuses an NVFP4 hf_quant_config.json that lacks any of these keys (value may be null).
 MODELOPT_NVFP4_REQUIRED_KEYS = ("group_size", "kv_cache_quant_algo", "exclude_modules")

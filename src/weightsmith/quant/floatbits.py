@@ -17,6 +17,7 @@ MODE_F32, MODE_BF16, MODE_F16 = 0, 1, 2
 _F16_MIN_NORMAL = np.float32(2.0**-14)
 _TWO_POW_24 = np.float32(2.0**24)
 _TWO_POW_M24 = np.float32(2.0**-24)
+_RINT_MAGIC = np.float32(1.5 * 2.0**23)
 
 
 @njit(inline="always", nogil=True)
@@ -25,6 +26,17 @@ def bf16_round(v: np.float32) -> np.float32:
     b = np.float32(v).view(np.uint32)
     b = np.uint32((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
     return b.view(np.float32)
+
+
+@njit(inline="always", nogil=True)
+def rint_small(v: np.float32) -> np.float32:
+    """`np.rint(v)` (ties to even) for |v| <= 2**22, as plain arithmetic so that loops vectorise.
+
+    Past 1.5 * 2**23 a float32 has no fraction bits, so the addition itself rounds to the nearest
+    integer, ties to even; subtracting gives it back exactly. (np.rint is a libm call per element.)
+    Not for kernels compiled with fastmath "reassoc", which may fold the two operations away.
+    """
+    return (v + _RINT_MAGIC) - _RINT_MAGIC
 
 
 @njit(inline="always", nogil=True)

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, round_to
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
 
 Q_MIN, Q_MAX, OFFSET = -8, 7, 8
 PACK = 8  # int4 values per int32
@@ -33,25 +33,58 @@ MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfl
 
 
 @njit(inline="always", nogil=True)
-def load_group(x, r, c0, group, mode, vals):
-    """Decode one group of row `r` into `vals`: (min(0, min), max(0, max), column of a NaN/Inf or -1).
+def _bits(mode, raw):
+    """The stored bits of one element (16-bit floats arrive as their bits already)."""
+    if mode == MODE_F32:
+        return np.float32(raw).view(np.uint32)
+    return np.uint32(raw)
 
-    Zero is always inside the range, as compressed-tensors' `calculate_qparams` makes it.
+
+@njit(inline="always", nogil=True)
+def _from_bits(mode, b):
+    if mode == MODE_F32:
+        return np.uint32(b).view(np.float32)
+    return decode(mode, b)
+
+
+@njit(inline="always", nogil=True)
+def group_range(x, r, c0, group, mode):
+    """(min(G, 0), max(G, 0), column of a NaN/Inf or -1) of one group, from the stored bits.
+
+    Zero is always inside the range, as compressed-tensors' `calculate_qparams` makes it. For finite
+    floats the order of magnitudes is the order of their bits without the sign, so the range is two
+    integer maxima (negative and non-negative values apart) with no branch and no float compare:
+    a loop the compiler vectorises. A NaN or Inf has the largest magnitude bits of all.
     """
-    lo = np.float32(0.0)
-    hi = np.float32(0.0)
-    poison = np.float32(0.0)  # becomes NaN if any value is NaN or infinite
+    if mode == MODE_F32:
+        sign, inf, shift = np.uint32(0x80000000), np.uint32(0x7F800000), np.uint32(31)
+    elif mode == MODE_F16:
+        sign, inf, shift = np.uint32(0x8000), np.uint32(0x7C00), np.uint32(15)
+    else:
+        sign, inf, shift = np.uint32(0x8000), np.uint32(0x7F80), np.uint32(15)
+    neg = np.uint32(0)
+    pos = np.uint32(0)
     for i in range(group):
-        v = decode(mode, x[r, c0 + i])
-        vals[i] = v
-        lo = min(lo, v)
-        hi = max(hi, v)
-        poison += v * np.float32(0.0)
-    if poison != poison:
+        b = _bits(mode, x[r, c0 + i])
+        mag = np.uint32(b & np.uint32(sign - np.uint32(1)))
+        negative = np.uint32(np.uint32(0) - np.uint32(b >> shift))  # all ones for a negative value
+        neg = max(neg, np.uint32(mag & negative))
+        pos = max(pos, np.uint32(mag & ~negative))
+    if max(neg, pos) >= inf:
         for i in range(group):
-            if not np.isfinite(vals[i]):
-                return lo, hi, c0 + i
-    return lo, hi, -1
+            if np.uint32(_bits(mode, x[r, c0 + i]) & np.uint32(sign - np.uint32(1))) >= inf:
+                return np.float32(0.0), np.float32(0.0), c0 + i
+    lo = -_from_bits(mode, neg) if neg else np.float32(0.0)
+    return lo, _from_bits(mode, pos), -1
+
+
+@njit(inline="always", nogil=True)
+def load_group(x, r, c0, group, mode, vals):
+    """`group_range` of one group, with its values decoded into `vals` (for the scale searches)."""
+    lo, hi, bad = group_range(x, r, c0, group, mode)
+    for i in range(group):
+        vals[i] = decode(mode, x[r, c0 + i])
+    return lo, hi, bad
 
 
 @njit(inline="always", nogil=True)
@@ -68,11 +101,11 @@ def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point)
     half_range = np.float32(7.5)
     full_range = np.float32(15.0)
     qmin, qmax = np.float32(-8.0), np.float32(7.0)
-    vals = np.empty(group, np.float32)
+    nibbles = np.empty(group, np.uint32)
     for r in range(rows):
         for g in range(cols // group):
             c0 = g * group
-            lo, hi, bad = load_group(x, r, c0, group, mode, vals)
+            lo, hi, bad = group_range(x, r, c0, group, mode)
             if bad >= 0:
                 return r * cols + bad
             p = shrink[r, g]
@@ -84,54 +117,64 @@ def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point)
                 s = round_to(mode, max(-lo, hi) / half_range)
             else:
                 s = round_to(mode, round_to(mode, hi - lo) / full_range)
-                if s != 0:  # a zero range gives torch NaN, which casts to int8 0
+                if s != 0:
                     zf = round_to(mode, np.float32(-8.0) - round_to(mode, lo / s))
-                    zp = np.rint(min(max(zf, qmin), qmax))
+                    zp = rint_small(min(max(zf, qmin), qmax))
+                elif lo < 0:  # a range that underflows to a zero scale: torch's -8 - lo / 0 is +inf, clamped
+                    zp = qmax
+                # (an all-zero group gives torch 0 / 0 = NaN, which casts to int8 0)
                 zero_point[r, g] = np.int8(zp)
             if s == 0:
                 s = eps
             scale[r, g] = s
             for i in range(group):
-                t = round_to(mode, vals[i] / s)
+                t = round_to(mode, decode(mode, x[r, c0 + i]) / s)
                 if not symmetric:
                     t = round_to(mode, t + zp)
-                vals[i] = np.rint(min(max(t, qmin), qmax)) + np.float32(8.0)
+                nibbles[i] = np.uint32(np.int32(rint_small(min(max(t, qmin), qmax))) + OFFSET)
             for w in range(group // PACK):
-                word = np.uint32(0)
-                for j in range(PACK):
-                    word = np.uint32(word | (np.uint32(vals[w * PACK + j]) << np.uint32(4 * j)))
-                packed[r, c0 // PACK + w] = word
+                b = w * PACK
+                packed[r, c0 // PACK + w] = (
+                    nibbles[b]
+                    | (nibbles[b + 1] << 4)
+                    | (nibbles[b + 2] << 8)
+                    | (nibbles[b + 3] << 12)
+                    | (nibbles[b + 4] << 16)
+                    | (nibbles[b + 5] << 20)
+                    | (nibbles[b + 6] << 24)
+                    | (nibbles[b + 7] << 28)
+                )
     return -1
 
 
 # One compiled kernel per (dtype, symmetry): with both known at compile time the per-element
 # rounding branches vanish and the loops vectorise (about 2x faster than a runtime switch).
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _bf16_sym(x, group, shrink, packed, scale, zero_point):
     return _quantize_rows(x, MODE_BF16, group, True, shrink, packed, scale, zero_point)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _bf16_asym(x, group, shrink, packed, scale, zero_point):
     return _quantize_rows(x, MODE_BF16, group, False, shrink, packed, scale, zero_point)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _f16_sym(x, group, shrink, packed, scale, zero_point):
     return _quantize_rows(x, MODE_F16, group, True, shrink, packed, scale, zero_point)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _f16_asym(x, group, shrink, packed, scale, zero_point):
     return _quantize_rows(x, MODE_F16, group, False, shrink, packed, scale, zero_point)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _f32_sym(x, group, shrink, packed, scale, zero_point):
     return _quantize_rows(x, MODE_F32, group, True, shrink, packed, scale, zero_point)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _f32_asym(x, group, shrink, packed, scale, zero_point):
     return _quantize_rows(x, MODE_F32, group, False, shrink, packed, scale, zero_point)
 

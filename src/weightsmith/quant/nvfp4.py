@@ -27,9 +27,10 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from weightsmith.quant import NVFP4_GROUP
 from weightsmith.quant.floatbits import decode, round_to
 
-GROUP = 16
+GROUP = NVFP4_GROUP
 FP4_MAX, FP8_MAX = 6.0, 448.0
 FP8_EPS = 0.125  # torch.finfo(float8_e4m3fn).eps: what a zero block scale becomes
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)

@@ -113,6 +113,10 @@ class ShardWriter:
             _pwrite_all(self._fd, view[:got], dst + done)
             done += got
 
+    def sync(self) -> None:
+        """Flush the file's data to disk (before the output folder is renamed into place)."""
+        os.fsync(self._fd)
+
     def close(self, sync: bool = True) -> None:
         if self._fd >= 0:
             try:
