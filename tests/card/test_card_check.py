@@ -210,3 +210,50 @@ def test_bad_inputs_are_one_line_errors(
     code, _, err = run(capsys, monkeypatch, "card", out, "--check")
     assert code == 2 and "no README.md" in err
     assert not (out / "README.md").exists()
+
+
+def test_dflash_draft_card_names_its_target_layers_and_the_preset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weightsmith.demo import write_demo_checkpoint
+
+    src = write_demo_checkpoint(tmp_path / "draft")
+    out = tmp_path / "draft-w4a16"
+    run_quantize(src, out, scheme="w4a16", group_size=128, ignore=[], preset="dflash-draft", workers=2, force=False,
+                 show_progress=False)  # fmt: skip
+    code, _, err = run(capsys, monkeypatch, "card", out)
+    assert code == 0, err
+    card = (out / "README.md").read_text()
+    assert "A DFlash speculative draft" in card and "serve it with that target" in card
+    assert "config.json does not name the target" in card
+    sources = {c.source: c.value for c in find_cited(card)}
+    config = json.loads((src / "config.json").read_text())
+    ids = config["dflash_config"]["target_layer_ids"]
+    cited = [sources[f"config.json: dflash_config.target_layer_ids[{i}]"] for i in range(len(ids))]
+    assert cited == [str(i) for i in ids]
+    # what the preset kept in BF16, with the preset's reason
+    assert "preset dflash-draft: vLLM's DFlash proposer reads qkv_proj.weight directly" in card
+    code, stdout, _ = run(capsys, monkeypatch, "card", out, "--check")
+    assert code == 0, stdout
+
+
+def test_card_of_a_checkpoint_that_fails_verify_says_so(
+    quantized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = card_folder(quantized, tmp_path)
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    # an FP8 KV cache declared, but no k_scale/v_scale shipped: vLLM would run with scales of 1.0
+    config["quantization_config"]["kv_cache_scheme"] = {
+        "num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True,
+    }  # fmt: skip
+    config_path.write_text(json.dumps(config))
+    code, _, err = run(capsys, monkeypatch, "card", out)
+    assert code == 0, err
+    card = (out / "README.md").read_text()
+    assert "**not clean**" in card
+    sources = {c.source: c.value for c in find_cited(card)}
+    assert int(sources["verify.json: errors"]) > 0
+    assert "k_scale" in card  # the finding itself is quoted, so a reader knows what is wrong
+    code, stdout, _ = run(capsys, monkeypatch, "card", out, "--check")
+    assert code == 0, stdout
