@@ -131,9 +131,37 @@ def test_search_kernels_refuse_non_finite_values() -> None:
     assert int4_search.memoryless_steps(w.view(np.uint16), 1, 128, masks, improved) == 5 * 256 + 200
 
 
-def test_search_is_symmetric_only_and_named() -> None:
-    with pytest.raises(WeightsmithError, match="symmetric"):
-        make_scheme("w4a16-asym", 128, "mse")
+@pytest.mark.parametrize("seed", range(2))
+def test_asymmetric_search_beats_asymmetric_rtn_and_stays_exact_in_format(seed: int) -> None:
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward_helpers import _quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    w = _weights(256, 1024, seed)
+    shrink = np.empty((256, 8), np.float32)
+    assert int4_search.search_mse(w.view(np.uint16), 1, 128, shrink, symmetric=False) == -1
+    assert np.any(shrink < 1) and np.all((shrink <= 1) & (shrink >= 0.6))
+    ours = int4.quantize(w, 128, False, shrink)
+    assert _rel_mse(w, ours) < 0.95 * _rel_mse(w, int4.quantize(w, 128, False))
+    # the clipped range goes through compressed-tensors' own qparams and quantizer, as the observers do it
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=False, strategy="group", group_size=128,
+                            zp_dtype=torch.int8)  # fmt: skip
+    x = torch.from_numpy(w.view(np.int16)).view(torch.bfloat16).reshape(256, 8, 128)
+    # the observers multiply a BF16 range by a Python float: computed in float32, rounded to BF16
+    p = torch.from_numpy(shrink)
+    lo = torch.clamp((x.amin(-1).float() * p).to(torch.bfloat16), max=0)
+    hi = torch.clamp((x.amax(-1).float() * p).to(torch.bfloat16), min=0)
+    scale, zp = calculate_qparams(lo, hi, args)
+    q = _quantize(x, scale.unsqueeze(-1), zp.unsqueeze(-1), torch.tensor(-8), torch.tensor(7), args)
+    assert np.array_equal(int4.unpack_nibbles(ours.packed, 1024, axis=1), q.reshape(256, 1024).to(torch.int8).numpy())
+    assert np.array_equal(ours.scale.view(np.uint16), scale.view(torch.int16).numpy().view(np.uint16))
+    assert np.array_equal(int4.unpack_nibbles(ours.zero_point, 256, axis=0), zp.to(torch.int8).numpy())
+
+
+def test_search_modes_and_names() -> None:
+    assert make_scheme("w4a16-asym", 128, "mse").scale_search == "mse"
+    with pytest.raises(WeightsmithError, match="symmetric observer"):
+        make_scheme("w4a16-asym", 128, "memoryless_mse")
     with pytest.raises(WeightsmithError, match="unknown scale search"):
         make_scheme("w4a16", 128, "hqq")
     assert (

@@ -148,8 +148,8 @@ def quantize(
     scale_search: str | None = typer.Option(
         None,
         "--scale-search",
-        help="Clip each group's range to lower the error: mse (our search) or memoryless_mse (llm-compressor's, "
-        "exactly). Default: plain RTN, byte-identical to model_free_ptq.",
+        help="Clip each group's range to lower the error: mse (our search) or memoryless_mse (llm-compressor's "
+        "symmetric observer, exactly). Default: plain RTN, byte-identical to model_free_ptq.",
     ),
     ignore: list[str] = typer.Option(
         [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."

@@ -123,7 +123,7 @@ class Scheme:
             shrink = alloc("shrink", (n, cols // g), np.float32)
             shrink.fill(1.0)
             if self.scale_search == "mse":
-                bad = int4_search.search_mse(xin, mode, g, shrink)
+                bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric)
                 if bad >= 0:
                     return [], bad
         packed = alloc("packed", (n, cols // int4.PACK), np.uint32)
@@ -165,6 +165,9 @@ def make_scheme(name: str, group_size: int | None = None, scale_search: str | No
     if group_size <= 0 or group_size % int4.PACK:
         raise WeightsmithError(f"--group-size {group_size} must be a positive multiple of {int4.PACK}", code="usage")
     symmetric = name == "w4a16"
-    if scale_search is not None and not symmetric:
-        raise WeightsmithError(f"--scale-search works with the symmetric scheme w4a16, not {name}", code="usage")
+    if scale_search == "memoryless_mse" and not symmetric:
+        raise WeightsmithError(
+            f"--scale-search memoryless_mse reproduces llm-compressor's symmetric observer; with {name} use mse",
+            code="usage",
+        )
     return Scheme(name, "int4", symmetric=symmetric, group_size=group_size, scale_search=scale_search)
