@@ -229,14 +229,14 @@ def parse_header(path: Path, prefix: bytes, file_size: int) -> Header:
         if offsets is None or len(offsets) != 2 or offsets[1] < offsets[0]:
             raise _fail(path, "header.entry", "data_offsets must be [begin, end] with begin <= end", name)
         begin, end = offsets
-        bits = math.prod(shape) * dtype.bits
-        if bits % 8:
+        expected = dtype.nbytes(math.prod(shape))
+        if expected is None:
             raise _fail(path, "header.misaligned", f"{dtype.code} {shape} does not end on a byte boundary", name)
-        if bits // 8 != end - begin:
+        if expected != end - begin:
             raise _fail(
                 path,
                 "header.size-mismatch",
-                f"{dtype.code} {shape} needs {bits // 8:,} bytes but data_offsets span {end - begin:,}",
+                f"{dtype.code} {shape} needs {expected:,} bytes but data_offsets span {end - begin:,}",
                 name,
             )
         append(TensorInfo(name, dtype, tuple(shape), begin, end, data_start))
