@@ -151,3 +151,21 @@ def test_scheme_rules() -> None:
         make_scheme("nvfp4a16", None, "memoryless_mse")
     assert make_scheme("nvfp4a16").unsupported((8, 24)) is not None
     assert make_scheme("w4a16").group_size == 128
+
+
+def test_branch_free_rounding_matches_compressed_tensors_cast_to_fp4() -> None:
+    torch = pytest.importorskip("torch")
+    fp4_utils = pytest.importorskip("compressed_tensors.quantization.utils.fp4_utils")
+    from numba import njit
+
+    index, value = njit(lambda t: nvfp4.fp4_index(t)), njit(lambda i: nvfp4.e2m1_value(i))
+    assert [value(i) for i in range(8)] == list(nvfp4.E2M1)
+    # every threshold, just either side of it, and a fine grid over [-6, 6]
+    edges = np.float32([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    ts = np.concatenate(
+        [np.linspace(-6, 6, 4801, dtype=np.float32), edges, np.nextafter(edges, 0), np.nextafter(edges, 9)]
+    )
+    ts = np.concatenate([ts, -ts])
+    reference = fp4_utils.cast_to_fp4(torch.from_numpy(ts.copy())).abs().numpy()
+    ours = np.array([value(index(t)) for t in ts], np.float32)
+    assert np.array_equal(ours, reference)

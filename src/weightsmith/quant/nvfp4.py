@@ -29,6 +29,7 @@ from numba import njit
 
 from weightsmith.quant import NVFP4_GROUP
 from weightsmith.quant.floatbits import decode, round_to
+from weightsmith.quant.int4 import group_range, kernel_input, mode_of
 
 GROUP = NVFP4_GROUP
 FP4_MAX, FP8_MAX = 6.0, 448.0
@@ -57,41 +58,57 @@ def fp8_code(v: np.float32) -> np.int64:
 
 @njit(inline="always", nogil=True)
 def fp4_index(t: np.float32) -> np.int64:
-    """Magnitude index (0..7) of |t| rounded to E2M1, ties to even, with compressed-tensors' thresholds."""
+    """Magnitude index (0..7) of |t| rounded to E2M1, ties to even, with compressed-tensors' thresholds.
+
+    The thresholds rise, so the index is how many of them |t| passes: a sum of comparisons with no
+    branch, which vectorises (<= 0.25 -> 0, < 0.75 -> 1, <= 1.25 -> 2, < 1.75 -> 3, <= 2.5 -> 4,
+    < 3.5 -> 5, <= 5 -> 6, else 7).
+    """
     a = abs(t)
-    if a <= 0.25:
-        return 0
-    if a < 0.75:
-        return 1
-    if a <= 1.25:
-        return 2
-    if a < 1.75:
-        return 3
-    if a <= 2.5:
-        return 4
-    if a < 3.5:
-        return 5
-    if a <= 5.0:
-        return 6
-    return 7
+    return (
+        np.int64(a > np.float32(0.25))
+        + np.int64(a >= np.float32(0.75))
+        + np.int64(a > np.float32(1.25))
+        + np.int64(a >= np.float32(1.75))
+        + np.int64(a > np.float32(2.5))
+        + np.int64(a >= np.float32(3.5))
+        + np.int64(a > np.float32(5.0))
+    )
 
 
-@njit(nogil=True, cache=True)
-def _quantize_rows(x, mode, global_scale, search, fp8_values, e2m1, offsets, packed, scale_codes):
+@njit(inline="always", nogil=True)
+def e2m1_value(index: np.int64) -> np.float32:
+    """E2M1[index] as arithmetic: 0.5 * index up to 2, then 3, 4, 6."""
+    f = np.float32(index)
+    if index <= 4:
+        return f * np.float32(0.5)
+    return f - np.float32(2.0) + np.float32(index == 7)
+
+
+@njit(inline="always", nogil=True)
+def fp4_nibble(t: np.float32) -> np.uint32:
+    """The stored nibble of a clamped quotient: magnitude index, and bit 3 for its sign (negative zero too)."""
+    sign = np.uint32(np.float32(t).view(np.uint32) >> np.uint32(31))
+    return np.uint32(fp4_index(t)) | np.uint32(sign << np.uint32(3))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _quantize_rows(x, mode, global_scale, search, fp8_values, offsets, packed, scale_codes):
     rows, cols = x.shape
     vals = np.empty(GROUP, np.float32)
+    sq = np.empty(GROUP, np.float32)
+    nibbles = np.empty(GROUP, np.uint32)
     gs = np.float32(global_scale)
     six = np.float32(6.0)
     for r in range(rows):
         for g in range(cols // GROUP):
             c0 = g * GROUP
-            amax = np.float32(0.0)
+            lo, hi, bad = group_range(x, r, c0, GROUP, mode)
+            if bad >= 0:
+                return r * cols + bad
+            amax = max(-lo, hi)
             for i in range(GROUP):
-                v = decode(mode, x[r, c0 + i])
-                if not np.isfinite(v):
-                    return r * cols + c0 + i
-                vals[i] = v
-                amax = max(amax, abs(v))
+                vals[i] = decode(mode, x[r, c0 + i])
             local = round_to(mode, amax / six)
             code = fp8_code(min(gs * local, np.float32(448.0)))
             best_code = code
@@ -102,27 +119,23 @@ def _quantize_rows(x, mode, global_scale, search, fp8_values, e2m1, offsets, pac
                     if c < 1 or c > 0x7E:
                         continue
                     eff = fp8_values[c] / gs
-                    err = np.float32(0.0)
-                    for i in range(GROUP):
+                    for i in range(GROUP):  # vectorised: no table lookup, no branch
                         t = min(max(vals[i] / eff, -six), six)
-                        m = e2m1[fp4_index(t)]
+                        m = e2m1_value(fp4_index(t))
                         d = (m if t >= 0 else -m) * eff - vals[i]
-                        err += d * d
+                        sq[i] = d * d
+                    err = np.float32(0.0)
+                    for i in range(GROUP):  # summed in order, apart, so the sum does not depend on the vector width
+                        err += sq[i]
                     if err < best_err:
                         best_err, best_code = err, c
             scale = fp8_values[best_code] if best_code != 0 else np.float32(0.125)
             scale_codes[r, g] = np.uint8(best_code if best_code != 0 else 0x20)  # 0x20 is 0.125
             eff = scale / gs
+            for i in range(GROUP):
+                nibbles[i] = fp4_nibble(min(max(vals[i] / eff, -six), six))
             for i in range(0, GROUP, 2):
-                pair = np.uint8(0)
-                for j in range(2):
-                    t = vals[i + j] / eff
-                    t = min(max(t, -six), six)
-                    nib = np.uint8(fp4_index(t))
-                    if t < 0 or (t == 0 and np.float32(t).view(np.uint32) >> np.uint32(31)):
-                        nib |= np.uint8(8)
-                    pair |= np.uint8(nib << np.uint8(4 * j))
-                packed[r, (c0 + i) // 2] = pair
+                packed[r, (c0 + i) // 2] = np.uint8(nibbles[i] | (nibbles[i + 1] << np.uint32(4)))
     return -1
 
 
@@ -148,11 +161,10 @@ def _amax_rows(x, mode):
     rows, cols = x.shape
     amax = np.float32(0.0)
     for r in range(rows):
-        for c in range(cols):
-            v = decode(mode, x[r, c])
-            if not np.isfinite(v):
-                return np.float32(np.nan), r * cols + c
-            amax = max(amax, abs(v))
+        lo, hi, bad = group_range(x, r, 0, cols, mode)
+        if bad >= 0:
+            return np.float32(np.nan), r * cols + bad
+        amax = max(amax, max(-lo, hi))
     return amax, -1
 
 
@@ -177,7 +189,7 @@ def quantize_rows(
     packed: uint8 [rows, cols/2]; scale_codes: uint8 [rows, cols/16] (float8_e4m3fn bits).
     Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
     """
-    return _quantize_rows(x, mode, gs, search, FP8_VALUES, E2M1, SEARCH_OFFSETS, packed, scale_codes)
+    return _quantize_rows(x, mode, gs, search, FP8_VALUES, SEARCH_OFFSETS, packed, scale_codes)
 
 
 @dataclass(frozen=True)
@@ -191,8 +203,6 @@ class Nvfp4Weight:
 
 def quantize(w: np.ndarray, gs: np.float32 | None = None, search: bool = False) -> Nvfp4Weight:
     """Quantize a whole 2-D weight; `gs` defaults to the tensor's own global scale."""
-    from weightsmith.quant.int4 import kernel_input, mode_of
-
     mode = mode_of(w.dtype)
     rows, cols = w.shape
     why = supports(cols)
