@@ -29,7 +29,7 @@ test: $(VENV)/.test
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.test
-	$(BIN)/python benchmarks/quantize_speed.py --search --grow 8
+	$(BIN)/python benchmarks/quantize_speed.py --search --nvfp4 --grow 8
 	$(BIN)/python benchmarks/scale_search_speed.py
 
 # The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.

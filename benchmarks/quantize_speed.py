@@ -7,7 +7,7 @@ start, imports and all), weightsmith's own quantize time and throughput, peak RS
 the ratio. `--grow 8` repeats weightsmith alone on an 8 GiB checkpoint to show that peak RSS stays
 flat as the model grows.
 
-    python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N]
+    python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search] [--nvfp4]
 """
 
 from __future__ import annotations
@@ -21,6 +21,13 @@ from pathlib import Path
 
 from common import build, ours, reference
 
+RTN, REFERENCE, MSE, NVFP4 = (
+    "weightsmith",
+    "model_free_ptq",
+    "weightsmith --scale-search mse",
+    "weightsmith --scheme nvfp4a16",
+)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,43 +37,52 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--skip-reference", action="store_true")
     ap.add_argument("--search", action="store_true", help="also time --scale-search mse against plain RTN")
+    ap.add_argument("--nvfp4", action="store_true", help="also time --scheme nvfp4a16, plain and with its search")
     args = ap.parse_args()
+    # our arms: the label the summary prints, and the options added to `weightsmith quantize`
+    arms = {RTN: ()}
+    if args.search:
+        arms[MSE] = ("--scale-search", "mse")
+    if args.nvfp4:
+        arms[NVFP4] = ("--scheme", "nvfp4a16")
+        arms[NVFP4 + " --scale-search mse"] = ("--scheme", "nvfp4a16", "--scale-search", "mse")
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
         tmp_path = Path(tmp)
         total = build(tmp_path / "src", args.gib)
         shards = len(list((tmp_path / "src").glob("*.safetensors")))
         print(f"checkpoint: {total / 2**30:.2f} GiB BF16 tensors in {shards} shards")
-        runs: dict[str, list[dict]] = {"weightsmith": [], "model_free_ptq": [], "weightsmith --scale-search mse": []}
+        order = [RTN, REFERENCE, *list(arms)[1:]]
+        runs: dict[str, list[dict]] = {arm: [] for arm in order}
         for r in range(args.repeats):
-            order = ["weightsmith", "model_free_ptq", "weightsmith --scale-search mse"]
             for arm in order if r % 2 == 0 else order[::-1]:
-                if arm == "weightsmith":
-                    runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers))
-                elif arm == "model_free_ptq" and not args.skip_reference:
+                if arm == REFERENCE:
+                    if args.skip_reference:
+                        continue
                     runs[arm].append(reference(tmp_path / "src", tmp_path / "ref"))
-                elif arm != "model_free_ptq" and args.search:
-                    runs[arm].append(ours(tmp_path / "src", tmp_path / "mse", args.workers, "--scale-search", "mse"))
                 else:
-                    continue
+                    runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers, *arms[arm]))
                 print(f"  run {r + 1} {arm}: {runs[arm][-1]}", flush=True)
 
         def med(arm: str, key: str) -> float:
             return statistics.median(x[key] for x in runs[arm])
 
         gb = total / 1e9
-        ws_wall, ws_work, ws_rss = med("weightsmith", "wall"), med("weightsmith", "work"), med("weightsmith", "rss_mib")
+        ws_wall, ws_work, ws_rss = med(RTN, "wall"), med(RTN, "work"), med(RTN, "rss_mib")
         print(f"\nweightsmith      end to end {ws_wall:6.2f} s   quantize work {ws_work:6.2f} s", end="")
         print(f" ({gb / ws_work:.2f} GB/s of BF16 input)   peak RSS {ws_rss:,.0f} MiB")
-        if runs["model_free_ptq"]:
-            ref_wall, ref_rss = med("model_free_ptq", "wall"), med("model_free_ptq", "rss_mib")
+        best = min(x["work"] for x in runs[RTN])
+        print(f"                 best run: quantize work {best:6.2f} s ({gb / best:.2f} GB/s)")
+        if runs[REFERENCE]:
+            ref_wall, ref_rss = med(REFERENCE, "wall"), med(REFERENCE, "rss_mib")
             print(f"model_free_ptq   end to end {ref_wall:6.2f} s   peak RSS {ref_rss:,.0f} MiB")
             print(f"ratio            {ref_wall / ws_wall:.1f}x faster end to end, ", end="")
-            print(f"{med('model_free_ptq', 'work') / ws_work:.1f}x on the quantize work (median of {args.repeats})")
-        if runs["weightsmith --scale-search mse"]:
-            mse_work = med("weightsmith --scale-search mse", "work")
-            print(f"with --scale-search mse: quantize work {mse_work:6.2f} s ({gb / mse_work:.2f} GB/s), ", end="")
-            print(f"{ws_work / mse_work:.2f} of plain RTN's throughput")
+            print(f"{med(REFERENCE, 'work') / ws_work:.1f}x on the quantize work (median of {args.repeats})")
+        for arm in list(arms)[1:]:
+            work = med(arm, "work")
+            label = arm.removeprefix("weightsmith ")
+            print(f"with {label}: quantize work {work:6.2f} s ({gb / work:.2f} GB/s), ", end="")
+            print(f"{ws_work / work:.2f} of plain RTN's throughput")
         if args.grow:
             for leftover in ("ours", "ref", "src"):
                 shutil.rmtree(tmp_path / leftover, ignore_errors=True)

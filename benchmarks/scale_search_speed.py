@@ -19,12 +19,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from common import build, ours, reference
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.formats import compressed_tensors as ct
-from weightsmith.safetensors.reader import ShardReader
+from weightsmith.fidelity.weights import weight_error
 
 MEMORYLESS = """
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -32,30 +28,6 @@ args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group"
                         observer="memoryless_mse")
 scheme = QuantizationScheme(targets=["Linear"], weights=args)
 """
-
-
-def relative_error(src: Path, out: Path) -> float:
-    """Sum of squared weight errors over the sum of squared weights, over every quantized Linear."""
-    a, b = Checkpoint.open(src), Checkpoint.open(out)
-    group = next(iter(b.config["quantization_config"]["config_groups"].values()))
-    readers = {s: ShardReader(b.path(s), h) for s, h in b.headers.items()}
-    src_readers = {s: ShardReader(a.path(s), h) for s, h in a.headers.items()}
-    err = total = 0.0
-    for name in b.tensors:
-        if not name.endswith(".weight_packed"):
-            continue
-        module = name.rsplit(".", 1)[0]
-        params = {
-            n.rsplit(".", 1)[1]: readers[r.shard].read(n) for n, r in b.tensors.items() if n.startswith(module + ".")
-        }
-        w_ref = a.tensors[f"{module}.weight"]
-        w = src_readers[w_ref.shard].read(f"{module}.weight").astype(np.float64)
-        d = ct.dequantize(group["format"], group["weights"], params).astype(np.float64)
-        err += float(((d - w) ** 2).sum())
-        total += float((w**2).sum())
-    for r in (*readers.values(), *src_readers.values()):
-        r.close()
-    return err / total
 
 
 def main() -> None:
@@ -90,7 +62,7 @@ def main() -> None:
         med = {arm: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for arm, rs in runs.items()}
         print(f"\n{'arm':32} {'wall s':>8} {'work s':>8} {'MB/s':>8} {'RSS MiB':>8} {'rel. weight MSE':>16}")
         for arm, m in med.items():
-            err = relative_error(t / "src", t / outputs[arm])
+            err = weight_error(t / "src", t / outputs[arm]).overall.rel_mse
             rate = total / 1e6 / m["work"]
             print(f"{arm:32} {m['wall']:8.2f} {m['work']:8.2f} {rate:8.1f} {m['rss_mib']:8.0f} {err:16.6e}")
         ours_mse, llmc = med["weightsmith mse (ours)"], med["llm-compressor memoryless_mse"]

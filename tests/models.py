@@ -12,6 +12,13 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from weightsmith import names
+from weightsmith.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("WEIGHTSMITH_TEST_CACHE", REPO / ".cache" / "models"))
@@ -56,3 +63,31 @@ def stdlib_text(chars: int = 6000) -> str:
     import json.decoder
 
     return Path(json.decoder.__file__).read_text()[:chars]
+
+
+def quantized_modules(folder: Path) -> set[str]:
+    """The modules of the checkpoint in FOLDER that hold a packed int4 weight."""
+    suffix = "." + names.WEIGHT_PACKED
+    return {n.rsplit(".", 1)[0] for n in Checkpoint.open(folder).tensors if n.endswith(suffix)}
+
+
+def fake_quant(path: Path, modules: set[str], group: int) -> torch.nn.Module:
+    """The model at PATH (fp32, eval mode) with each Linear in MODULES replaced by compressed-tensors'
+    own symmetric int4 RTN round trip in groups of GROUP."""
+    import torch
+    import transformers
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward_helpers import _dequantize, _quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name in modules:
+                w = module.weight.data
+                g = w.reshape(w.shape[0], -1, group)
+                scale, _ = calculate_qparams(g.amin(-1), g.amax(-1), args)
+                q = _quantize(g, scale.unsqueeze(-1), None, torch.tensor(-8), torch.tensor(7), args)
+                module.weight.data = _dequantize(q, scale.unsqueeze(-1)).reshape(w.shape)
+    return model

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from weightsmith.checkpoint import Checkpoint
 from weightsmith.cli_quantize import run_quantize
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
 
-from models import smollm2_fp32, stdlib_text  # noqa: E402
+from models import fake_quant, quantized_modules, smollm2_fp32, stdlib_text  # noqa: E402
 from weightsmith.fidelity.logits import kl_divergence, next_token_logits, perplexity, top1_agreement  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -43,25 +42,6 @@ def _score(logits: torch.Tensor, ref_logits: torch.Tensor, ids: torch.Tensor) ->
     }
 
 
-def _fake_quant(path: Path, quantized_modules: set[str], group: int) -> torch.nn.Module:
-    """The original model with each quantized Linear replaced by compressed-tensors' own RTN round trip."""
-    from compressed_tensors.quantization import QuantizationArgs
-    from compressed_tensors.quantization.lifecycle.forward_helpers import _dequantize, _quantize
-    from compressed_tensors.quantization.utils import calculate_qparams
-
-    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if name in quantized_modules:
-                w = module.weight.data
-                g = w.reshape(w.shape[0], -1, group)
-                scale, _ = calculate_qparams(g.amin(-1), g.amax(-1), args)
-                q = _quantize(g, scale.unsqueeze(-1), None, torch.tensor(-8), torch.tensor(7), args)
-                module.weight.data = _dequantize(q, scale.unsqueeze(-1)).reshape(w.shape)
-    return model
-
-
 @pytest.mark.parametrize("group", [64, 128])
 def test_smollm2_quantized_loads_in_transformers_and_matches_fake_quant(base, tmp_path: Path, group: int) -> None:
     path, ids, ref_logits = base
@@ -70,7 +50,7 @@ def test_smollm2_quantized_loads_in_transformers_and_matches_fake_quant(base, tm
         path, out, scheme="w4a16", group_size=group, ignore=[], preset=None, workers=2, force=False, show_progress=False
     )
     manifest = result.manifest
-    quantized = {n.rsplit(".", 1)[0] for n in Checkpoint.open(out).tensors if n.endswith(".weight_packed")}
+    quantized = quantized_modules(out)
     ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
     if group == 64:
         assert len(quantized) == 30 * 7  # every Linear of 30 layers
@@ -82,7 +62,7 @@ def test_smollm2_quantized_loads_in_transformers_and_matches_fake_quant(base, tm
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(model).__name__ == "LlamaForCausalLM"
     ours = _score(next_token_logits(model, ids), ref_logits, ids)
-    fake = _score(next_token_logits(_fake_quant(path, quantized, group), ids), ref_logits, ids)
+    fake = _score(next_token_logits(fake_quant(path, quantized, group), ids), ref_logits, ids)
     reference = _score(ref_logits, ref_logits, ids)
     report = {
         "group": group,

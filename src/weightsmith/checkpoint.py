@@ -34,8 +34,11 @@ class TensorRef:
     info: TensorInfo
 
 
-def read_json(path: Path, what: str) -> dict:
-    """A JSON object file, with LFS pointers and bad JSON reported as one line."""
+def read_json(path: Path, what: str | None = None) -> dict:
+    """A JSON object file, with LFS pointers and bad JSON reported as one line.
+
+    `what` names a file every checkpoint needs (config.json, the index), for the missing-file line.
+    """
     pointer = read_pointer(path)
     if pointer is not None:
         raise CheckpointError(pointer_message(pointer), file=path, code="lfs-pointer")
@@ -43,9 +46,8 @@ def read_json(path: Path, what: str) -> dict:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise CheckpointError(
-            f"does not exist (every checkpoint needs its {what})", file=path, code="file.missing"
-        ) from None
+        why = f"does not exist (every checkpoint needs its {what})" if what else "does not exist"
+        raise CheckpointError(why, file=path, code="file.missing") from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
         raise CheckpointError(f"cannot be read ({reason})", file=path, code="file.unreadable") from None

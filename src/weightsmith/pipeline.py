@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -101,16 +102,14 @@ class _Runner:
         self.cancelled = threading.Event()
         self.global_scales: dict[str, np.float32] = {}
         self.fp8_scales: dict[str, np.ndarray] = {}  # small; a racing duplicate read is harmless
-        self._unfinished: dict[str, int] = {}  # output shard -> jobs still to write into it
+        self.jobs = _jobs(plan)
+        # output shard -> jobs still to write into it: each shard is synced as soon as it is complete
+        self._unfinished = Counter(plan.decisions[job.decision_index].shard for job in self.jobs)
         self._lock = threading.Lock()
 
-    def jobs(self) -> list[_Job]:
-        """The write jobs, counted per output shard so that each shard is synced once it is complete."""
-        jobs = _jobs(self.plan)
-        for job in jobs:
-            shard = self.plan.decisions[job.decision_index].shard
-            self._unfinished[shard] = self._unfinished.get(shard, 0) + 1
-        return jobs
+    def _kernel_dtype(self, d: Decision) -> np.dtype:
+        """What the kernels see of a source weight: FP8 inputs arrive decoded to BF16."""
+        return np.dtype(ml_dtypes.bfloat16) if d.scale else self.plan.source.tensors[d.name].info.dtype.numpy
 
     def warm(self) -> None:
         """Load (or compile) the quantize kernels on a tiny block of the first weight's dtype.
@@ -122,8 +121,7 @@ class _Runner:
         if first is None:
             return
         scheme = self.plan.scheme
-        dtype = ml_dtypes.bfloat16 if first.scale else self.plan.source.tensors[first.name].info.dtype.numpy
-        x = np.zeros((int4.PACK, scheme.group_size), dtype)
+        x = np.zeros((int4.PACK, scheme.group_size), self._kernel_dtype(first))
         scheme.encode(x, 0, x.shape, np.float32(1.0) if scheme.needs_tensor_amax else None)
 
     def alloc(self, key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -152,8 +150,8 @@ class _Runner:
                 continue
             fused = names.fused_partners(d.module)
             members = [m for m in (fused[1] if fused else (d.module,)) if m in amax]
-            dtype = ml_dtypes.bfloat16 if d.scale else self.plan.source.tensors[d.name].info.dtype.numpy
-            self.global_scales[d.module] = nvfp4.global_scale(max(amax[m] for m in members), int4.mode_of(dtype))
+            mode = int4.mode_of(self._kernel_dtype(d))
+            self.global_scales[d.module] = nvfp4.global_scale(max(amax[m] for m in members), mode)
 
     def run(self, job: _Job) -> int:
         if self.cancelled.is_set():
@@ -311,7 +309,7 @@ def execute(
                         ]
                         results = _drain(pool, runner, runner.amax, targets, lambda r: r[2], progress)
                         runner.set_global_scales({module: amax for module, amax, _ in results})
-                    _drain(pool, runner, runner.run, runner.jobs(), lambda n: n, progress)
+                    _drain(pool, runner, runner.run, runner.jobs, lambda n: n, progress)
                     warmed.result()
                     source_hashes = hashes.result() if hashes is not None else {}
             finally:

@@ -45,9 +45,8 @@ def test_tokens_come_from_usage_not_from_chunks(standin) -> None:
     assert out.token_chunks == 7  # 1 + 6 steps of 4 tokens
     assert out.prompt_tokens is not None and out.prompt_tokens > 0
     assert out.ttft_s is not None and out.ttft_s >= 0.05
+    # 24 tokens decoded after the first, from usage: counting chunks would have claimed 6
     assert out.decode_tok_s == pytest.approx(24 / (out.last_token_s - out.ttft_s))
-    # counting chunks would have claimed 6 tokens decoded instead of 24
-    assert out.decode_tok_s > 3 * 6 / (out.last_token_s - out.ttft_s)
     assert out.e2e_s is not None and out.e2e_s >= out.last_token_s
     assert out.finish_reason == "length"
 

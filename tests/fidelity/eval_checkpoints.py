@@ -1,18 +1,15 @@
-"""Helpers for the eval tests: a tiny causal LM config, quantizing, and running the command line."""
+"""Helpers for the eval tests: a tiny causal LM config, quantizing, and reading checkpoints back."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from synth import LLAMA_CONFIG
-from weightsmith.cli import main
 from weightsmith.cli_quantize import run_quantize
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import fp8
@@ -28,6 +25,11 @@ TINY_LM_CONFIG = dict(
     vocab_size=49152,
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def load_tensors(folder: Path) -> dict[str, np.ndarray]:
+    """Every tensor of every `*.safetensors` file in FOLDER, by name, as numpy arrays."""
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
 
 
 def write_fp8(folder: Path, tensors: dict[str, np.ndarray], config: dict, style: str) -> dict[str, np.ndarray]:
@@ -87,15 +89,3 @@ def quantize(
         scale_search=scale_search,
     )
     return out
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    """Run `weightsmith ARGS` in-process through `main`; (exit status, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["weightsmith", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err

@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from eval_checkpoints import quantize, run_cli
+from eval_checkpoints import quantize
 from safetensors.numpy import load_file, save_file
 
+from clirun import run
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.fidelity import weights as weights_mod
 from weightsmith.fidelity.report import SCHEMA, SCHEMA_VERSION, fmt_rel
@@ -17,7 +18,7 @@ from weightsmith.fidelity.weights import weight_error
 
 
 def test_table(synthetic: Path, synthetic_w4: Path, capsys, monkeypatch) -> None:
-    code, out, _ = run_cli(["eval", str(synthetic), str(synthetic_w4), "--no-logits"], capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, "eval", str(synthetic), str(synthetic_w4), "--no-logits")
     assert code == 0
     report = weight_error(synthetic, synthetic_w4)
     assert "weight error by category" in out and "weight error by layer of 14" in out
@@ -30,7 +31,7 @@ def test_table(synthetic: Path, synthetic_w4: Path, capsys, monkeypatch) -> None
 
 def test_layers_option_shows_the_worst_first(synthetic: Path, synthetic_w4: Path, capsys, monkeypatch) -> None:
     args = ["eval", str(synthetic), str(synthetic_w4), "--no-logits", "--layers", "3"]
-    code, out, _ = run_cli(args, capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, *args)
     assert code == 0 and "worst 3 layers of 14" in out
     worst = max(weight_error(synthetic, synthetic_w4).layers, key=lambda layer: layer.rel_mse)
     table = out[out.index("worst 3 layers") :]
@@ -39,7 +40,7 @@ def test_layers_option_shows_the_worst_first(synthetic: Path, synthetic_w4: Path
 
 
 def test_json(synthetic: Path, synthetic_w4: Path, capsys, monkeypatch) -> None:
-    code, out, _ = run_cli(["eval", str(synthetic), str(synthetic_w4), "--no-logits", "--json"], capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, "eval", str(synthetic), str(synthetic_w4), "--no-logits", "--json")
     assert code == 0
     doc = json.loads(out)
     assert list(doc)[:2] == ["schema", "schema_version"]
@@ -72,17 +73,17 @@ def test_unsupported_format_is_a_line_not_a_crash(
         raise NotImplementedError(f"dequantizing {fmt}")
 
     monkeypatch.setattr(weights_mod.ct, "dequantize", not_yet)
-    code, out, _ = run_cli(["eval", str(synthetic), str(synthetic_w4), "--no-logits"], capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, "eval", str(synthetic), str(synthetic_w4), "--no-logits")
     assert code == 0
     assert "format not supported yet, 14 layers not measured (pack-quantized: dequantizing pack-quantized)" in out
-    code, out, _ = run_cli(["eval", str(synthetic), str(synthetic_w4), "--no-logits", "--json"], capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, "eval", str(synthetic), str(synthetic_w4), "--no-logits", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["weights"]["overall"]["rel_mse"] is None and len(doc["weights"]["unsupported"]) == 14
 
 
 def test_logits_unavailable_is_a_line_with_exit_0(synthetic: Path, synthetic_w4: Path, capsys, monkeypatch) -> None:
     """No tokenizer here (and, on a machine without torch, no torch): reported, not raised."""
-    code, out, err = run_cli(["eval", str(synthetic), str(synthetic_w4)], capsys, monkeypatch)
+    code, out, err = run(capsys, monkeypatch, "eval", str(synthetic), str(synthetic_w4))
     last = out.strip().splitlines()[-1]
     assert code == 0 and last.startswith("logits: unavailable: ") and "error:" not in err
     assert "no tokenizer" in last or "is not installed" in last
@@ -152,7 +153,7 @@ def _bad_cases(orig: Path, quant: Path, tmp: Path) -> dict[str, tuple[list[str],
 def test_bad_input_is_one_line(single_file_pair, tmp_path: Path, capsys, monkeypatch) -> None:
     orig, quant = single_file_pair
     for case, (args, expected) in _bad_cases(orig, quant, tmp_path).items():
-        code, out, err = run_cli(["eval", *args, "--no-logits"], capsys, monkeypatch)
+        code, out, err = run(capsys, monkeypatch, "eval", *args, "--no-logits")
         lines = err.strip().splitlines()
         assert code == 2, (case, err)
         assert len(lines) == 1 and lines[0].startswith("error: "), (case, err)

@@ -7,26 +7,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eval_checkpoints import quantize
-from safetensors.numpy import load_file
+from eval_checkpoints import load_tensors, quantize
 
 from weightsmith import names
 from weightsmith.fidelity.weights import weight_error
 
 
-def _tensors(folder: Path) -> dict[str, np.ndarray]:
-    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+def _torch_tensors(folder: Path) -> dict[str, object]:
+    """Every tensor in FOLDER's shards, loaded through torch (for compressed-tensors' decompressor)."""
+    pytest.importorskip("torch")
+    from safetensors.torch import load_file as load_torch
+
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_torch(str(f)).items()}
 
 
-def _decompressed_by_compressed_tensors(folder: Path, module: str) -> np.ndarray:
-    """The module's dense weight as compressed-tensors' NVFP4 decompressor gives it, read by safetensors."""
+def _decompressed_by_compressed_tensors(tensors: dict[str, object], module: str) -> np.ndarray:
+    """The module's dense weight as compressed-tensors' NVFP4 decompressor gives it, from TENSORS
+    (the checkpoint as `_torch_tensors` reads it)."""
     pytest.importorskip("torch")
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
-    from safetensors.torch import load_file as load_torch
 
-    tensors = {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_torch(str(f)).items()}
     params = (names.WEIGHT_PACKED, names.WEIGHT_SCALE, names.WEIGHT_GLOBAL_SCALE)
     state = {p: tensors[f"{module}.{p}"] for p in params}
     scheme = preset_name_to_scheme("NVFP4A16", ["Linear"])
@@ -38,10 +40,11 @@ def test_nvfp4_error_equals_the_compressed_tensors_decompressor(synthetic: Path,
     report = weight_error(synthetic, out)
     assert report.unsupported == [] and len(report.layers) == 14
     assert {layer.format for layer in report.layers} == {"nvfp4-pack-quantized"}
-    src = _tensors(synthetic)
+    src = load_tensors(synthetic)
+    packed = _torch_tensors(out)
     for layer in report.layers:
         w = src[f"{layer.module}.weight"].astype(np.float64)
-        q = _decompressed_by_compressed_tensors(out, layer.module).astype(np.float64)
+        q = _decompressed_by_compressed_tensors(packed, layer.module).astype(np.float64)
         assert layer.rel_mse == float(np.sum(np.square(w - q))) / float(np.sum(np.square(w))), layer.module
         assert 1e-3 < layer.rel_mse < 0.05
 

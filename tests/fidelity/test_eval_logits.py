@@ -11,9 +11,10 @@ import warnings
 from pathlib import Path
 
 import pytest
-from eval_checkpoints import TINY_LM_CONFIG, TOKENIZER_FILES, quantize, run_cli, write_fp8
+from eval_checkpoints import TINY_LM_CONFIG, TOKENIZER_FILES, quantize, write_fp8
 from safetensors.numpy import load_file, save_file
 
+from clirun import run
 from synth import llama_tensors
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity import logits
@@ -78,11 +79,11 @@ def test_cli_table_and_json_with_logits(tiny_lm: tuple[Path, Path], tmp_path: Pa
     text = tmp_path / "sample.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 20)
     args = ["eval", str(orig), str(quant), "--text", str(text), "--tokens", "40"]
-    code, out, _ = run_cli([*args, "--json"], capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, *args, "--json")
     doc = json.loads(out)["logits"]
     assert code == 0 and doc["status"] == OK and doc["tokens"] == 40 and doc["text_source"] == str(text)
     assert doc["kl"] > 0 and 0 <= doc["top1_agreement"] <= 1 and doc["ppl_orig"] > 1 and doc["ppl_quant"] > 1
-    code, out, _ = run_cli(args, capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, *args)
     assert code == 0
     kl, top1 = f"KL {doc['kl']:.4f} nats", f"top-1 agreement {100 * doc['top1_agreement']:.1f} %"
     ppl = f"perplexity {doc['ppl_orig']:.3f} -> {doc['ppl_quant']:.3f} ("
@@ -99,7 +100,7 @@ def test_quant_that_does_not_load_fails(tiny_lm: tuple[Path, Path], tmp_path: Pa
     report = compare(orig, broken, tokens=16)
     assert report.status == FAILED and report.kl is None
     assert report.reason.startswith("transformers cannot load QUANT through compressed-tensors (")
-    code, out, _ = run_cli(["eval", str(orig), str(broken)], capsys, monkeypatch)
+    code, out, _ = run(capsys, monkeypatch, "eval", str(orig), str(broken))
     assert code == 1 and "logits: FAILED: transformers cannot load QUANT" in out
 
 
@@ -162,5 +163,5 @@ def test_text_without_tokens_is_bad_input(tiny_lm: tuple[Path, Path], tmp_path: 
         compare(orig, quant, "", tokens=16)
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    code, _, err = run_cli(["eval", str(orig), str(quant), "--text", str(empty)], capsys, monkeypatch)
+    code, _, err = run(capsys, monkeypatch, "eval", str(orig), str(quant), "--text", str(empty))
     assert code == 2 and err.strip() == f"error: {empty}: gives 0 token(s); at least 2 are needed"

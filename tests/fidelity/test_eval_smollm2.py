@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 from eval_checkpoints import quantize
 
-from weightsmith.checkpoint import Checkpoint
 from weightsmith.fidelity.logits import OK, compare
 from weightsmith.fidelity.weights import weight_error
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
 
-from models import smollm2_fp32, stdlib_text  # noqa: E402
+from models import fake_quant, quantized_modules, smollm2_fp32, stdlib_text
 
 pytestmark = pytest.mark.slow
 GROUP = 64
@@ -49,21 +48,7 @@ def test_w4a16_g64_costs_what_the_end_to_end_test_measures(smollm2_w4: tuple[Pat
 
 def _fake_quantized_copy(orig: Path, quantized: set[str], out: Path) -> Path:
     """ORIG with each quantized Linear replaced by compressed-tensors' own RTN round trip, saved."""
-    from compressed_tensors.quantization import QuantizationArgs
-    from compressed_tensors.quantization.lifecycle.forward_helpers import _dequantize, _quantize
-    from compressed_tensors.quantization.utils import calculate_qparams
-
-    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=GROUP)
-    model = transformers.AutoModelForCausalLM.from_pretrained(orig, dtype=torch.float32)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if name in quantized:
-                w = module.weight.data
-                g = w.reshape(w.shape[0], -1, GROUP)
-                scale, _ = calculate_qparams(g.amin(-1), g.amax(-1), args)
-                q = _quantize(g, scale.unsqueeze(-1), None, torch.tensor(-8), torch.tensor(7), args)
-                module.weight.data = _dequantize(q, scale.unsqueeze(-1)).reshape(w.shape)
-    model.save_pretrained(out)
+    fake_quant(orig, quantized, GROUP).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(orig / name, out / name)
     return out
@@ -72,7 +57,7 @@ def _fake_quantized_copy(orig: Path, quantized: set[str], out: Path) -> Path:
 def test_fake_quantized_original_predicts_as_quant(smollm2_w4: tuple[Path, Path], tmp_path: Path) -> None:
     """With ORIG replaced by a fake-quantized copy, QUANT as loaded through compressed-tensors agrees."""
     orig, quant = smollm2_w4
-    quantized = {n.rsplit(".", 1)[0] for n in Checkpoint.open(quant).tensors if n.endswith(".weight_packed")}
+    quantized = quantized_modules(quant)
     fake = _fake_quantized_copy(orig, quantized, tmp_path / "fake")
     report = compare(fake, quant, stdlib_text(), 128)
     assert report.status == OK and report.tokens == 128

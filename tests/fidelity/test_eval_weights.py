@@ -9,8 +9,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from eval_checkpoints import quantize, write_fp8
-from safetensors.numpy import load_file
+from eval_checkpoints import load_tensors, quantize, write_fp8
 
 from synth import LLAMA_CONFIG, llama_tensors
 from weightsmith import names
@@ -20,10 +19,6 @@ from weightsmith.fidelity.weights import relative_mse, sqnr_db, squared_error, w
 from weightsmith.quant import int4
 
 KEPT = "model.layers.1.mlp.down_proj"
-
-
-def _tensors(folder: Path) -> dict[str, np.ndarray]:
-    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
 
 
 def _direct_rel_mse(w: np.ndarray, packed: dict[str, np.ndarray], module: str, group: int) -> float:
@@ -45,7 +40,7 @@ def with_kept(synthetic: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 def test_layer_error_equals_int4_dequantize(synthetic: Path, with_kept: Path) -> None:
     report = weight_error(synthetic, with_kept)
-    src, out = _tensors(synthetic), _tensors(with_kept)
+    src, out = load_tensors(synthetic), load_tensors(with_kept)
     quantized = {n.rsplit(".", 1)[0] for n in out if n.endswith("." + names.WEIGHT_PACKED)}
     assert [layer.module for layer in report.layers] == sorted(quantized, key=lambda m: (int(m.split(".")[2]), m)), (
         "every quantized module once, in layer order"
@@ -93,8 +88,8 @@ def test_asymmetric_has_lower_error_than_symmetric(synthetic: Path, synthetic_w4
     sym_report, asym_report = weight_error(synthetic, synthetic_w4), weight_error(synthetic, asym)
     assert asym_report.overall.rel_mse < sym_report.overall.rel_mse
     assert {layer.group for layer in asym_report.layers} == {"W4A16_ASYM"}
-    out = _tensors(asym)
-    src = _tensors(synthetic)
+    out = load_tensors(asym)
+    src = load_tensors(synthetic)
     for layer in asym_report.layers:  # zero points are used: the exact match holds here too
         assert layer.rel_mse == _direct_rel_mse(src[f"{layer.module}.weight"], out, layer.module, 64)
 
@@ -108,7 +103,7 @@ def test_fp8_original_is_decoded_as_the_quantizer_decodes(tmp_path: Path, style:
 
     report = weight_error(src, out)
     assert report.source_format == style
-    packed = _tensors(out)
+    packed = load_tensors(out)
     assert len(report.layers) == 14
     for layer in report.layers:
         assert layer.rel_mse == _direct_rel_mse(decoded[f"{layer.module}.weight"], packed, layer.module, 128)

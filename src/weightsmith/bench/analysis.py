@@ -191,12 +191,10 @@ def _acceptance(results: BenchResults) -> list[AcceptanceSummary]:
         summary.drafts = sum(w.drafts or 0 for w in usable)
         summary.draft_tokens = sum(w.draft_tokens or 0 for w in usable)
         summary.accepted = sum(w.accepted or 0 for w in usable)
-        width = max(len(w.accepted_per_pos) for w in usable)
-        per_pos = [sum(w.accepted_per_pos[i] for w in usable if i < len(w.accepted_per_pos)) for i in range(width)]
-        if summary.draft_tokens > 0:
-            summary.acceptance_rate = summary.accepted / summary.draft_tokens
-        summary.mean_acceptance_length = 1 + summary.accepted / summary.drafts
-        summary.per_position_rate = [v / summary.drafts for v in per_pos]
+        per_pos = m.sum_per_position([w.accepted_per_pos for w in usable])
+        summary.acceptance_rate, summary.mean_acceptance_length, summary.per_position_rate = m.acceptance_figures(
+            summary.drafts, summary.draft_tokens, summary.accepted, per_pos
+        )
         summary.window_rates = [w.acceptance_rate for w in usable if w.acceptance_rate is not None]
         skipped = [w for w in windows if w.status != m.OK]
         if skipped:
@@ -207,14 +205,16 @@ def _acceptance(results: BenchResults) -> list[AcceptanceSummary]:
     return out
 
 
-def _sweeps(results: BenchResults, acceptance: list[AcceptanceSummary]) -> list[Sweep]:
+def _sweeps(
+    results: BenchResults, acceptance: list[AcceptanceSummary], decode_per_prompt: dict[str, dict[str, float]]
+) -> list[Sweep]:
+    """Sweep points from each arm's per-prompt decode rates (arm -> prompt -> rate, from `_per_prompt`)."""
     groups: dict[tuple[str, str], list[SweepPoint]] = defaultdict(list)
     accept = {a.arm: a.mean_acceptance_length for a in acceptance}
     for arm in results.arms:
         if arm.sweep_param is None:
             continue
-        per_prompt, _ = _per_prompt(_ok_requests(results, arm.name), "decode_tok_s")
-        values = list(per_prompt.values())
+        values = list(decode_per_prompt[arm.name].values())
         ci = stats.geomean_ci(values)
         groups[(arm.name.split("@", 1)[0], arm.sweep_param)].append(
             SweepPoint(
@@ -265,6 +265,7 @@ def analyse(results: BenchResults) -> Analysis:
     acceptance = _acceptance(results)
     noise: dict[str, stats.NoiseFloor] = {}
     comparisons: list[stats.PairedComparison] = []
+    decode_per_prompt: dict[str, dict[str, float]] = {}
     for metric in METRICS:
         per_arm_prompt: dict[str, dict[str, float]] = {}
         per_arm_repeat: dict[str, dict[int, dict[str, float]]] = {}
@@ -272,6 +273,8 @@ def analyse(results: BenchResults) -> Analysis:
             per_arm_prompt[arm.name], per_arm_repeat[arm.name] = _per_prompt(
                 _ok_requests(results, arm.name), metric.key
             )
+        if metric.key == "decode_tok_s":
+            decode_per_prompt = per_arm_prompt
         floor = stats.noise_floor(per_arm_repeat)
         noise[metric.key] = floor
         for arm in results.arms:
@@ -300,8 +303,9 @@ def analyse(results: BenchResults) -> Analysis:
                     pairs.append(pair)
     n_arms = len(results.arms)
     repeats = 1 + max((v.repeat for v in results.visits), default=0)
+    balanced = is_fully_balanced(n_arms, repeats)
     notes = []
-    if not is_fully_balanced(n_arms, repeats):
+    if not balanced:
         notes.append(
             f"order: {repeats} repeat(s) of {n_arms} arms do not use every row of the "
             "counterbalancing design; positions are not fully balanced"
@@ -312,9 +316,9 @@ def analyse(results: BenchResults) -> Analysis:
         acceptance=acceptance,
         noise=noise,
         comparisons=comparisons,
-        sweeps=_sweeps(results, acceptance),
+        sweeps=_sweeps(results, acceptance, decode_per_prompt),
         determinism=list(within.values()),
         determinism_pairs=pairs,
-        order_fully_balanced=is_fully_balanced(n_arms, repeats),
+        order_fully_balanced=balanced,
         notes=notes,
     )

@@ -20,6 +20,7 @@ That approximation is exact when both sides list the same tokens, and bounded ot
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightsmith.bench.client import TokenLogprob
@@ -87,12 +88,17 @@ def topk_kl(p: TokenLogprob, q: TokenLogprob) -> float | None:
     return max(0.0, float(kl))  # rounding can leave -1e-18 for identical distributions
 
 
-def first_token_divergence(a: list[TokenLogprob], b: list[TokenLogprob]) -> int | None:
-    """First position whose token differs (a length difference counts); None if identical."""
+def _first_difference(a: Sequence[object], b: Sequence[object]) -> int | None:
+    """First index where two sequences differ (the shorter one's end counts); None if equal."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x.token != y.token:
+        if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def first_token_divergence(a: list[TokenLogprob], b: list[TokenLogprob]) -> int | None:
+    """First position whose token differs (a length difference counts); None if identical."""
+    return _first_difference([x.token for x in a], [y.token for y in b])
 
 
 def _aligned_kl(a: list[TokenLogprob], b: list[TokenLogprob]) -> tuple[float | None, int]:
@@ -116,10 +122,7 @@ def _aligned(replicate: Replicate) -> bool:
 
 def first_char_divergence(a: str, b: str) -> int | None:
     """First character offset where two texts differ (None if identical)."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    return _first_difference(a, b)
 
 
 def analyse_arm(run: DeterminismRun) -> ArmDeterminism:

@@ -20,6 +20,7 @@ time changed (a restart followed by enough requests can climb back past the old 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -222,10 +223,26 @@ def spec_window(before: Snapshot, after: Snapshot, model: str | None) -> SpecWin
         window.status = NO_DRAFTS
         window.detail = "spec-decode counters did not move in this window (no drafts were made)"
         return window
-    window.acceptance_rate = accepted / draft_tokens if draft_tokens > 0 else None
-    window.mean_acceptance_length = 1.0 + accepted / drafts
-    window.per_position_rate = [v / drafts for v in per_pos]
+    window.acceptance_rate, window.mean_acceptance_length, window.per_position_rate = acceptance_figures(
+        drafts, draft_tokens, accepted, per_pos
+    )
     return window
+
+
+def acceptance_figures(
+    drafts: float, draft_tokens: float, accepted: float, accepted_per_pos: Sequence[float]
+) -> tuple[float | None, float, list[float]]:
+    """(acceptance rate, mean acceptance length, per-position rates) from counter deltas, as
+    defined in the module docstring; the rate is None when no draft tokens were counted.
+    `drafts` must be positive (a window without drafts has no acceptance)."""
+    rate = accepted / draft_tokens if draft_tokens > 0 else None
+    return rate, 1.0 + accepted / drafts, [v / drafts for v in accepted_per_pos]
+
+
+def sum_per_position(per_pos: Sequence[Sequence[float]]) -> list[float]:
+    """Per-position counts of several windows added up, a shorter list counting as zeros beyond its end."""
+    width = max(len(p) for p in per_pos)
+    return [sum(p[i] for p in per_pos if i < len(p)) for i in range(width)]
 
 
 def unavailable(reason: str) -> SpecWindow:

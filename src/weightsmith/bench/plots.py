@@ -57,7 +57,8 @@ def plot_ttft(results: BenchResults, analysis: Analysis, path: Path) -> Path | N
     """All TTFT samples per arm, a panel per prompt length."""
     lengths = sorted({p.target_tokens for p in results.prompts})
     arms = [a.name for a in results.arms]
-    if not lengths or not any(_samples(results, a, n, "ttft_s") for a in arms for n in lengths):
+    samples = {(a, n): _samples(results, a, n, "ttft_s") for a in arms for n in lengths}
+    if not lengths or not any(samples.values()):
         return None
     flagged = {(c.arm, c.target_tokens) for c in analysis.cells if c.ttft_modality and c.ttft_modality.flagged}
     fig, axes = plt.subplots(
@@ -66,12 +67,12 @@ def plot_ttft(results: BenchResults, analysis: Analysis, path: Path) -> Path | N
         figsize=(max(4.8, 1.1 * len(arms) + 2.2) * len(lengths) ** 0.8 + 1, 4.6),
         squeeze=False,
     )
-    longest = max(max(_samples(results, a, n, "ttft_s"), default=0.0) for a in arms for n in lengths)
+    longest = max(max(values, default=0.0) for values in samples.values())
     scale, unit = (1.0, "s") if longest > 10 else (1000.0, "ms")
     for ax, length in zip(axes[0], lengths, strict=True):
         values_all = []
         for i, arm in enumerate(arms):
-            ms = np.array(_samples(results, arm, length, "ttft_s")) * scale
+            ms = np.array(samples[(arm, length)]) * scale
             if ms.size == 0:
                 continue
             values_all.extend(ms)

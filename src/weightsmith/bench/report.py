@@ -128,7 +128,7 @@ def _verdicts(analysis: Analysis) -> list[str]:
     ]
 
 
-def _cells(results: BenchResults, analysis: Analysis) -> list[str]:
+def _cells(analysis: Analysis) -> list[str]:
     if not any(c.n_ok + c.n_errors for c in analysis.cells):
         return ["Nothing was measured."]
     rows = []
@@ -439,7 +439,7 @@ def render_markdown(results: BenchResults, analysis: Analysis, plots: dict[str, 
     if problems:
         lines += ["## Read first", "", *problems, ""]
     lines += ["## Verdicts", "", *_verdicts(analysis), ""]
-    lines += ["## Per arm and prompt length", "", *_cells(results, analysis), ""]
+    lines += ["## Per arm and prompt length", "", *_cells(analysis), ""]
     if "ttft" in plots:
         lines += [f"![TTFT distributions]({_rel(plots['ttft'], out_dir)})", ""]
     if "decode" in plots:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 from weightsmith.bench.client import TokenLogprob
 from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
+from weightsmith.jsonable import jsonable
 
 SCHEMA = "weightsmith.bench.results"
 #: Bump on any change a reader of an older file would misread.
@@ -162,17 +162,8 @@ class BenchResults:
         raise KeyError(name)
 
 
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses to plain dicts, recursively (tuples become lists, non-finite floats null)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+#: The bench name for the shared conversion (runner, report and tests import it from here).
+to_jsonable = jsonable
 
 
 def _build(tp: Any, data: Any) -> Any:

@@ -21,7 +21,7 @@ The rules, and why:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,16 +62,28 @@ def summarize(values: Sequence[float]) -> Summary | None:
     )
 
 
+def _bootstrap(
+    x: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], tail: float, seed: int
+) -> tuple[np.floating, np.floating]:
+    """Percentile bootstrap: the `tail` and `100 - tail` percentiles (in percent) of `statistic`
+    over BOOTSTRAP_RESAMPLES seeded resamples of `x`, each row one resample of `x.size` values."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(BOOTSTRAP_RESAMPLES, x.size))
+    boot = statistic(x[idx])
+    return np.percentile(boot, tail), np.percentile(boot, 100 - tail)
+
+
+def _row_means(resamples: np.ndarray) -> np.ndarray:
+    return resamples.mean(axis=1)
+
+
 def median_ci(values: Sequence[float], confidence: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
     """Bootstrap percentile interval of the median (None below 3 samples)."""
     x = np.asarray(values, dtype=float)
     if x.size < 3:
         return None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, size=(BOOTSTRAP_RESAMPLES, x.size))
-    medians = np.median(x[idx], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+    low, high = _bootstrap(x, lambda resamples: np.median(resamples, axis=1), (1 - confidence) / 2 * 100, seed)
+    return float(low), float(high)
 
 
 def geomean_ci(values: Sequence[float], confidence: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
@@ -79,10 +91,8 @@ def geomean_ci(values: Sequence[float], confidence: float = 0.95, seed: int = 0)
     x = np.log(np.asarray([v for v in values if v > 0], dtype=float))
     if x.size < 3:
         return None
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(BOOTSTRAP_RESAMPLES, x.size))].mean(axis=1)
-    tail = (1 - confidence) / 2 * 100
-    return float(np.exp(np.percentile(means, tail))), float(np.exp(np.percentile(means, 100 - tail)))
+    low, high = _bootstrap(x, _row_means, (1 - confidence) / 2 * 100, seed)
+    return float(np.exp(low)), float(np.exp(high))
 
 
 def _log_ratios(baseline: Mapping[str, float], arm: Mapping[str, float]) -> tuple[list[str], np.ndarray]:
@@ -163,12 +173,9 @@ def compare_paired(
         out.reason = f"{len(keys)} matched prompt(s); need at least 2"
         return out
     out.effect = float(math.expm1(lr.mean()))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, lr.size, size=(BOOTSTRAP_RESAMPLES, lr.size))
-    boot = lr[idx].mean(axis=1)
-    tail = alpha / 2 * 100
-    out.ci_low = float(math.expm1(np.percentile(boot, tail)))
-    out.ci_high = float(math.expm1(np.percentile(boot, 100 - tail)))
+    low, high = _bootstrap(lr, _row_means, alpha / 2 * 100, seed)
+    out.ci_low = float(math.expm1(low))
+    out.ci_high = float(math.expm1(high))
     out.n_higher = int((lr > 0).sum())
     out.n_lower = int((lr < 0).sum())
     untied = out.n_higher + out.n_lower

@@ -19,13 +19,13 @@ from weightsmith.audit.inspect import inspect
 from weightsmith.audit.verify import verify
 from weightsmith.bench.analysis import Analysis, analyse
 from weightsmith.bench.results import BenchResults, load_results
+from weightsmith.checkpoint import CONFIG_FILE, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
 from weightsmith.manifest import MANIFEST_FILE
 
 CARD_FILE = "README.md"
-CONFIG_FILE = "config.json"
 INSPECT_FILE = "inspect.json"
 VERIFY_FILE = "verify.json"
 EVAL_FILE = "eval.json"
@@ -46,21 +46,6 @@ class CardSources:
     analysis: Analysis | None = None
     #: One line per source saying whether it was measured now or read from a kept file.
     provenance: list[str] = field(default_factory=list)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`, or one `WeightsmithError` line saying what is wrong with it."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WeightsmithError("not found", file=path) from None
-    except OSError as exc:
-        raise WeightsmithError(f"cannot read: {exc.strerror}", file=path) from None
-    except json.JSONDecodeError as exc:
-        raise WeightsmithError(f"is not JSON: {exc.msg}", file=path) from None
-    if not isinstance(data, dict):
-        raise WeightsmithError("is not a JSON object", file=path)
-    return data
 
 
 def has_weights(folder: Path) -> bool:

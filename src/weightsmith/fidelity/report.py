@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +13,7 @@ from rich.table import Table
 from weightsmith import __version__
 from weightsmith.fidelity.logits import FAILED, OK, LogitsReport
 from weightsmith.fidelity.weights import ErrorSummary, LayerError, WeightReport
+from weightsmith.jsonable import jsonable
 
 SCHEMA = "weightsmith.eval"
 SCHEMA_VERSION = 1
@@ -33,19 +32,6 @@ class EvalReport:
     weightsmith_version: str = __version__
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
-
-
-def jsonable(value: Any) -> Any:
-    """Dataclasses to plain JSON values; infinities and NaN become null (JSON has neither)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def to_json(report: EvalReport) -> str:

@@ -80,7 +80,7 @@ def group_range(x, r, c0, group, mode):
 
 @njit(inline="always", nogil=True)
 def load_group(x, r, c0, group, mode, vals):
-    """`group_range` of one group, with its values decoded into `vals` (for the scale searches)."""
+    """`group_range` of one group, with its values decoded into `vals` (for kernels that revisit them)."""
     lo, hi, bad = group_range(x, r, c0, group, mode)
     for i in range(group):
         vals[i] = decode(mode, x[r, c0 + i])
@@ -88,19 +88,46 @@ def load_group(x, r, c0, group, mode, vals):
 
 
 @njit(inline="always", nogil=True)
+def eps_of(mode):
+    """torch.finfo(dtype).eps of the emulated dtype: what compressed-tensors puts in place of a zero scale."""
+    if mode == MODE_BF16:
+        return np.float32(2.0**-7)
+    if mode == MODE_F16:
+        return np.float32(2.0**-10)
+    return np.float32(2.0**-23)
+
+
+@njit(inline="always", nogil=True)
+def group_params(mode, symmetric, lo, hi, p):
+    """(scale, zero point) compressed-tensors computes for a group's range [lo, hi] clipped by `p`.
+
+    `p` is 1 for plain RTN, or the factor a scale search chose, applied as llm-compressor's observers
+    do. The zero point is 0 for a symmetric group.
+    """
+    if p != 1:
+        lo = round_to(mode, lo * p)
+        hi = round_to(mode, hi * p)
+    zp = np.float32(0.0)
+    if symmetric:
+        s = round_to(mode, max(-lo, hi) / np.float32(7.5))
+    else:
+        s = round_to(mode, round_to(mode, hi - lo) / np.float32(15.0))
+        if s != 0:
+            zf = round_to(mode, np.float32(-8.0) - round_to(mode, lo / s))
+            zp = rint_small(min(max(zf, np.float32(Q_MIN)), np.float32(Q_MAX)))
+        elif lo < 0:  # a range that underflows to a zero scale: torch's -8 - lo / 0 is +inf, clamped
+            zp = np.float32(Q_MAX)
+        # (an all-zero group gives torch 0 / 0 = NaN, which casts to int8 0)
+    if s == 0:
+        s = eps_of(mode)
+    return s, zp
+
+
+@njit(inline="always", nogil=True)
 def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point):
     """The kernel body; `mode` and `symmetric` are compile-time constants in each caller."""
     rows, cols = x.shape
-    eps = np.float32(1.0)  # torch.finfo(dtype).eps replaces a zero scale
-    if mode == MODE_BF16:
-        eps = np.float32(2.0**-7)
-    elif mode == MODE_F16:
-        eps = np.float32(2.0**-10)
-    elif mode == MODE_F32:
-        eps = np.float32(2.0**-23)
-    half_range = np.float32(7.5)
-    full_range = np.float32(15.0)
-    qmin, qmax = np.float32(-8.0), np.float32(7.0)
+    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
     nibbles = np.empty(group, np.uint32)
     for r in range(rows):
         for g in range(cols // group):
@@ -108,24 +135,9 @@ def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point)
             lo, hi, bad = group_range(x, r, c0, group, mode)
             if bad >= 0:
                 return r * cols + bad
-            p = shrink[r, g]
-            if p != 1:  # a clipping factor chosen by a scale search, applied as llm-compressor's observers do
-                lo = round_to(mode, lo * p)
-                hi = round_to(mode, hi * p)
-            zp = np.float32(0.0)
-            if symmetric:
-                s = round_to(mode, max(-lo, hi) / half_range)
-            else:
-                s = round_to(mode, round_to(mode, hi - lo) / full_range)
-                if s != 0:
-                    zf = round_to(mode, np.float32(-8.0) - round_to(mode, lo / s))
-                    zp = rint_small(min(max(zf, qmin), qmax))
-                elif lo < 0:  # a range that underflows to a zero scale: torch's -8 - lo / 0 is +inf, clamped
-                    zp = qmax
-                # (an all-zero group gives torch 0 / 0 = NaN, which casts to int8 0)
+            s, zp = group_params(mode, symmetric, lo, hi, shrink[r, g])
+            if not symmetric:
                 zero_point[r, g] = np.int8(zp)
-            if s == 0:
-                s = eps
             scale[r, g] = s
             for i in range(group):
                 t = round_to(mode, decode(mode, x[r, c0 + i]) / s)

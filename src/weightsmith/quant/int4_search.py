@@ -23,31 +23,13 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, round_to
-from weightsmith.quant.int4 import load_group
+from weightsmith.quant.int4 import group_params, load_group
 
 SEARCHES = ("mse", "memoryless_mse")
 COARSE = np.array([1.0 - 0.05 * k for k in range(8)], np.float32)
 FINE = np.array([-0.025, -0.0125, 0.0125, 0.025], np.float32)
 #: llm-compressor `memoryless_mse` defaults.
 MEMORYLESS = {"maxshrink": 0.2, "grid": 100.0, "norm": 2.4, "patience": 5}
-
-
-@njit(inline="always", nogil=True)
-def _eps(mode: int) -> np.float32:
-    if mode == MODE_BF16:
-        return np.float32(2.0**-7)
-    if mode == MODE_F16:
-        return np.float32(2.0**-10)
-    return np.float32(2.0**-23)
-
-
-@njit(inline="always", nogil=True)
-def _scale(mode: int, lo: np.float32, hi: np.float32, p: np.float32) -> np.float32:
-    """The symmetric scale compressed-tensors computes from a range clipped by `p`."""
-    smin = min(round_to(mode, lo * p), np.float32(0.0))
-    smax = max(round_to(mode, hi * p), np.float32(0.0))
-    s = round_to(mode, max(-smin, smax) / np.float32(7.5))
-    return s if s != 0 else _eps(mode)
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
@@ -68,18 +50,6 @@ def _group_error(vals: np.ndarray, s: np.float32) -> np.float32:
     return err
 
 
-@njit(inline="always", nogil=True)
-def _asym_params(mode: int, lo: np.float32, hi: np.float32, p: np.float32) -> tuple[np.float32, np.float32]:
-    """The asymmetric scale and zero point compressed-tensors computes from a range clipped by `p`."""
-    smin = round_to(mode, lo * p)
-    smax = round_to(mode, hi * p)
-    s = round_to(mode, round_to(mode, smax - smin) / np.float32(15.0))
-    if s == 0:
-        return _eps(mode), np.float32(7.0) if smin < 0 else np.float32(0.0)
-    zf = round_to(mode, np.float32(-8.0) - round_to(mode, smin / s))
-    return s, np.float32(np.rint(min(max(zf, np.float32(-8.0)), np.float32(7.0))))
-
-
 @njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def _group_error_asym(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float32:
     """`_group_error` with a zero point: q = round(clamp(x / s + zp)), dequantized as (q - zp) * s."""
@@ -95,8 +65,8 @@ def _group_error_asym(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.flo
 @njit(inline="always", nogil=True)
 def _candidate_error(mode: int, symmetric: bool, vals: np.ndarray, lo, hi, p) -> np.float32:
     if symmetric:
-        return _group_error(vals, _scale(mode, lo, hi, p))
-    s, zp = _asym_params(mode, lo, hi, p)
+        return _group_error(vals, group_params(mode, True, lo, hi, p)[0])
+    s, zp = group_params(mode, False, lo, hi, p)
     return _group_error_asym(vals, s, zp)
 
 
@@ -154,7 +124,7 @@ def _memoryless_rows(x, mode, group, steps, grid, norm, masks, improved):
             mask = np.uint32(0)
             for k in range(steps):
                 p = np.float32(1.0 - k / grid)
-                s = _scale(mode, lo, hi, p)
+                s = group_params(mode, True, lo, hi, p)[0]
                 err = np.float32(0.0)
                 for i in range(group):
                     v = vals[i]

@@ -28,12 +28,13 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant import NVFP4_GROUP
-from weightsmith.quant.floatbits import decode, round_to
-from weightsmith.quant.int4 import group_range, kernel_input, mode_of
+from weightsmith.quant.floatbits import round_to
+from weightsmith.quant.int4 import group_range, kernel_input, load_group, mode_of
 
 GROUP = NVFP4_GROUP
 FP4_MAX, FP8_MAX = 6.0, 448.0
 FP8_EPS = 0.125  # torch.finfo(float8_e4m3fn).eps: what a zero block scale becomes
+FP8_EPS_CODE = 0x20  # its float8_e4m3fn code (exponent field 4: 2**(4 - 7))
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 #: float32 value of every float8_e4m3fn code (NaN codes included, never produced).
 FP8_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -99,18 +100,15 @@ def _quantize_rows(x, mode, global_scale, search, fp8_values, offsets, packed, s
     sq = np.empty(GROUP, np.float32)
     nibbles = np.empty(GROUP, np.uint32)
     gs = np.float32(global_scale)
-    six = np.float32(6.0)
+    six = np.float32(FP4_MAX)
     for r in range(rows):
         for g in range(cols // GROUP):
             c0 = g * GROUP
-            lo, hi, bad = group_range(x, r, c0, GROUP, mode)
+            lo, hi, bad = load_group(x, r, c0, GROUP, mode, vals)
             if bad >= 0:
                 return r * cols + bad
-            amax = max(-lo, hi)
-            for i in range(GROUP):
-                vals[i] = decode(mode, x[r, c0 + i])
-            local = round_to(mode, amax / six)
-            code = fp8_code(min(gs * local, np.float32(448.0)))
+            local = round_to(mode, max(-lo, hi) / six)
+            code = fp8_code(min(gs * local, np.float32(FP8_MAX)))
             best_code = code
             if search:
                 best_err = np.float32(np.inf)
@@ -129,8 +127,10 @@ def _quantize_rows(x, mode, global_scale, search, fp8_values, offsets, packed, s
                         err += sq[i]
                     if err < best_err:
                         best_err, best_code = err, c
-            scale = fp8_values[best_code] if best_code != 0 else np.float32(0.125)
-            scale_codes[r, g] = np.uint8(best_code if best_code != 0 else 0x20)  # 0x20 is 0.125
+            if best_code == 0:
+                best_code = FP8_EPS_CODE
+            scale = fp8_values[best_code]
+            scale_codes[r, g] = np.uint8(best_code)
             eff = scale / gs
             for i in range(GROUP):
                 nibbles[i] = fp4_nibble(min(max(vals[i] / eff, -six), six))

@@ -72,6 +72,7 @@ class ShardWriter:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         _pwrite_all(self._fd, memoryview(head), 0)
         os.ftruncate(self._fd, self.size)
+        self._synced = False  # True while nothing was written since the last fsync
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -88,6 +89,7 @@ class ShardWriter:
         view = byte_view(data) if isinstance(data, np.ndarray) else memoryview(data).cast("B")
         if start + view.nbytes > self.specs[name].nbytes:
             raise ValueError(f"write past the end of {name}")
+        self._synced = False
         _pwrite_all(self._fd, view, self.position(name, start))
 
     def copy(self, name: str, src_fd: int, src_offset: int, nbytes: int) -> None:
@@ -95,6 +97,7 @@ class ShardWriter:
         if nbytes != self.specs[name].nbytes:
             raise ValueError(f"{name}: copying {nbytes} bytes into a {self.specs[name].nbytes}-byte tensor")
         dst, done = self.position(name), 0
+        self._synced = False
         try:
             while done < nbytes:
                 got = os.copy_file_range(src_fd, self._fd, nbytes - done, src_offset + done, dst + done)
@@ -114,14 +117,19 @@ class ShardWriter:
             done += got
 
     def sync(self) -> None:
-        """Flush the file's data to disk (before the output folder is renamed into place)."""
-        os.fsync(self._fd)
+        """Flush the file's data to disk (before the output folder is renamed into place).
+
+        Not concurrent with writes to the same file: call it once they are done.
+        """
+        if not self._synced:
+            os.fsync(self._fd)
+            self._synced = True
 
     def close(self, sync: bool = True) -> None:
         if self._fd >= 0:
             try:
                 if sync:
-                    os.fsync(self._fd)
+                    self.sync()
             finally:
                 os.close(self._fd)
                 self._fd = -1
