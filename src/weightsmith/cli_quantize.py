@@ -74,6 +74,8 @@ def plan_json(plan: Plan) -> dict:
 def _summary(result: QuantizeResult, seconds: float) -> None:
     m = result.manifest
     s, t = m["sizes"], m["tensors"]
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}")
     console.print(f"[bold green]wrote[/] {result.output}")
     console.print(
         f"  tensors   {t['quantize']} quantized, {t['keep']} kept, "
@@ -190,7 +192,12 @@ def quantize(
     if json_out:
         print(
             json.dumps(
-                {"output": str(result.output), "seconds": round(seconds, 3), "manifest": result.manifest}, indent=2
+                {
+                    "output": str(result.output),
+                    "seconds": round(seconds, 3),
+                    "notes": result.notes,
+                    "manifest": result.manifest,
+                }, indent=2
             )
         )
     else:

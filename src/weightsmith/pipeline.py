@@ -17,7 +17,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ml_dtypes
@@ -27,7 +27,7 @@ from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.manifest import build_manifest, hash_files, write_manifest
-from weightsmith.outputdir import check_destination, check_space, staged
+from weightsmith.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
 from weightsmith.quant import fp8, int4, int4_search, nvfp4
 from weightsmith.safetensors.header import TensorInfo
@@ -236,6 +236,8 @@ class QuantizeResult:
 
     output: Path
     manifest: dict
+    #: What was cleaned up beside the output first (folders left by killed runs), one sentence each.
+    notes: list[str] = field(default_factory=list)
 
 
 def _write_index(plan: Plan, folder: Path) -> None:
@@ -286,6 +288,7 @@ def execute(
 ) -> QuantizeResult:
     """Write the quantized checkpoint described by `plan` to `out`, atomically."""
     src = plan.source
+    notes = remove_stale(out)
     check_destination(src.root, out, force)
     other_bytes = sum((src.root / rel).stat().st_size for rel in src.other_files())
     check_space(out, plan.bytes_out + other_bytes + (1 << 20))
@@ -332,7 +335,7 @@ def execute(
         raise OutputError(
             f"could not be written ({exc.strerror or exc})", file=exc.filename or out, code="output.io"
         ) from None
-    return QuantizeResult(out, manifest)
+    return QuantizeResult(out, manifest, notes)
 
 
 def _drain(

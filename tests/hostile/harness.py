@@ -93,7 +93,7 @@ def run_inprocess(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monkey
 def run_subprocess(*args: object, timeout: float = 120, cwd: Path | None = None) -> Result:
     """`weightsmith ARGS...` as a separate process, for cases that could hang or must see real signals."""
     proc = subprocess.run(
-        [sys.executable, "-m", "weightsmith.cli", *map(str, args)],
+        [sys.executable, "-m", "weightsmith", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,

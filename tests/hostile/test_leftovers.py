@@ -1,0 +1,125 @@
+"""What killed runs leave behind, and interrupts at any moment, start-up included."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from hostile.harness import Sandbox, run_inprocess, snapshot
+from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith.outputdir import LOCK_FILE, remove_stale
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped), so nothing runs under it now."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_kill_9_leaves_an_unfinished_folder_that_the_next_run_removes(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    big = {f"model.layers.{i}.mlp.up_proj.weight": np.ones((4096, 4096), ml_dtypes.bfloat16) for i in range(8)}
+    src = write_checkpoint(sandbox.root / "src", big, shards=2)
+    out = sandbox.root / "out"
+    sandbox.freeze()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weightsmith", "quantize", str(src), str(out), "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 60
+    while not list(sandbox.root.glob("out.partial-*/*.safetensors")) and time.time() < deadline:
+        assert proc.poll() is None, "finished before it could be killed"
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    left = list(sandbox.root.glob("out.partial-*"))
+    assert len(left) == 1 and not out.exists()  # unfinished by its name; nothing named `out`
+
+    result = run_inprocess(capsys, monkeypatch, "quantize", src, out, "--workers", "1", "--no-hash")
+    assert result.code == 0, result.err
+    assert f"removed {left[0].name}, left by an interrupted run (process {proc.pid} is gone)" in result.out
+    assert out.is_dir() and not (out / LOCK_FILE).exists()
+    sandbox.assert_untouched("out")
+
+
+def test_a_live_runs_partial_folder_is_left_alone(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    partial = tmp_path / f"out.partial-{_dead_pid()}"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"x")
+    fd = os.open(partial / LOCK_FILE, os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a live run holds it (flock conflicts across open files)
+    try:
+        assert remove_stale(out) == []
+        assert (partial / "model.safetensors").exists()
+    finally:
+        os.close(fd)
+    assert remove_stale(out) == [f"removed {partial.name}, left by an interrupted run (process "
+                                 f"{partial.name.rsplit('-', 1)[1]} is gone)"]
+    assert not partial.exists()
+
+
+def test_a_partial_folder_without_lock_is_removed_only_when_its_process_is_gone(tmp_path: Path) -> None:
+    live = tmp_path / f"out.partial-{os.getppid()}"  # a process that is certainly running
+    dead = tmp_path / f"out.partial-{_dead_pid()}"
+    for folder in (live, dead):
+        folder.mkdir()
+    said = remove_stale(tmp_path / "out")
+    assert len(said) == 1 and dead.name in said[0]
+    assert live.is_dir() and not dead.exists()
+
+
+def test_a_run_that_died_mid_replace_gets_the_previous_output_back(tmp_path: Path) -> None:
+    """Killed between renaming OUT aside and renaming the new one in: OUT is missing, so it is restored."""
+    out = tmp_path / "out"
+    old = tmp_path / f"out.replaced-{_dead_pid()}"
+    old.mkdir()
+    (old / "config.json").write_text("{}")
+    said = remove_stale(out)
+    assert said == [f"restored out from {old.name}: a run replacing it died before finishing"]
+    assert (out / "config.json").read_text() == "{}" and not old.exists()
+
+    old.mkdir()  # and when the new OUT did take its place, the previous one is what is left over
+    said = remove_stale(out)
+    assert said == [f"removed {old.name}, the previous out left by a run that died replacing it"]
+    assert out.is_dir() and not old.exists()
+
+
+def test_names_that_only_look_like_leftovers_are_not_touched(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("mine")
+    (tmp_path / "out.partial-abc").mkdir()  # not a pid
+    (tmp_path / "other.partial-1").mkdir()  # another output's
+    (tmp_path / f"out.partial-{_dead_pid()}x").mkdir()
+    os.symlink(elsewhere, tmp_path / f"out.partial-{_dead_pid()}")  # a link is never followed or removed
+    (tmp_path / f"out.replaced-{_dead_pid()}").write_text("a file, not a folder")
+    before = snapshot(tmp_path)
+    assert remove_stale(tmp_path / "out") == []
+    assert snapshot(tmp_path) == before
+
+
+def test_ctrl_c_during_start_up_is_one_line(tmp_path: Path) -> None:
+    """Interrupts from the first import to the command's end: never a traceback."""
+    src = write_checkpoint(tmp_path / "src", llama_tensors(LLAMA_CONFIG), LLAMA_CONFIG)
+    for delay in (0.05, 0.15, 0.3, 0.5, 0.8, 1.2):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "weightsmith", "inspect", str(src)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, f"after {delay} s:\n{err}"
+        assert len([ln for ln in err.splitlines() if ln.strip()]) <= 1, err
