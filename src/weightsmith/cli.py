@@ -11,6 +11,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from weightsmith import __version__
 from weightsmith.errors import WeightsmithError
@@ -67,7 +68,8 @@ def main() -> None:
     try:
         build_app(sys.argv[1:])()
     except WeightsmithError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        # a name like `a[/]b` is text, not markup: unescaped it would be hidden or raise
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, emoji=False)
         sys.exit(2)
 
 

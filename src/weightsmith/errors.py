@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from weightsmith.terminal import printable
+
 
 class WeightsmithError(Exception):
-    """A problem the user can fix, rendered as `file: tensor 'name': what is wrong`."""
+    """A problem the user can fix, rendered as `file: tensor 'name': what is wrong`.
+
+    `file`, `tensor` and `message` keep the real strings (JSON output and findings carry them);
+    `str()` is the terminal line, with control characters from a hostile name shown escaped.
+    """
 
     #: A stable identifier for the kind of problem (used by `verify` and in JSON output).
     code: str = "error"
@@ -38,7 +44,7 @@ class WeightsmithError(Exception):
         if self.tensor is not None:
             parts.append(f"tensor '{self.tensor}'")
         parts.append(self.message)
-        return ": ".join(parts)
+        return printable(": ".join(parts))
 
 
 class CheckpointError(WeightsmithError):

@@ -15,6 +15,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from weightsmith import names
 from weightsmith.checkpoint import Checkpoint
@@ -90,10 +91,29 @@ def detect_source_format(ckpt: Checkpoint) -> SourceFormat:
     )
 
 
+#: What `re.compile` raises for a pattern it cannot build, not only `re.error`.
+REGEX_ERRORS = (re.error, OverflowError, RecursionError)
+
+
+def entry_regex(entry: str, origin: str, file: str | Path | None = None) -> re.Pattern[str]:
+    """The compiled pattern of a `re:` entry, or one line naming the entry and where it came from.
+
+    Every `re:` pattern a user or a checkpoint supplies is compiled here, so a bad one (`re:([`,
+    a repeat count too large, nesting too deep) is never a traceback. `origin` says where it was
+    given: `--ignore`, `--select`, `quantization_config targets`.
+    """
+    try:
+        return re.compile(entry[3:])
+    except REGEX_ERRORS as exc:
+        raise WeightsmithError(
+            f"{origin} {entry!r} is not a valid regular expression ({exc})", file=file, code="usage"
+        ) from None
+
+
 def matches(entry: str, module: str) -> bool:
     """vLLM's rule: `re:` entries with `re.match` (anchored at the start only), others exactly."""
     if entry.startswith("re:"):
-        return re.match(entry[3:], module) is not None
+        return entry_regex(entry, "pattern").match(module) is not None
     return entry == module
 
 
@@ -101,12 +121,7 @@ def compile_ignore(entries: list[str]) -> None:
     """Reject malformed regexes up front, naming the entry."""
     for e in entries:
         if e.startswith("re:"):
-            try:
-                re.compile(e[3:])
-            except re.error as exc:
-                raise WeightsmithError(
-                    f"--ignore {e!r} is not a valid regular expression ({exc})", code="usage"
-                ) from None
+            entry_regex(e, "--ignore")
 
 
 @dataclass

@@ -5,6 +5,10 @@ step) and the two digests compared. Where they differ and both dtypes are floati
 same shape, a second streamed pass measures the largest absolute difference and the relative L2
 error ||a - b|| / ||a||, computed in float64. Sub-byte and integer (packed) tensors are compared
 by hash only: a difference in packed codes has no meaningful magnitude.
+
+Differing bytes are never shown as equal: NaN or an infinity on one side only is counted and named
+in the detail (the figures then cover the elements finite on both sides), and a tensor whose values
+compare equal although its bytes differ (NaN payloads, signed zeros) says so.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -142,7 +146,12 @@ def _compare(
     if not same_type:
         result.detail = f"{ia.dtype.code} {list(ia.shape)} -> {ib.dtype.code} {list(ib.shape)}"
     if ia.shape == ib.shape and _numeric(ia) and _numeric(ib):
-        result.max_abs_error, result.relative_error = _errors(a, b, ra, rb, buffers)
+        errors = _errors(a, b, ra, rb, buffers)
+        result.max_abs_error, result.relative_error = errors.figures()
+        if errors.first is not None:
+            result.detail = "; ".join(filter(None, [result.detail, errors.describe()]))
+        elif same_type and errors.max_abs == 0.0:
+            result.detail = "equal as numbers but the bytes differ (NaN payloads or signed zeros)"
     return result
 
 
@@ -160,27 +169,71 @@ def _numeric(info: TensorInfo) -> bool:
     return info.dtype.is_float and info.dtype.numpy is not None
 
 
-def _errors(
-    a: Located, b: Located, ra: _Readers, rb: _Readers, buffers: tuple[np.ndarray, np.ndarray]
-) -> tuple[float, float]:
-    """Largest |a - b| and ||a - b|| / ||a|| over the whole tensor, streamed element-aligned."""
+@dataclass
+class _Errors:
+    """Sums over the elements finite on both sides, and counts of the non-finite ones that disagree."""
+
+    max_abs: float = 0.0
+    diff_sq: float = 0.0
+    ref_sq: float = 0.0
+    #: elements finite on both sides: the ones the figures cover
+    finite: int = 0
+    #: non-finite elements where the two sides disagree, by kind
+    odd: dict[str, int] = field(default_factory=lambda: {"NaN only in A": 0, "NaN only in B": 0, "unmatched inf": 0})
+    #: flat index of the first of them
+    first: int | None = None
+
+    def add(self, xa: np.ndarray, xb: np.ndarray, offset: int) -> None:
+        both = np.isfinite(xa) & np.isfinite(xb)
+        if not both.all():
+            na, nb = np.isnan(xa), np.isnan(xb)
+            odd = ~both & ~((xa == xb) | (na & nb))  # the same NaN or infinity on both sides agrees
+            if odd.any():
+                self.odd["NaN only in A"] += int(np.count_nonzero(na & ~nb))
+                self.odd["NaN only in B"] += int(np.count_nonzero(nb & ~na))
+                self.odd["unmatched inf"] += int(np.count_nonzero(odd & ~na & ~nb))
+                if self.first is None:
+                    self.first = offset + int(np.argmax(odd))
+            xa, xb = xa[both], xb[both]
+        delta = np.abs(xa - xb)
+        self.finite += len(delta)
+        if len(delta):
+            self.max_abs = max(self.max_abs, float(np.max(delta)))
+        self.diff_sq += float(np.dot(delta, delta))
+        self.ref_sq += float(np.dot(xa, xa))
+
+    def figures(self) -> tuple[float | None, float | None]:
+        """(largest |a - b|, relative L2 error) over the finite elements; None when there are none."""
+        if self.first is not None and not self.finite:
+            return None, None
+        if self.ref_sq == 0.0:
+            return self.max_abs, 0.0 if self.diff_sq == 0.0 else math.inf
+        return self.max_abs, math.sqrt(self.diff_sq / self.ref_sq)
+
+    def describe(self) -> str:
+        """E.g. `NaN only in B at 3 element(s), first at element 17; figures over the 4,093 finite on both sides`."""
+        kinds = ", ".join(f"{what} at {n:,}" for what, n in self.odd.items() if n)
+        where = f"{kinds} element(s), first at element {self.first:,}"
+        return f"{where}; figures over the {self.finite:,} finite on both sides" if self.finite else where
+
+
+def _errors(a: Located, b: Located, ra: _Readers, rb: _Readers, buffers: tuple[np.ndarray, np.ndarray]) -> _Errors:
+    """Largest |a - b| and ||a - b|| / ||a|| over the whole tensor, streamed element-aligned.
+
+    NaN and infinities are counted apart: one NaN would otherwise make every figure NaN, and
+    `max()` over a NaN quietly returns the other operand, which printed as an error of 0.
+    """
     ta, tb = a.info.dtype.numpy, b.info.dtype.numpy
     step = CHUNK_BYTES // max(ta.itemsize, tb.itemsize)
-    max_abs, diff_sq, ref_sq = 0.0, 0.0, 0.0
+    errors = _Errors()
     for first in range(0, a.info.numel, step):
         count = min(step, a.info.numel - first)
         va = buffers[0][: count * ta.itemsize]
         vb = buffers[1][: count * tb.itemsize]
         ra.read(a, first * ta.itemsize, va)
         rb.read(b, first * tb.itemsize, vb)
-        xa, xb = va.view(ta).astype(np.float64), vb.view(tb).astype(np.float64)
-        delta = np.abs(xa - xb)
-        max_abs = max(max_abs, float(np.max(delta)) if count else 0.0)
-        diff_sq += float(np.dot(delta, delta))
-        ref_sq += float(np.dot(xa, xa))
-    if ref_sq == 0.0:
-        return max_abs, 0.0 if diff_sq == 0.0 else math.inf
-    return max_abs, math.sqrt(diff_sq / ref_sq)
+        errors.add(va.view(ta).astype(np.float64), vb.view(tb).astype(np.float64), first)
+    return errors
 
 
 def _summary(results: list[TensorDiff], counts: dict[str, int]) -> str:

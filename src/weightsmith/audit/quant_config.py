@@ -23,6 +23,7 @@ from weightsmith.formats.modelopt import (
     MODELOPT_NVFP4_REQUIRED_KEYS,
     MODELOPT_PARAMS,
 )
+from weightsmith.plan import REGEX_ERRORS
 
 MODELOPT, HF_FP8 = "modelopt", "fp8"
 HF_FP8_BLOCK = "fp8-block"
@@ -78,7 +79,7 @@ class _Matcher:
 def _compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)
-    except re.error:
+    except REGEX_ERRORS:
         return False
     return True
 

@@ -1,7 +1,8 @@
 """Text output of the doctor's commands; `--json` bypasses all of this.
 
 Tables go to stdout through rich, one summary line closes every command, and long lists are cut
-to a few lines per kind with a count of the rest (the JSON carries everything).
+to a few lines per kind with a count of the rest (the JSON carries everything). Every line and
+cell passes through `terminal.printable`, since names and config strings come from the checkpoint.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from weightsmith.terminal import printable
+
 #: Piped output gets a wide virtual terminal so tables are never cut to 80 columns.
-console = Console(highlight=False, soft_wrap=True, markup=False, width=None if sys.stdout.isatty() else 160)
+console = Console(
+    highlight=False, soft_wrap=True, markup=False, emoji=False, width=None if sys.stdout.isatty() else 160
+)
 #: Lines shown per finding kind or status before "... and N more".
 SHOWN_PER_KIND = 5
 SHOWN_PATTERNS = 10
@@ -24,6 +29,11 @@ SHOWN_PATTERNS = 10
 def to_json(result: Any) -> str:
     """Any result dataclass as indented JSON."""
     return json.dumps(dataclasses.asdict(result), indent=2)
+
+
+def say(line: str) -> None:
+    """Print one line of text that may hold checkpoint-supplied strings."""
+    console.print(printable(line))
 
 
 def human_bytes(n: float) -> str:
@@ -46,15 +56,14 @@ def _bits(value: float | None) -> str:
 
 
 def print_inspect(report: Any) -> None:
-    c = console
-    c.print(
+    say(
         f"{report.path}: {report.shards} shards, {report.tensors:,} tensors, {human_bytes(report.file_bytes)} on disk "
         f"({human_bytes(report.tensor_bytes)} tensor data)"
     )
     q = report.quantization
     if q is not None:
         kv = f"; KV cache {q.kv_cache}" if q.kv_cache else "; no KV-cache scheme"
-        c.print(f"quantization: {q.method} {', '.join(q.formats) or '(no weight format)'} from {q.source}{kv}")
+        say(f"quantization: {q.method} {', '.join(q.formats) or '(no weight format)'} from {q.source}{kv}")
     table = Table(box=None, pad_edge=False)
     for header in (report.by, "tensors", "bytes", "share", "params", "bits/param"):
         table.add_column(header, justify="left" if header == report.by else "right", no_wrap=True)
@@ -63,7 +72,7 @@ def print_inspect(report: Any) -> None:
         table.add_column("incl. scales", justify="right", no_wrap=True)
     for r in report.rows:
         cells = [
-            r.key,
+            printable(r.key),
             f"{r.tensors:,}",
             human_bytes(r.bytes),
             f"{r.share:.1%}",
@@ -73,63 +82,58 @@ def print_inspect(report: Any) -> None:
         table.add_row(*cells, *([_bits(r.bits_with_overhead)] if with_overhead else []))
     total = [f"{report.tensors:,}", human_bytes(report.tensor_bytes), "100.0%", human_count(report.params)]
     table.add_row("total", *total, _bits(report.bits_per_param), *([""] if with_overhead else []))
-    c.print(table)
+    console.print(table)
     if report.bits_per_param is not None:
         parts = " + ".join(f"{m.category} {m.bits_per_param:.3f}" for m in report.makeup if m.bits_per_param >= 0.0005)
-        c.print(
-            f"headline: {report.bits_per_param:.3f} bits per parameter over {human_count(report.params)} parameters"
-        )
-        c.print(f"  made of: {parts}")
+        say(f"headline: {report.bits_per_param:.3f} bits per parameter over {human_count(report.params)} parameters")
+        say(f"  made of: {parts}")
     if q is not None:
         for group in q.statuses:
-            c.print(f"{group.status}: {group.modules:,} modules")
+            say(f"{group.status}: {group.modules:,} modules")
             for p in sorted(group.patterns, key=lambda p: (-p.modules, p.pattern))[:SHOWN_PATTERNS]:
-                c.print(f"    {p.modules:>7,} x {p.pattern}")
+                say(f"    {p.modules:>7,} x {p.pattern}")
             if len(group.patterns) > SHOWN_PATTERNS:
-                c.print(f"    ... and {len(group.patterns) - SHOWN_PATTERNS} more patterns")
+                say(f"    ... and {len(group.patterns) - SHOWN_PATTERNS} more patterns")
         for group in q.groups:
-            c.print(f"config group {group}")
+            say(f"config group {group}")
         if q.ignore:
             shown = ", ".join(q.ignore[:8]) + (f", ... ({len(q.ignore) - 8} more)" if len(q.ignore) > 8 else "")
-            c.print(f"ignore list: {shown}")
+            say(f"ignore list: {shown}")
     for note in report.notes:
-        c.print(f"note: {note}")
+        say(f"note: {note}")
 
 
 def print_verify(report: Any) -> None:
-    c = console
     by_check: dict[str, list] = {}
     for f in report.findings:  # already in severity, then check-family order
         by_check.setdefault(f.check, []).append(f)
     for check, findings in by_check.items():
         for f in findings[:SHOWN_PER_KIND]:
-            c.print(f"{f.severity:<7} {check:<26} {f.line()}")
+            say(f"{f.severity:<7} {check:<26} {f.line()}")
         if len(findings) > SHOWN_PER_KIND:
             more = len(findings) - SHOWN_PER_KIND
-            c.print(f"{findings[0].severity:<7} {check:<26} ... and {more:,} more like this (see --json)")
+            say(f"{findings[0].severity:<7} {check:<26} ... and {more:,} more like this (see --json)")
     for check in report.checks:
         if not check.ran:
             mark = "skip"
         else:
             mark = "ok  " if check.errors == 0 and check.warnings == 0 else ("FAIL" if check.errors else "warn")
-        c.print(f"[{mark}] {check.title}: {check.scope}")
-    c.print(report.summary)
+        say(f"[{mark}] {check.title}: {check.scope}")
+    say(report.summary)
 
 
 def print_transplant(result: Any) -> None:
-    c = console
     for t in result.tensors[:SHOWN_PATTERNS]:
         replaced = f", replacing {', '.join(t.replaces)}" if t.replaces else ""
-        c.print(f"copied {t.name} ({t.dtype} {t.shape}) from {t.donor_shard}{replaced}")
+        say(f"copied {t.name} ({t.dtype} {t.shape}) from {t.donor_shard}{replaced}")
     if len(result.tensors) > SHOWN_PATTERNS:
-        c.print(f"... and {len(result.tensors) - SHOWN_PATTERNS} more (see --json)")
+        say(f"... and {len(result.tensors) - SHOWN_PATTERNS} more (see --json)")
     for note in result.notes:
-        c.print(f"note: {note}")
-    c.print(result.summary)
+        say(f"note: {note}")
+    say(result.summary)
 
 
 def print_diff(report: Any) -> None:
-    c = console
     shown: dict[str, int] = {}
     for t in report.tensors:
         if t.status == "identical":
@@ -137,11 +141,11 @@ def print_diff(report: Any) -> None:
         shown[t.status] = shown.get(t.status, 0) + 1
         if shown[t.status] > SHOWN_PER_KIND * 4:
             continue
-        detail = (
-            f" max abs err {t.max_abs_error:.4g}, rel err {t.relative_error:.4g}" if t.max_abs_error is not None else ""
-        )
-        c.print(f"{t.status:<12} {t.name}{': ' + t.detail if t.detail else ''}{detail}")
+        parts = [t.detail] if t.detail else []
+        if t.max_abs_error is not None:
+            parts.append(f"max abs err {t.max_abs_error:.4g}, rel err {t.relative_error:.4g}")
+        say(f"{t.status:<12} {t.name}" + (": " + "; ".join(parts) if parts else ""))
     for status, n in shown.items():
         if n > SHOWN_PER_KIND * 4:
-            c.print(f"{status:<12} ... and {n - SHOWN_PER_KIND * 4:,} more (see --json)")
-    c.print(report.summary)
+            say(f"{status:<12} ... and {n - SHOWN_PER_KIND * 4:,} more (see --json)")
+    say(report.summary)

@@ -16,7 +16,6 @@ import copy
 import hashlib
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.outputdir import check_destination, staged
+from weightsmith.plan import entry_regex
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
@@ -84,7 +84,7 @@ class _Plan:
 
 def select(names_available: list[str], patterns: list[str]) -> list[str]:
     """Names matching any pattern: `re:` regexes (anchored at the start, as in compressed-tensors) or exact names."""
-    regexes = [re.compile(p[3:]) for p in patterns if p.startswith("re:")]
+    regexes = [entry_regex(p, "--select") for p in patterns if p.startswith("re:")]
     exact = {p for p in patterns if not p.startswith("re:")}
     return sorted(n for n in names_available if n in exact or any(r.match(n) for r in regexes))
 

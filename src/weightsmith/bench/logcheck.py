@@ -6,7 +6,9 @@ parser that never engaged. Servers say so in their logs, once, among thousands o
 pattern the tool looks for is in `PATTERNS` below, and nowhere else; each arm's log is run
 through all of them and the report shows what matched.
 
-Log texts are from vLLM's and llama.cpp's sources and from published server logs.
+Log texts are from vLLM's and llama.cpp's sources and from published server logs. Every pattern
+runs on every line, and a line can be very long, so none may backtrack super-linearly: a part of
+free length is either bounded (`{1,64}`) or greedy to the end of the line.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ PATTERNS: tuple[EvidencePattern, ...] = (
     _p(
         "nvfp4-moe-backend",
         LOG,
-        r"Using '?(?P<value>[A-Za-z0-9_ ]+?)'? NvFp4 MoE backend",
+        r"Using '?(?P<value>[A-Za-z0-9_ ]{1,64}?)'? NvFp4 MoE backend",
         INFO,
         "vLLM chose this NVFP4 MoE kernel backend",
     ),
@@ -97,14 +99,14 @@ PATTERNS: tuple[EvidencePattern, ...] = (
     _p(
         "speculative-config",
         LOG,
-        r"speculative_config=(?P<value>None|SpeculativeConfig\([^)]*\))",
+        r"speculative_config=(?P<value>None|SpeculativeConfig\([^)]{0,4096}\))",
         INFO,
         "speculative decoding configuration vLLM runs with",
     ),
     _p(
         "gguf-file-type",
         LOG,
-        r"\bfile type\s+=\s+(?P<value>\S.*?)\s*$",
+        r"\bfile type\s+=\s+(?P<value>\S.*)",
         INFO,
         "llama.cpp: quantization type of the GGUF file",
     ),

@@ -22,12 +22,23 @@ class CheckResult:
         return not self.mismatches
 
 
+def read_card(card: Path, strict: bool = True) -> str:
+    """The card's Markdown; not UTF-8 is a one-line error (or, when not `strict`, replaced characters)."""
+    data = card.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if not strict:
+            return data.decode("utf-8", errors="replace")
+        raise WeightsmithError(f"is not UTF-8 text (byte {exc.start:,})", file=card, code="card.not-utf8") from None
+
+
 def check_card(folder: Path) -> CheckResult:
     """Re-derive every source of `folder`'s card and compare each cited value with what it gives now."""
     card = folder / CARD_FILE
     if not card.is_file():
         raise WeightsmithError("has no README.md to check; write one with `weightsmith card`", file=folder)
-    cited = find_cited(card.read_text(encoding="utf-8"))
+    cited = find_cited(read_card(card))
     if not cited:
         raise WeightsmithError("cites no numbers; was it written by `weightsmith card`?", file=card)
     src = reload(folder)

@@ -7,10 +7,34 @@ from typing import Annotated
 
 import typer
 
-from weightsmith.card.check import check_card
+from weightsmith.card.check import check_card, read_card
+from weightsmith.card.cite import find_cited
 from weightsmith.card.render import render_card
-from weightsmith.card.sources import CARD_FILE, gather
-from weightsmith.errors import WeightsmithError
+from weightsmith.card.sources import CARD_FILE, gather, keep
+from weightsmith.errors import OutputError, WeightsmithError
+from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.terminal import printable
+
+#: Every card cites the scheme in its first paragraph; a README written by anyone else does not.
+OWN_CITATION = f"{MANIFEST_FILE}: recipe.scheme"
+
+
+def refuse_foreign_card(card: Path) -> None:
+    """Stop before replacing a README.md that `card` did not write (often the upstream model card).
+
+    A link or anything but a plain file counts as foreign too: replacing it is a choice to make with --force.
+    """
+    if not card.exists() and not card.is_symlink():
+        return
+    if card.is_file() and not card.is_symlink():
+        text = read_card(card, strict=False)
+        if any(c.source == OWN_CITATION for c in find_cited(text)):
+            return
+    raise OutputError(
+        "was not written by `weightsmith card` (no cited numbers); use --force to replace it",
+        file=card,
+        code="card.foreign-readme",
+    )
 
 
 def card_command(
@@ -26,6 +50,9 @@ def card_command(
     check: Annotated[
         bool, typer.Option("--check", help="Re-derive every number in OUT/README.md; exit 1 naming any that drifted.")
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an OUT/README.md that `weightsmith card` did not write.")
+    ] = False,
 ) -> None:
     """A model card with only measured numbers, each citing its file and field. Exit 1 when --check fails."""
     if check:
@@ -33,7 +60,7 @@ def card_command(
             raise WeightsmithError("--check reads the copies the card cites in OUT; drop --bench/--eval", code="usage")
         result = check_card(out)
         for line in result.mismatches:
-            print(line)
+            print(printable(line))
         for line in result.provenance:
             print(f"source {line}")
         verdict = "ok" if result.ok else f"{len(result.mismatches)} mismatch(es)"
@@ -41,13 +68,16 @@ def card_command(
         if not result.ok:
             raise typer.Exit(1)
         return
+    if not force:
+        refuse_foreign_card(out / CARD_FILE)
     src = gather(out, eval_json, bench)
     markdown, cited = render_card(src, base, license_id)
-    (out / CARD_FILE).write_text(markdown, encoding="utf-8")
+    keep(src, eval_json, bench, markdown)
     sections = ["fidelity" if src.eval is not None else "", "serving" if src.bench is not None else ""]
     extra = ", ".join(s for s in sections if s)
     print(
-        f"wrote {out / CARD_FILE}: {len(cited.by_source)} distinct cited sources" + (f", with {extra}" if extra else "")
+        printable(f"wrote {out / CARD_FILE}: {len(cited.by_source)} distinct cited sources")
+        + (f", with {extra}" if extra else "")
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from weightsmith.audit.inspect import inspect
 from weightsmith.audit.verify import verify
 from weightsmith.bench.analysis import Analysis, analyse
 from weightsmith.bench.results import BenchResults, load_results
+from weightsmith.card import schema
 from weightsmith.checkpoint import CONFIG_FILE, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
@@ -58,6 +59,13 @@ def _eval_checked(path: Path) -> dict[str, Any]:
         raise WeightsmithError(
             f"is not `weightsmith eval --json` output ({EVAL_SCHEMA} v{EVAL_SCHEMA_VERSION})", file=path
         )
+    schema.check_eval(data, path)
+    return data
+
+
+def _read_checked(path: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    data = read_json(path)
+    schema.check(data, spec, path)
     return data
 
 
@@ -70,6 +78,17 @@ def _measure(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return inspected, verified
 
 
+def write_file(path: Path, data: bytes) -> None:
+    """Write beside, then rename over: a reader never sees half a file, and a link at `path` is
+    replaced rather than followed, so nothing outside the folder is written through it."""
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def _copy_in(src: Path | None, folder: Path, name: str) -> Path | None:
     """Put an input into the folder under the name the card cites (no copy when it is already there)."""
     if src is None:
@@ -78,12 +97,12 @@ def _copy_in(src: Path | None, folder: Path, name: str) -> Path | None:
         raise WeightsmithError("not found", file=src)
     dest = folder / name
     if not dest.exists() or not dest.samefile(src):
-        shutil.copyfile(src, dest)
+        write_file(dest, src.read_bytes())
     return dest
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    write_file(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def _load_common(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -93,7 +112,7 @@ def _load_common(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise WeightsmithError(
             f"has no {MANIFEST_FILE}; a card is written for `weightsmith quantize` output", file=folder
         )
-    return read_json(folder / MANIFEST_FILE), read_json(folder / CONFIG_FILE)
+    return _read_checked(folder / MANIFEST_FILE, schema.MANIFEST), _read_checked(folder / CONFIG_FILE, schema.CONFIG)
 
 
 def _bench(path: Path | None) -> tuple[BenchResults | None, Analysis | None]:
@@ -104,18 +123,23 @@ def _bench(path: Path | None) -> tuple[BenchResults | None, Analysis | None]:
 
 
 def gather(folder: Path, eval_path: Path | None, bench_path: Path | None) -> CardSources:
-    """Measure the checkpoint now and bring every input into `folder` (for writing a card)."""
+    """Read every input and measure the checkpoint now (for writing a card); nothing is written yet."""
     manifest, config = _load_common(folder)
     if not has_weights(folder):
         raise WeightsmithError("has no .safetensors files to inspect and verify", file=folder)
     evaluated = _eval_checked(eval_path) if eval_path is not None else None
     bench, analysis = _bench(bench_path)
     inspected, verified = _measure(folder)
-    _write(folder / INSPECT_FILE, inspected)
-    _write(folder / VERIFY_FILE, verified)
-    _copy_in(eval_path, folder, EVAL_FILE)
-    _copy_in(bench_path, folder, BENCH_FILE)
     return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis)
+
+
+def keep(src: CardSources, eval_path: Path | None, bench_path: Path | None, card: str) -> None:
+    """Write what the card cites into its folder, then the card: only once everything was read and rendered."""
+    _write(src.folder / INSPECT_FILE, src.inspect)
+    _write(src.folder / VERIFY_FILE, src.verify)
+    _copy_in(eval_path, src.folder, EVAL_FILE)
+    _copy_in(bench_path, src.folder, BENCH_FILE)
+    write_file(src.folder / CARD_FILE, card.encode("utf-8"))
 
 
 def reload(folder: Path) -> CardSources:
@@ -126,7 +150,8 @@ def reload(folder: Path) -> CardSources:
         inspected, verified = _measure(folder)
         provenance.append(f"{INSPECT_FILE}, {VERIFY_FILE}: re-derived by running inspect and verify on the safetensors")
     else:
-        inspected, verified = read_json(folder / INSPECT_FILE), read_json(folder / VERIFY_FILE)
+        inspected = _read_checked(folder / INSPECT_FILE, schema.INSPECT)
+        verified = _read_checked(folder / VERIFY_FILE, schema.VERIFY)
         provenance.append(f"{INSPECT_FILE}, {VERIFY_FILE}: read (no safetensors here to re-run inspect and verify)")
     evaluated = None
     if (folder / EVAL_FILE).exists():

@@ -15,7 +15,7 @@ from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, Checkpoint
 from weightsmith.errors import CheckpointError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.plan import matches
+from weightsmith.plan import entry_regex, matches
 
 #: Parameters of a module that belong to its quantized weight (passed to the dequantizer).
 WEIGHT_PARAMS = (
@@ -104,6 +104,8 @@ def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
     target_group: dict[str, str] = {}
     for group_name, group in groups.items():
         for target in group.get("targets") or ():
+            if str(target).startswith("re:"):  # a bad one is a line naming it, not a traceback mid-match
+                entry_regex(str(target), f"config group {group_name!r} target", file=ckpt.root / CONFIG_FILE)
             target_group[str(target)] = group_name
 
     params: dict[str, dict[str, str]] = {}

@@ -14,11 +14,15 @@ from weightsmith import __version__
 from weightsmith.fidelity.logits import FAILED, OK, LogitsReport
 from weightsmith.fidelity.weights import ErrorSummary, LayerError, WeightReport
 from weightsmith.jsonable import jsonable
+from weightsmith.terminal import printable
 
 SCHEMA = "weightsmith.eval"
 SCHEMA_VERSION = 1
-#: Piped output gets a wide virtual terminal so tables are never cut to 80 columns.
-console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+#: Piped output gets a wide virtual terminal so tables are never cut to 80 columns. Module names and
+#: config strings come from the checkpoint: no markup, and every line goes through `printable`.
+console = Console(
+    highlight=False, soft_wrap=True, markup=False, emoji=False, width=None if sys.stdout.isatty() else 160
+)
 
 
 @dataclass
@@ -81,7 +85,7 @@ def layer_table(layers: list[LayerError], shown: int) -> Table:
     table.add_column("SQNR dB", justify="right")
     for layer in worst:
         shape = "x".join(map(str, layer.shape))
-        table.add_row(layer.module, layer.category, shape, fmt_rel(layer.rel_mse), fmt_db(layer.sqnr_db))
+        table.add_row(printable(layer.module), layer.category, shape, fmt_rel(layer.rel_mse), fmt_db(layer.sqnr_db))
     return table
 
 
@@ -101,9 +105,11 @@ def print_report(report: EvalReport, shown_layers: int, out: Console = console) 
     """Category table, worst layers, unsupported formats, then the logits line."""
     w = report.weights
     out.print(
-        f"{report.quant} against {report.orig} ({w.source_format} original): "
-        f"{len(w.layers)} quantized layers measured, {len(w.kept)} 2-D weights kept unquantized; "
-        f"{_mb(w.bytes_read)} read in {w.seconds:.2f} s"
+        printable(
+            f"{report.quant} against {report.orig} ({w.source_format} original): "
+            f"{len(w.layers)} quantized layers measured, {len(w.kept)} 2-D weights kept unquantized; "
+            f"{_mb(w.bytes_read)} read in {w.seconds:.2f} s"
+        )
     )
     if w.layers:
         out.print(category_table(w))
@@ -112,5 +118,5 @@ def print_report(report: EvalReport, shown_layers: int, out: Console = console) 
     for u in w.unsupported:
         by_format.setdefault(f"{u.format}: {u.reason}", []).append(u.module)
     for what, modules in by_format.items():
-        out.print(f"format not supported yet, {len(modules)} layers not measured ({what})")
-    out.print(logits_line(report.logits))
+        out.print(printable(f"format not supported yet, {len(modules)} layers not measured ({what})"))
+    out.print(printable(logits_line(report.logits)))

@@ -158,7 +158,15 @@ def _check_declared_shape(qm: QuantizedModule, original: OriginalWeights, reader
     name = qm.params.get(names.WEIGHT_SHAPE)
     if name is None:
         return
-    declared = [int(v) for v in reader.read(name).reshape(-1)]
+    values = reader.read(name).reshape(-1)
+    if not np.issubdtype(values.dtype, np.integer):
+        raise CheckpointError(
+            f"is {values.dtype}, not integers: it cannot declare {qm.module}'s shape",
+            file=reader.ckpt.path(reader.ckpt.tensors[name].shard),
+            tensor=name,
+            code="eval.shape-mismatch",
+        )
+    declared = [int(v) for v in values]
     if declared != list(expected):
         raise CheckpointError(
             f"declares shape {declared} but ORIG's {qm.module}.weight is {list(expected)}",
@@ -166,6 +174,45 @@ def _check_declared_shape(qm: QuantizedModule, original: OriginalWeights, reader
             tensor=name,
             code="eval.shape-mismatch",
         )
+
+
+def _non_finite(
+    qm: QuantizedModule, original: OriginalWeights, reader: TensorReader, orig_is_bad: bool
+) -> CheckpointError:
+    """The error for a weight whose sums came out NaN or infinite, naming the tensor that holds the bad values.
+
+    A NaN anywhere makes the error NaN and the SQNR `-inf dB`, which reads like a measurement; it is
+    a broken checkpoint instead. The sums are finite for any finite weights (float64 holds the square
+    of the largest float32), so a non-finite norm means ORIG holds NaN/inf, and otherwise QUANT does.
+    """
+    if orig_is_bad:
+        name = f"{qm.module}.{names.WEIGHT}"
+        return CheckpointError(
+            "holds NaN or infinite values: no weight error can be measured against it",
+            file=original.ckpt.path(original.ckpt.tensors[name].shard),
+            tensor=name,
+            code="eval.non-finite",
+        )
+    for name in qm.params.values():
+        values = reader.read(name)
+        if np.issubdtype(values.dtype, np.integer):
+            continue
+        bad = int(np.count_nonzero(~np.isfinite(values.astype(np.float64))))
+        if bad:
+            return CheckpointError(
+                f"holds {bad:,} NaN or infinite value(s) of {values.size:,}, so {qm.module} dequantizes to "
+                "non-finite weights",
+                file=reader.ckpt.path(reader.ckpt.tensors[name].shard),
+                tensor=name,
+                code="eval.non-finite",
+            )
+    marker = qm.params.get(names.WEIGHT_SCALE) or qm.params[names.WEIGHT_PACKED]
+    return CheckpointError(
+        f"gives non-finite weights when {qm.module} is dequantized (a scale too large for the weight's dtype)",
+        file=reader.ckpt.path(reader.ckpt.tensors[marker].shard),
+        tensor=marker,
+        code="eval.non-finite",
+    )
 
 
 def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReader) -> LayerError:
@@ -181,6 +228,8 @@ def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReade
             code="eval.shape-mismatch",
         )
     err, norm = squared_error(original.weight(qm.module), dequant)
+    if not (math.isfinite(err) and math.isfinite(norm)):
+        raise _non_finite(qm, original, reader, orig_is_bad=not math.isfinite(norm))
     rel = relative_mse(err, norm)
     return LayerError(
         qm.module, qm.category, qm.group, qm.format, list(expected), math.prod(expected), err, norm, rel, sqnr_db(rel)

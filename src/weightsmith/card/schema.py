@@ -1,0 +1,174 @@
+"""What the card reads from each JSON file, checked before anything is written or compared.
+
+Every source is a file a stranger may have edited (or a run of an older or newer tool may have
+written), so each field the card reads is declared here with its type. A missing field or a wrong
+type is one line naming the file and the field (`weightsmith.json: recipe.num_bits is a str, not
+an int`), never a traceback from deep inside the renderer. When the card reads a new field, it is
+added here.
+
+A spec is a type or tuple of types (`int` never accepts a bool, `float` also takes an int, `None`
+allows null), a `dict` of field specs (a key ending in `?` may be absent), `[spec]` for a list of
+one kind, or `Each(spec)` for an object whose keys are free and whose values share one spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weightsmith.errors import WeightsmithError
+
+
+@dataclass(frozen=True)
+class Each:
+    """An object with free keys (shard names, categories) whose values all match `spec`."""
+
+    spec: Any
+
+
+NUM = (int, float)
+OPT_NUM = (int, float, None)
+OPT_STR = (str, None)
+
+MANIFEST = {
+    "tool": {"name": str, "version": str},
+    "created_utc": str,
+    "recipe": {
+        "scheme": str,
+        "config_group": str,
+        "num_bits": int,
+        "group_size": (int, None),
+        "symmetric": bool,
+        "scale_search?": OPT_STR,
+        "preset?": OPT_STR,
+        "ignore?": ([str], None),
+        "source_format": str,
+    },
+    "source": {"path": str, "files": Each({"bytes": int, "sha256?": OPT_STR})},
+    "tensors": {"quantize": int, "keep": int, "decode": int, "drop": int},
+    "sizes": {
+        "bytes_before": NUM,
+        "bytes_after": NUM,
+        "gib_saved": NUM,
+        "parameters": NUM,
+        "bits_per_parameter_before": OPT_NUM,
+        "bits_per_parameter_after": OPT_NUM,
+        "by_category?": Each({"bytes_before": NUM}),
+    },
+}
+
+CONFIG = {
+    "architectures?": ([str], None),
+    "dflash_config?": ({"target_layer_ids?": ([int], None)}, None),
+}
+
+_SUMMARY = {"name": str, "layers": int, "numel": NUM, "rel_mse": OPT_NUM, "sqnr_db": OPT_NUM}
+EVAL = {
+    "weights": {"categories": [_SUMMARY], "overall": _SUMMARY},
+    "logits": {"status": str, "reason?": OPT_STR},
+}
+#: Read only when `logits.status` is "ok".
+EVAL_LOGITS_OK = {
+    "tokens": int,
+    "text_source": str,
+    "kl": NUM,
+    "top1_agreement": NUM,
+    "ppl_orig": NUM,
+    "ppl_quant": NUM,
+}
+
+_BITS = {"bits_per_param": OPT_NUM, "bits_with_overhead": OPT_NUM}
+INSPECT = {
+    "rows": [{"key": str, "tensors": int, "bytes": NUM, "share": NUM, "params": NUM, **_BITS}],
+    "tensors": int,
+    "tensor_bytes": NUM,
+    "params": NUM,
+    "bits_per_param": OPT_NUM,
+    "file_bytes": NUM,
+    "shards": int,
+    "quantization?": ({"statuses": [{"status": str, "modules": int, "patterns": [{"pattern": str}]}]}, None),
+}
+
+VERIFY = {
+    "clean": bool,
+    "errors": int,
+    "warnings": int,
+    "checks": [{"id": str, "title": str, "scope": str, "ran": bool, "errors": int, "warnings": int}],
+    "findings": [{"severity": str, "message": str}],
+}
+
+
+_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "list": "a list",
+          "dict": "an object"}  # fmt: skip
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else _WORDS.get(type(value).__name__, type(value).__name__)
+
+
+def _matches_type(value: Any, allowed: tuple) -> bool:
+    for t in allowed:
+        if t is None and value is None:
+            return True
+        if isinstance(t, type) and isinstance(value, t):
+            # bool is an int in Python but not in JSON; an int is a fine float
+            if t in (int, float) and isinstance(value, bool):
+                continue
+            return True
+        if t is float and isinstance(value, int) and not isinstance(value, bool):
+            return True
+    return False
+
+
+def check(value: Any, spec: Any, file: str | Path, path: str = "") -> None:
+    """Raise a one-line `WeightsmithError` naming `file` and the field where `value` breaks `spec`."""
+    where = path or "the top level"
+    options = spec if isinstance(spec, tuple) else (spec,)
+    # the first option whose shape fits is checked in depth; plain types are checked directly
+    for option in options:
+        if isinstance(option, dict) and isinstance(value, dict):
+            for key, sub in option.items():
+                name = key.rstrip("?")
+                if name not in value:
+                    if key.endswith("?"):
+                        continue
+                    raise WeightsmithError(f"has no field {_join(path, name)}", file=file, code="card.field")
+                check(value[name], sub, file, _join(path, name))
+            return
+        if isinstance(option, list) and isinstance(value, list):
+            for i, item in enumerate(value):
+                check(item, option[0], file, f"{path}[{i}]")
+            return
+        if isinstance(option, Each) and isinstance(value, dict):
+            for key, item in value.items():
+                check(item, option.spec, file, f"{path}[{key}]")
+            return
+    if _matches_type(value, tuple(o for o in options if o is None or isinstance(o, type))):
+        return
+    raise WeightsmithError(f"{where} is {_kind(value)}, not {_expected(options)}", file=file, code="card.field")
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _expected(options: tuple) -> str:
+    words = []
+    for o in options:
+        if o is None:
+            words.append("null")
+        elif isinstance(o, dict | Each):
+            words.append("an object")
+        elif isinstance(o, list):
+            words.append("a list")
+        else:
+            words.append(_WORDS.get(o.__name__, o.__name__))
+    return " or ".join(dict.fromkeys(words))
+
+
+def check_eval(doc: dict[str, Any], file: str | Path) -> None:
+    """An eval report: the fields every card reads, and the logits figures when it says they were measured."""
+    check(doc, EVAL, file)
+    if doc["logits"]["status"] == "ok":
+        check(doc["logits"], EVAL_LOGITS_OK, file, "logits")

@@ -1,0 +1,21 @@
+"""The one place a string from a checkpoint (or any other stranger's file) is made safe to print.
+
+Tensor and shard names, metadata and config strings are a stranger's bytes. Printed raw, an escape
+sequence can clear the screen or rewrite earlier lines, and a right-to-left override or a stray
+carriage return can make one name read as another. Every text line the commands print passes
+through `printable`; JSON output keeps the real strings.
+"""
+
+from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """`text` with each character a terminal would act on or not show written as its escape.
+
+    Control characters, format characters (bidi overrides, zero-width marks), separators other than
+    the plain space, surrogates and unassigned code points become `\\x1b`, `\\u202e`, ...; everything
+    else, backslashes included, is kept, so an already printable string comes back unchanged.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
