@@ -11,6 +11,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from weightsmith import __version__
 from weightsmith.errors import WeightsmithError
@@ -67,8 +68,14 @@ def main() -> None:
     try:
         build_app(sys.argv[1:])()
     except WeightsmithError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {one_line(str(exc))}", soft_wrap=True)
         sys.exit(2)
+
+
+def one_line(message: str) -> str:
+    """`message` as one line of plain text: names taken from a hostile file may hold newlines or markup."""
+    printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    return escape(printable)
 
 
 if __name__ == "__main__":
