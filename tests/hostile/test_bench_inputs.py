@@ -167,6 +167,8 @@ def test_a_valid_results_file_renders(capsys, monkeypatch, sandbox: Sandbox) -> 
         (["host"], "x", "host", "must be an object"),
         (["interrupted"], 1, "interrupted", "must be a boolean"),
         (["alpha"], KeyError, "alpha", "missing"),
+        (["alpha"], 7, "alpha", "must be > 0 and < 0.5"),
+        (["config", "workload"], 3, "config.workload", "must be an object"),
     ],
 )
 def test_results_file_of_the_wrong_shape_names_the_field(

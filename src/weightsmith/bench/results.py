@@ -235,8 +235,17 @@ def _build(tp: Any, data: Any, where: str) -> Any:
     return data
 
 
-def _check_names(results: BenchResults) -> None:
-    """Every arm a visit, a determinism run or the baseline names must be one of the file's arms."""
+def _check_values(results: BenchResults) -> None:
+    """What the analysis and the report rely on beyond types.
+
+    Every arm a visit, a determinism run or the baseline names is one of the file's arms; statuses
+    are known; alpha lies where a confidence level can; the workload settings are tables.
+    """
+    if not 0 < results.alpha < 0.5:
+        raise _Malformed("alpha", "must be > 0 and < 0.5")
+    for key in ("workload", "determinism"):
+        if not isinstance(results.config.get(key, {}), dict):
+            raise _Malformed(f"config.{key}", f"must be an object, got {_kind(results.config[key])}")
     names = {a.name for a in results.arms}
     if results.baseline not in names:
         raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")
@@ -260,7 +269,7 @@ def results_from_dict(data: dict[str, Any], path: str = "<results>") -> BenchRes
         raise WeightsmithError(f"results schema version {shown} is not the supported {SCHEMA_VERSION}", file=path)
     try:
         results = _build(BenchResults, data, "")
-        _check_names(results)
+        _check_values(results)
     except _Malformed as exc:
         raise WeightsmithError(f"results file is malformed: field {exc}", file=path) from None
     return results
