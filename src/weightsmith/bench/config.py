@@ -187,10 +187,9 @@ def _shown(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return _q(value)
-    return f"a {_TOML_TYPE.get(type(value), type(value).__name__)}"
-
-
-_TOML_TYPE = {dict: "table", list: "array", str: "string", bool: "boolean", int: "integer", float: "float"}
+    if isinstance(value, dict | list):
+        return "a table" if isinstance(value, dict) else "an array"
+    return f"a {type(value).__name__}"  # a TOML date or time
 
 
 def _number(value: Any, bound: Bound, where: str, key: str, path: str) -> Any:
