@@ -88,7 +88,7 @@ def test_sweep_of_json_flag_with_bad_json_is_one_clear_error() -> None:
         ({"arms": [{"name": "a", "url": "http://h:1"}, {"name": "a", "url": "http://h:2"}]}, "unique"),
         ({"baseline": "z", "arms": [{"name": "a", "url": "http://h:1"}]}, "baseline 'z'"),
         ({"workload": {"endpoint": "embeddings"}, "arms": [{"name": "a", "url": "http://h:1"}]}, "endpoint"),
-        ({"workload": {"prompt_tokens": [0]}, "arms": [{"name": "a", "url": "http://h:1"}]}, "positive"),
+        ({"workload": {"prompt_tokens": [0]}, "arms": [{"name": "a", "url": "http://h:1"}]}, r"\[0\] must be > 0"),
         ({"workload": {"max_tokens": "64"}, "arms": [{"name": "a", "url": "http://h:1"}]}, "must be int"),
         ({"determinism": {"replicates": 1}, "arms": [{"name": "a", "url": "http://h:1"}]}, "at least 2"),
         ({"repeats": 0, "arms": [{"name": "a", "url": "http://h:1"}]}, "repeats must be > 0"),

@@ -28,35 +28,41 @@ bench_app = typer.Typer(
 def run_command(
     arms: Path = typer.Argument(..., help="Arms file (TOML); see docs/bench.md."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Output folder."),
-    force: bool = typer.Option(False, "--force", help="Overwrite results already in --out."),
+    force: bool = typer.Option(
+        False, "--force", help="Write into --out even if it holds results, or files bench did not write."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
 ) -> None:
     """Measure every arm, write results.json, report.md and PNG plots into --out.
 
     Exit status 0 when every arm was measured, 1 when an arm failed or the run was interrupted
-    (whatever was measured is still written), 2 for a bad arms file.
+    (Ctrl-C or SIGTERM; whatever was measured is still written), 2 for a bad arms file or an --out
+    that is not bench's to write.
     """
     from weightsmith.bench.config import load_config
+    from weightsmith.bench.outdir import claim
     from weightsmith.bench.progress import RichProgress
     from weightsmith.bench.report import RESULTS_FILE, write_all, write_results_file
     from weightsmith.bench.results import VISIT_OK
-    from weightsmith.bench.runner import QuietObserver, run_bench
+    from weightsmith.bench.runner import QuietObserver, run_bench, terminate_as_interrupt
     from weightsmith.bench.stats import SHOWN
 
     config = load_config(arms)
     if (out / RESULTS_FILE).exists() and not force:
         raise OutputError(f"{out / RESULTS_FILE} exists; choose another --out or pass --force")
+    claim(out, force)
     err = Console(stderr=True, highlight=False)
 
     def save(results: BenchResults) -> None:
         write_results_file(results, None, out)
 
-    if quiet or as_json:
-        results = run_bench(config, out, QuietObserver(), save=save)
-    else:
-        with RichProgress(err) as progress:
-            results = run_bench(config, out, progress, save=save)
+    with terminate_as_interrupt():
+        if quiet or as_json:
+            results = run_bench(config, out, QuietObserver(), save=save)
+        else:
+            with RichProgress(err) as progress:
+                results = run_bench(config, out, progress, save=save)
     analysis, files = write_all(results, out)
     failed = [a.name for a in results.arms if a.status != VISIT_OK]
     verdicts = [
@@ -97,13 +103,16 @@ def run_command(
 def report_command(
     results_file: Path = typer.Argument(..., help="results.json from `weightsmith bench run`."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder (default: beside the file)."),
+    force: bool = typer.Option(False, "--force", help="Write into a folder that holds files bench did not write."),
 ) -> None:
     """Recompute the analysis and rewrite report.md and the plots from a results file."""
+    from weightsmith.bench.outdir import claim
     from weightsmith.bench.report import write_all
     from weightsmith.bench.results import load_results
 
     results = load_results(results_file)
     target = out or results_file.parent
+    claim(target, force)
     _, files = write_all(results, target)
     print(files["report"])
 

@@ -166,53 +166,152 @@ class BenchResults:
 to_jsonable = jsonable
 
 
-def _build(tp: Any, data: Any) -> Any:
-    """Rebuild a value of type `tp` from its JSON form."""
+#: Deeper than any file `bench run` writes (about 6 levels); a deeper one is not a results file,
+#: and walking it would only exhaust the stack.
+MAX_JSON_DEPTH = 64
+
+
+class _Malformed(Exception):
+    """A value in the results file is not what its field holds; `where` is the field's path."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: {what}")
+
+
+_KIND = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a number"}
+
+
+def _kind(data: Any) -> str:
+    """What a JSON value is, in words."""
+    return "null" if data is None else _KIND.get(type(data), type(data).__name__)
+
+
+def _build(tp: Any, data: Any, where: str) -> Any:
+    """Rebuild a value of type `tp` from its JSON form, checking it is that type on the way."""
     origin = typing.get_origin(tp)
-    if tp is Any or data is None:
+    if tp is Any:
         return data
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _build(options[0], data) if len(options) == 1 else data
+        if data is None:
+            return None
+        return _build(options[0], data, where) if len(options) == 1 else data
     if origin is list:
+        if not isinstance(data, list):
+            raise _Malformed(where, f"must be an array, got {_kind(data)}")
         (inner,) = typing.get_args(tp)
-        return [_build(inner, v) for v in data]
+        return [_build(inner, v, f"{where}[{i}]") for i, v in enumerate(data)]
     if origin is dict:
+        if not isinstance(data, dict):
+            raise _Malformed(where, f"must be an object, got {_kind(data)}")
         _, inner = typing.get_args(tp)
-        return {k: _build(inner, v) for k, v in data.items()}
+        # a non-finite number inside a map (a -inf logprob) was written as null
+        return {k: None if v is None else _build(inner, v, f"{where}.{k}") for k, v in data.items()}
     if dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise _Malformed(where, f"must be an object, got {_kind(data)}")
         hints = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        return tp(**{k: _build(hints[k], v) for k, v in data.items() if k in names})
-    if tp is float and isinstance(data, int):
-        return float(data)
+        prefix = f"{where}." if where else ""
+        fields = dataclasses.fields(tp)
+        required = [
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        missing = next((name for name in required if name not in data), None)
+        if missing is not None:
+            raise _Malformed(f"{prefix}{missing}", "missing")
+        names = {f.name for f in fields}
+        return tp(**{k: _build(hints[k], v, f"{prefix}{k}") for k, v in data.items() if k in names})
+    if tp is bool:
+        ok = isinstance(data, bool)
+    elif tp is int:
+        ok = isinstance(data, int) and not isinstance(data, bool)
+    elif tp is float:
+        ok = isinstance(data, int | float) and not isinstance(data, bool)
+        data = float(data) if ok else data
+    else:
+        ok = isinstance(data, tp)
+    if not ok:
+        raise _Malformed(where, f"must be {_KIND.get(tp, tp.__name__)}, got {_kind(data)}")
     return data
 
 
+def _check_values(results: BenchResults) -> None:
+    """What the analysis and the report rely on beyond types.
+
+    Every arm a visit, a determinism run or the baseline names is one of the file's arms; statuses
+    are known; alpha lies where a confidence level can; the workload settings are tables.
+    """
+    if not 0 < results.alpha < 0.5:
+        raise _Malformed("alpha", "must be > 0 and < 0.5")
+    for key in ("workload", "determinism"):
+        if not isinstance(results.config.get(key, {}), dict):
+            raise _Malformed(f"config.{key}", f"must be an object, got {_kind(results.config[key])}")
+    names = {a.name for a in results.arms}
+    if results.baseline not in names:
+        raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")
+    for field_name, items in (("visits", results.visits), ("determinism", results.determinism)):
+        for i, item in enumerate(items):
+            if item.arm not in names:
+                raise _Malformed(f"{field_name}[{i}].arm", f"{item.arm[:60]!r} is not one of the arms")
+    statuses = (VISIT_OK, VISIT_FAILED, VISIT_SKIPPED)
+    for i, visit in enumerate(results.visits):
+        if visit.status not in statuses:
+            raise _Malformed(f"visits[{i}].status", f"must be one of {', '.join(statuses)}")
+
+
 def results_from_dict(data: dict[str, Any], path: str = "<results>") -> BenchResults:
-    """Check the schema and version, then rebuild the typed record."""
+    """Check the schema and version, then rebuild the typed record, checking every field's type."""
     if data.get("schema") != SCHEMA:
         raise WeightsmithError("not a weightsmith bench results file", file=path)
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise WeightsmithError(f"results schema version {version} is not the supported {SCHEMA_VERSION}", file=path)
+        shown = version if isinstance(version, int) and abs(version) < 1000 else _kind(version)
+        raise WeightsmithError(f"results schema version {shown} is not the supported {SCHEMA_VERSION}", file=path)
     try:
-        return _build(BenchResults, data)
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise WeightsmithError(f"results file is malformed: {exc}", file=path) from None
+        results = _build(BenchResults, data, "")
+        _check_values(results)
+    except _Malformed as exc:
+        raise WeightsmithError(f"results file is malformed: field {exc}", file=path) from None
+    return results
+
+
+def _depth(data: Any) -> int:
+    """How deeply `data` nests, found without recursion."""
+    deepest = 0
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return deepest
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_results(path: str | Path) -> BenchResults:
-    """Read a results JSON file written by `write_results`."""
+    """Read a results JSON file written by `write_results`; anything else is one line naming the field."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except OSError as exc:
         raise WeightsmithError(f"cannot read results: {exc.strerror}", file=p) from None
+    except UnicodeDecodeError as exc:
+        raise WeightsmithError(f"results file is not UTF-8 text (byte {exc.start})", file=p) from None
     except json.JSONDecodeError as exc:
-        raise WeightsmithError(f"results file is not JSON: {exc.msg}", file=p) from None
+        raise WeightsmithError(f"results file is not JSON: {exc.msg} (line {exc.lineno})", file=p) from None
+    except RecursionError:
+        raise WeightsmithError(f"results file is nested deeper than {MAX_JSON_DEPTH} levels", file=p) from None
+    except ValueError as exc:  # NaN or Infinity, or an integer of more than 4300 digits
+        raise WeightsmithError(f"results file is not JSON: {str(exc)[:80]}", file=p) from None
     if not isinstance(data, dict):
         raise WeightsmithError("not a weightsmith bench results file", file=p)
+    if _depth(data) > MAX_JSON_DEPTH:
+        raise WeightsmithError(f"results file is nested deeper than {MAX_JSON_DEPTH} levels", file=p)
     return results_from_dict(data, str(p))
 
 
