@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from weightsmith import __version__, names
 from weightsmith.checkpoint import Checkpoint
+from weightsmith.files import write_new
 
 if TYPE_CHECKING:
     from weightsmith.plan import Plan
@@ -86,4 +87,4 @@ def build_manifest(plan: Plan, written: Checkpoint, source_hashes: dict[str, str
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_new(folder, MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
