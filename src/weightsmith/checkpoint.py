@@ -69,7 +69,7 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
             f"is not valid JSON ({exc.msg}, line {exc.lineno})", file=path, code="json.invalid"
         ) from None
     except RecursionError:
-        raise CheckpointError("is not valid JSON here (nested too deeply)", file=path, code="json.invalid") from None
+        raise CheckpointError("is JSON nested too deeply to read", file=path, code="json.invalid") from None
     if not isinstance(doc, dict):
         raise CheckpointError("is not a JSON object", file=path, code="json.invalid")
     if duplicates:
@@ -113,8 +113,9 @@ def _duplicate_key_error(path: Path, doc: dict, found: list[tuple[dict, str, obj
 
 
 def _short(value: object) -> str:
+    """`value` as Python writes it (escaped, so one line), cut short if a stranger made it long."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def index_shape_problem(index_path: Path, index: dict) -> CheckpointError | None:
