@@ -9,19 +9,28 @@ target's shard outside the target.
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import json
 import os
+import shutil
 import socket
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audit.doctor_builders import halves, tiny_moe, write
 from hostile.harness import Result, Sandbox, run_inprocess, run_subprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.checkpoint import INDEX_FILE
-from weightsmith.errors import OutputError
+from weightsmith.audit.survey import survey
+from weightsmith.checkpoint import INDEX_FILE, Checkpoint
+from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
 CONFIG = dict(
@@ -383,3 +392,82 @@ def test_the_writer_never_reuses_a_file_or_follows_a_link(tmp_path: Path) -> Non
     with ShardWriter(folder, "sub/new.safetensors", specs) as writer:
         writer.write("t", np.ones(2, np.float32))
     assert (folder / "sub" / "new.safetensors").stat().st_size > 8
+
+
+# --- fuzzing the index: any weight_map opens or is one CheckpointError, and nothing outside is opened ---
+
+FUZZ = settings(max_examples=300, deadline=timedelta(seconds=2), database=None)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+HOSTILE_NAMES = [
+    *(FIRST, SECOND, "../canary.safetensors", "", ".", "..", "/", f"./{FIRST}", f"{FIRST}/", f"x/../{FIRST}"),
+    *(f"out/{FIRST}", f"loop/{FIRST}", f"in/{FIRST}", "in", "a\\b", "a\x00b", "\ud800", "config.json"),
+]
+TENSORS = sorted(llama_tensors(CONFIG))
+
+
+@pytest.fixture(scope="module")
+def fuzz_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint with every kind of neighbour a name could reach: a canary outside, links out, a loop."""
+    base = tmp_path_factory.mktemp("fuzz")
+    root = checkpoint(base / "ckpt")
+    shutil.copy(root / FIRST, base / "canary.safetensors")
+    (base / "outside").mkdir()
+    shutil.copy(root / FIRST, base / "outside" / FIRST)
+    (root / "out").symlink_to(base / "outside")
+    (root / "loop").symlink_to("loop")
+    (root / "in").mkdir()
+    shutil.copy(root / FIRST, root / "in" / FIRST)
+    return root
+
+
+def _object(pairs: list[tuple[str, object]]) -> str:
+    """A JSON object that may repeat a key (which `json.dumps` of a dict cannot)."""
+    return "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in pairs) + "}"
+
+
+def opens_or_refuses(root: Path, index_text: str) -> None:
+    """`Checkpoint.open` and `survey` on this index: a checkpoint or a CheckpointError, and only files inside opened."""
+    (root / INDEX_FILE).write_text(index_text, encoding="utf-8", errors="surrogatepass")
+    opened: list[str] = []
+
+    def spy(real_open: Callable[..., object]) -> Callable[..., object]:
+        def wrapper(path: object, *args: object, **kwargs: object) -> object:
+            opened.append(os.path.realpath(path))
+            return real_open(path, *args, **kwargs)
+
+        return wrapper
+
+    with mock.patch.object(os, "open", spy(os.open)), mock.patch.object(builtins, "open", spy(builtins.open)):
+        with contextlib.suppress(CheckpointError):
+            Checkpoint.open(root)
+        with contextlib.suppress(CheckpointError):
+            survey(root)
+    real = str(root.resolve())
+    assert all(p.startswith(real + os.sep) for p in opened), opened
+    assert (root.parent / "canary.safetensors").read_bytes() == (root / FIRST).read_bytes()
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(TENSORS) | st.text(max_size=8), st.sampled_from(HOSTILE_NAMES) | st.text(max_size=12) | JSON
+        ),
+        max_size=14,
+    ),
+    st.none() | JSON | st.fixed_dictionaries({"total_size": st.integers() | JSON}),
+)
+def test_fuzzed_weight_map(fuzz_root: Path, pairs: list[tuple[str, object]], metadata: object) -> None:
+    head = "" if metadata is None else f'"metadata": {json.dumps(metadata)}, '
+    opens_or_refuses(fuzz_root, "{" + head + f'"weight_map": {_object(pairs)}' + "}")
+
+
+@FUZZ
+@given(JSON, st.text(alphabet=st.sampled_from(list('{}[]":,. 0123456789-eE_ntrufalsw\\/')), max_size=200))
+def test_fuzzed_index_shape_and_text(fuzz_root: Path, doc: object, text: str) -> None:
+    opens_or_refuses(fuzz_root, json.dumps({"weight_map": doc}))
+    opens_or_refuses(fuzz_root, text)
