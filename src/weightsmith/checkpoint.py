@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightsmith.errors import CheckpointError, HeaderError
-from weightsmith.files import NotRegularFile, kind, name_problem, outside, read_regular
+from weightsmith.files import NotRegularFile, exists, kind, name_problem, outside, read_regular
 from weightsmith.lfs import parse_pointer, pointer_message
 from weightsmith.safetensors.header import Header, TensorInfo, read_header
 
@@ -300,7 +300,7 @@ class Checkpoint:
         headers: dict[str, Header] = {}
         for name in shard_names:
             path = root / name
-            if not path.exists():
+            if not exists(path):
                 code = "index.missing-shard" if index is not None else "file.missing"
                 why = f"is named in {INDEX_FILE} but does not exist" if index is not None else "does not exist"
                 if path.is_symlink():

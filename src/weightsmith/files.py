@@ -23,6 +23,11 @@ from weightsmith.errors import OutputError
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+#: Linux's NAME_MAX, and a bound on a whole relative name that leaves room for its folder in PATH_MAX.
+MAX_PART_BYTES = 255
+MAX_NAME_BYTES = 1024
+
+
 class NotRegularFile(OSError):
     """A path that names a folder, FIFO, device or socket where a file's bytes were expected."""
 
@@ -33,7 +38,8 @@ def name_problem(name: object) -> str | None:
     A name is a plain file name, or plain names joined by `/`. Refused: anything but a non-empty
     string; an absolute path; `.`, `..` or empty parts (`a//b`, a trailing `/`); a backslash (a
     separator on Windows, a trick here); NUL and other control characters (they also break a
-    one-line message); a lone surrogate (not a file name any filesystem can hold).
+    one-line message); a lone surrogate (not a file name any filesystem can hold); a part longer
+    than Linux allows (NAME_MAX) or a whole name long enough to overflow a path.
     """
     if not isinstance(name, str):
         return f"is {type(name).__name__}, not a file name"
@@ -46,6 +52,8 @@ def name_problem(name: object) -> str | None:
     if any(ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF for c in name):
         return "holds a control character or a lone surrogate"
     parts = name.split("/")
+    if len(name.encode()) > MAX_NAME_BYTES or any(len(p.encode()) > MAX_PART_BYTES for p in parts):
+        return "is longer than a file name can be"
     if ".." in parts:
         return "climbs out of its folder (..)"
     if "." in parts or "" in parts:
@@ -69,6 +77,18 @@ def outside(root: Path, name: str) -> str | None:
     if real != real_root and real_root not in real.parents:
         return f"lies in a folder that leads out of the checkpoint (to {real})"
     return None
+
+
+def exists(path: Path) -> bool:
+    """Whether `path` leads to something; an error other than "no such file" counts as yes, so that
+    the read that follows reports it (`Path.exists` raises on most of them)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def kind(mode: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from weightsmith import __version__, names
 from weightsmith.checkpoint import Checkpoint
-from weightsmith.files import write_new
+from weightsmith.files import open_regular, write_new
 
 if TYPE_CHECKING:
     from weightsmith.plan import Plan
@@ -30,7 +31,7 @@ def hash_files(paths: list[Path]) -> dict[str, str]:
     """sha256 of each file, streamed (hashlib releases the GIL while it digests)."""
     out = {}
     for p in paths:
-        with open(p, "rb") as f:
+        with os.fdopen(open_regular(p), "rb") as f:
             out[p.name] = hashlib.file_digest(f, "sha256").hexdigest()
     return out
 

@@ -405,6 +405,7 @@ JSON = st.recursive(
 HOSTILE_NAMES = [
     *(FIRST, SECOND, "../canary.safetensors", "", ".", "..", "/", f"./{FIRST}", f"{FIRST}/", f"x/../{FIRST}"),
     *(f"out/{FIRST}", f"loop/{FIRST}", f"in/{FIRST}", "in", "a\\b", "a\x00b", "\ud800", "config.json"),
+    *("a" * 300, "a/" * 600 + "x", "a/" * 499 + "x"),
 ]
 TENSORS = sorted(llama_tensors(CONFIG))
 

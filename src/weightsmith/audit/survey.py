@@ -30,6 +30,7 @@ from weightsmith.checkpoint import (
     unsafe_shards,
 )
 from weightsmith.errors import CheckpointError, HeaderError
+from weightsmith.files import exists
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.safetensors.header import Header, read_header
 
@@ -221,7 +222,7 @@ def _headers(root: Path, shard_names: list[str], indexed: bool, findings: list[F
     headers: dict[str, Header] = {}
     for name in shard_names:
         path = root / name
-        if not path.exists():
+        if not exists(path):
             why = (
                 f"is named in {INDEX_FILE} but does not exist; download it, or drop its entries from the index"
                 if indexed
