@@ -150,10 +150,11 @@ def shard_problem(root: Path, name: object) -> str | None:
 
 def unsafe_shards(root: Path, index_path: Path, weight_map: dict[str, str]) -> dict[str, CheckpointError]:
     """Shard names of the index that are not files inside `root`, each with its error (naming one entry)."""
-    problems: dict[str, CheckpointError] = {}
+    first_tensor: dict[str, str] = {}
     for tensor, shard in weight_map.items():
-        if shard in problems:
-            continue
+        first_tensor.setdefault(shard, tensor)  # each name is checked once: a MoE index lists 100k tensors
+    problems: dict[str, CheckpointError] = {}
+    for shard, tensor in first_tensor.items():
         why = shard_problem(root, shard)
         if why is not None:
             problems[shard] = CheckpointError(
