@@ -232,6 +232,8 @@ def test_a_special_file_is_refused_not_opened(sandbox: Sandbox, capsys, monkeypa
     inspect, diff = run("inspect", src), run("diff", src, src)
     if where == "model.safetensors":
         refused(inspect, where, word)
+        refused(run("eval", src, src, "--no-logits"), where, word)
+        refused(run("transplant", src, src, "--select", "lm_head.weight", "--out", sandbox.root / "out"), where, word)
     else:
         assert inspect.code == 0 and not inspect.err and f"could not read {where}: is a" in inspect.out, inspect
     if where in ("model.safetensors", FIRST):
