@@ -59,7 +59,7 @@ def build(
         if not specs:
             continue
         name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        with ShardWriter(folder / name, specs) as w:
+        with ShardWriter(folder, name, specs) as w:
             for i, s in enumerate(specs):
                 n = int(np.prod(s.shape))
                 start = (i * 7919) % (pool.size - 1)

@@ -150,7 +150,7 @@ def build_checkpoint(root: Path, s: MoeShape = MoeShape()) -> Path:
     total = 0
     for n, specs in enumerate(groups, 1):
         shard = f"model-{n:05d}-of-{len(groups):05d}.safetensors"
-        writer = ShardWriter(root / shard, specs, {"format": "pt"})
+        writer = ShardWriter(root, shard, specs, {"format": "pt"})
         for spec in specs:  # the few small tensors get real values; the rest stays a hole of zeros
             if spec.name.endswith(("_scale", "weight_global_scale")) and spec.dtype == "F32":
                 writer.write(spec.name, np.full(spec.shape, 0.05, dtype=np.float32))

@@ -3,18 +3,22 @@
 Opening a checkpoint reads the config, the index and every shard header, never tensor data, and
 checks that they agree: each index entry resolves to a tensor in the named shard, each shard
 tensor is listed in the index under that shard, and no tensor lives in two places. Shards may be
-symlinks into a blob store, as in a hub cache snapshot; they are read through the links.
+symlinks into a blob store, as in a hub cache snapshot; they are read through the links. The
+index is a stranger's text: its shard names must be relative names inside the folder
+(`shard_problem`) before any of them is opened, and each must be a regular file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from weightsmith.errors import CheckpointError, HeaderError
-from weightsmith.lfs import pointer_message, read_pointer
+from weightsmith.files import NotRegularFile, exists, kind, name_problem, outside, read_regular
+from weightsmith.lfs import parse_pointer, pointer_message
 from weightsmith.safetensors.header import Header, TensorInfo, read_header
 
 CONFIG_FILE = "config.json"
@@ -34,30 +38,133 @@ class TensorRef:
     info: TensorInfo
 
 
-def read_json(path: Path, what: str | None = None) -> dict:
-    """A JSON object file, with LFS pointers and bad JSON reported as one line.
+def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False) -> dict:
+    """A JSON object file, with every way it can be wrong reported as one line.
 
     `what` names a file every checkpoint needs (config.json, the index), for the missing-file line.
+    `unique_keys` refuses a key given twice in one object: in an index that is one tensor listed
+    under two shards, which JSON readers settle silently by keeping the last.
     """
-    pointer = read_pointer(path)
-    if pointer is not None:
-        raise CheckpointError(pointer_message(pointer), file=path, code="lfs-pointer")
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        data = read_regular(path)
     except FileNotFoundError:
         why = f"does not exist (every checkpoint needs its {what})" if what else "does not exist"
         raise CheckpointError(why, file=path, code="file.missing") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
-        raise CheckpointError(f"cannot be read ({reason})", file=path, code="file.unreadable") from None
+    except NotRegularFile as exc:
+        raise CheckpointError(exc.strerror, file=path, code="file.not-regular") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
+    pointer = parse_pointer(data)
+    if pointer is not None:
+        raise CheckpointError(pointer_message(pointer), file=path, code="lfs-pointer")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError("cannot be read (not UTF-8)", file=path, code="file.unreadable") from None
+    duplicates: list[tuple[dict, str, object, object]] = []
+    try:
+        doc = json.loads(text, object_pairs_hook=_recording_duplicates(duplicates) if unique_keys else None)
     except json.JSONDecodeError as exc:
         raise CheckpointError(
             f"is not valid JSON ({exc.msg}, line {exc.lineno})", file=path, code="json.invalid"
         ) from None
+    except RecursionError:
+        raise CheckpointError("is JSON nested too deeply to read", file=path, code="json.invalid") from None
     if not isinstance(doc, dict):
         raise CheckpointError("is not a JSON object", file=path, code="json.invalid")
+    if duplicates:
+        raise _duplicate_key_error(path, doc, duplicates)
     return doc
+
+
+def _recording_duplicates(found: list[tuple[dict, str, object, object]]):
+    """A JSON object hook that notes each repeated key (with the object and both values)."""
+
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            seen: dict[str, object] = {}
+            for key, value in pairs:
+                if key in seen:
+                    found.append((obj, key, seen[key], value))
+                seen.setdefault(key, value)
+        return obj
+
+    return hook
+
+
+def _duplicate_key_error(path: Path, doc: dict, found: list[tuple[dict, str, object, object]]) -> CheckpointError:
+    weight_map = doc.get("weight_map")
+    for obj, key, first, second in found:
+        if obj is weight_map:
+            return CheckpointError(
+                f"is listed twice in weight_map, under {_short(first)} and {_short(second)} "
+                "(readers silently keep the last)",
+                file=path,
+                tensor=key,
+                code="index.duplicate-entry",
+            )
+    _, key, _, _ = found[0]
+    return CheckpointError(
+        f"has the key {_short(key)} twice in one object (readers silently keep the last)",
+        file=path,
+        code="json.duplicate-key",
+    )
+
+
+def _short(value: object) -> str:
+    """`value` as Python writes it (escaped, so one line), cut short if a stranger made it long."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def index_shape_problem(index_path: Path, index: dict) -> CheckpointError | None:
+    """Why the index is not `{"weight_map": {tensor: shard name}, "metadata": {...}}`, or None."""
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        return CheckpointError(
+            f"has no weight_map of tensor names to shard files (it is {type(weight_map).__name__})",
+            file=index_path,
+            code="index.invalid",
+        )
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            return CheckpointError(
+                f"maps to {_short(shard)}, not a shard file name", file=index_path, tensor=name, code="index.invalid"
+            )
+    metadata = index.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return CheckpointError(
+            f"metadata is {type(metadata).__name__}, not an object", file=index_path, code="index.invalid"
+        )
+    return None
+
+
+def shard_problem(root: Path, name: object) -> str | None:
+    """Why `name` cannot be a shard of the folder `root`, or None: the rule every reader and writer applies."""
+    why = name_problem(name)
+    if why is None:
+        why = outside(root, name)  # type: ignore[arg-type]  (name_problem has made it a str)
+    return why
+
+
+def unsafe_shards(root: Path, index_path: Path, weight_map: dict[str, str]) -> dict[str, CheckpointError]:
+    """Shard names of the index that are not files inside `root`, each with its error (naming one entry)."""
+    first_tensor: dict[str, str] = {}
+    for tensor, shard in weight_map.items():
+        first_tensor.setdefault(shard, tensor)  # each name is checked once: a MoE index lists 100k tensors
+    problems: dict[str, CheckpointError] = {}
+    for shard, tensor in first_tensor.items():
+        why = shard_problem(root, shard)
+        if why is not None:
+            problems[shard] = CheckpointError(
+                f"names the shard {_short(shard)}, which {why}; "
+                "shard names must be relative file names inside the checkpoint folder",
+                file=index_path,
+                tensor=tensor,
+                code="index.unsafe-shard",
+            )
+    return problems
 
 
 def index_problems(index_path: Path, index: dict, headers: dict[str, Header]) -> list[CheckpointError]:
@@ -173,13 +280,12 @@ class Checkpoint:
         index = None
         index_path = root / INDEX_FILE
         if index_path.exists() or index_path.is_symlink():
-            index = read_json(index_path, "index")
-            if not isinstance(index.get("weight_map"), dict) or not all(
-                isinstance(v, str) for v in index["weight_map"].values()
-            ):
-                raise CheckpointError(
-                    "has no weight_map of tensor names to shard files", file=index_path, code="index.invalid"
-                )
+            index = read_json(index_path, "index", unique_keys=True)
+            problem = index_shape_problem(index_path, index)
+            if problem is None:
+                problem = next(iter(unsafe_shards(root, index_path, index["weight_map"]).values()), None)
+            if problem is not None:
+                raise problem
             shard_names = sorted(set(index["weight_map"].values()))
         elif (root / SINGLE_FILE).exists() or (root / SINGLE_FILE).is_symlink():
             shard_names = [SINGLE_FILE]
@@ -195,7 +301,7 @@ class Checkpoint:
         headers: dict[str, Header] = {}
         for name in shard_names:
             path = root / name
-            if not path.exists():
+            if not exists(path):
                 code = "index.missing-shard" if index is not None else "file.missing"
                 why = f"is named in {INDEX_FILE} but does not exist" if index is not None else "does not exist"
                 if path.is_symlink():
@@ -214,6 +320,10 @@ class Checkpoint:
         return cls(root, config, index, headers)
 
     def path(self, shard: str) -> Path:
+        """The file of one of this checkpoint's shards (a name that passed `shard_problem` at open)."""
+        why = shard_problem(self.root, shard)
+        if why is not None:
+            raise CheckpointError(f"the shard name {_short(shard)} {why}", file=self.root, code="index.unsafe-shard")
         return self.root / shard
 
     @property
@@ -235,19 +345,66 @@ class Checkpoint:
             p.name for p in self.root.iterdir() if p.name.endswith(SHARD_SUFFIX) and p.name not in self.headers
         )
 
-    def other_files(self) -> list[Path]:
+    def other_files(self) -> OtherFiles:
         """Files to carry over unchanged: everything but shards, the index and config.json.
 
-        Hidden entries (a hub cache's `.cache/`, `.git`) and stray `.safetensors` files are left out.
+        Hidden entries (a hub cache's `.cache/`, `.git`) and stray `.safetensors` files are left
+        out. A link is followed only where it stays inside the folder, or, in a hub cache snapshot,
+        leads into the snapshot's blob store: a link elsewhere could carry any file of the machine
+        into an output meant for upload. Such links, broken links, loops and anything but regular
+        files and folders are skipped, each with the reason.
         """
-        skip = {CONFIG_FILE, INDEX_FILE, *self.headers}
-        out: list[Path] = []
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            rel_dir = Path(dirpath).relative_to(self.root)
-            for fn in sorted(filenames):
-                rel = rel_dir / fn
-                if fn.startswith(".") or (rel_dir == Path(".") and (fn in skip or fn.endswith(SHARD_SUFFIX))):
+        real_root = self.root.resolve()
+        allowed = [real_root]
+        if real_root.parent.name == "snapshots":  # REPO/snapshots/REV links into REPO/blobs
+            allowed.append(real_root.parent.parent / "blobs")
+        written_fresh = {CONFIG_FILE, INDEX_FILE, *self.headers}
+        files: list[Path] = []
+        skipped: dict[str, str] = {}
+        walked = {_identity(os.stat(real_root))}
+        folders = [Path()]
+        while folders:
+            folder = folders.pop()
+            try:
+                names = sorted(entry.name for entry in os.scandir(self.root / folder))
+            except OSError as exc:
+                skipped[folder.as_posix()] = f"cannot be listed ({exc.strerror})"
+                continue
+            for name in names:
+                rel = folder / name
+                key = rel.as_posix()
+                if name.startswith(".") or key in written_fresh or (folder == Path() and name.endswith(SHARD_SUFFIX)):
                     continue
-                out.append(rel)
-        return out
+                path = self.root / rel
+                try:
+                    if path.is_symlink():
+                        real = path.resolve(strict=True)
+                        if not any(real == a or a in real.parents for a in allowed):
+                            skipped[key] = f"is a link out of the checkpoint folder (to {real}); not followed"
+                            continue
+                    st = os.stat(path)
+                except (OSError, RuntimeError):  # RuntimeError: a link loop
+                    skipped[key] = "is a broken link or a link loop"
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    files.append(rel)
+                elif not stat.S_ISDIR(st.st_mode):
+                    skipped[key] = f"is {kind(st.st_mode)}, not a regular file"
+                elif _identity(st) in walked:
+                    skipped[key] = "is a link to a folder already walked (a loop or a repeat)"
+                else:
+                    walked.add(_identity(st))
+                    folders.append(rel)
+        return OtherFiles(sorted(files), skipped)
+
+
+@dataclass(frozen=True)
+class OtherFiles:
+    """What `Checkpoint.other_files` found: files to copy, and entries skipped (path -> why)."""
+
+    files: list[Path]
+    skipped: dict[str, str]
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -88,6 +89,8 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
     )
     console.print(f"  ignore    {', '.join(m['recipe']['ignore']) or '(none)'}")
     console.print("  verified  headers re-read strictly, file sizes exact, index resolves both ways")
+    for rel, why in result.skipped_files.items():
+        console.print(f"  [yellow]skipped[/]   {escape(rel)}: {escape(why)} (not copied)")
     rate = s["bytes_before"] / seconds / 2**20 if seconds > 0 else 0.0
     console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
 

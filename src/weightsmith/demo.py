@@ -74,7 +74,7 @@ def write_demo_checkpoint(folder: Path, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     specs = demo_tensors()
-    with ShardWriter(folder / "model.safetensors", specs, {"format": "pt"}) as writer:
+    with ShardWriter(folder, "model.safetensors", specs, {"format": "pt"}) as writer:
         for spec in specs:
             writer.write(spec.name, _values(spec, rng))
     (folder / "config.json").write_text(json.dumps(DEMO_CONFIG, indent=2) + "\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 _VERSIONS = (
     b"version https://git-lfs.github.com/spec/v1\n",
@@ -38,15 +37,6 @@ def parse_pointer(data: bytes) -> LfsPointer | None:
     if oid is None or size is None:
         return None
     return LfsPointer(oid.group(1).decode(), int(size.group(1)))
-
-
-def read_pointer(path: Path) -> LfsPointer | None:
-    """The pointer stored at `path`, or None if the file is anything else."""
-    try:
-        with open(path, "rb") as f:
-            return parse_pointer(f.read(MAX_POINTER_BYTES))
-    except OSError:
-        return None
 
 
 def pointer_message(pointer: LfsPointer) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from weightsmith import __version__, names
 from weightsmith.checkpoint import Checkpoint
+from weightsmith.files import open_regular, write_new
 
 if TYPE_CHECKING:
     from weightsmith.plan import Plan
@@ -29,7 +31,7 @@ def hash_files(paths: list[Path]) -> dict[str, str]:
     """sha256 of each file, streamed (hashlib releases the GIL while it digests)."""
     out = {}
     for p in paths:
-        with open(p, "rb") as f:
+        with os.fdopen(open_regular(p), "rb") as f:
             out[p.name] = hashlib.file_digest(f, "sha256").hexdigest()
     return out
 
@@ -86,4 +88,4 @@ def build_manifest(plan: Plan, written: Checkpoint, source_hashes: dict[str, str
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_new(folder, MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())

@@ -26,7 +26,8 @@ import numpy as np
 from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
-from weightsmith.manifest import build_manifest, hash_files, write_manifest
+from weightsmith.files import create_new, open_regular, write_new
+from weightsmith.manifest import MANIFEST_FILE, build_manifest, hash_files, write_manifest
 from weightsmith.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
 from weightsmith.quant import fp8, int4, int4_search, nvfp4
@@ -239,11 +240,16 @@ class QuantizeResult:
     #: What was cleaned up beside the output first (folders left by killed runs), one sentence each.
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def skipped_files(self) -> dict[str, str]:
+        """Source files not carried over (links out of the source, FIFOs, ...) and why."""
+        return self.manifest.get("skipped_files", {})
+
 
 def _write_index(plan: Plan, folder: Path) -> None:
     weight_map = {s.name: shard for shard, specs in plan.shards().items() for s in specs}
     index = {"metadata": {"total_size": plan.bytes_out}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    write_new(folder, INDEX_FILE, (json.dumps(index, indent=2) + "\n").encode())
 
 
 def _write_config(plan: Plan, folder: Path) -> None:
@@ -251,17 +257,22 @@ def _write_config(plan: Plan, folder: Path) -> None:
     config["quantization_config"] = plan.quantization_config()
     if plan.source_format.kind != "dense":
         config["torch_dtype"] = "bfloat16"
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+    write_new(folder, CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
 
 
-def _copy_other_files(ckpt: Checkpoint, folder: Path) -> list[str]:
-    copied = []
-    for rel in ckpt.other_files():
-        dst = folder / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ckpt.root / rel, dst)  # follows symlinks: the output holds real files
-        copied.append(str(rel))
-    return copied
+def _copy_other_files(ckpt: Checkpoint, folder: Path, files: list[Path]) -> None:
+    """Copy the source's other files into `folder` as real files (links were vetted by `other_files`).
+
+    A source `weightsmith.json` is left out: the run writes its own.
+    """
+    for rel in files:
+        if rel == Path(MANIFEST_FILE):
+            continue
+        with (
+            os.fdopen(open_regular(ckpt.root / rel), "rb") as src,
+            os.fdopen(create_new(folder, rel.as_posix()), "wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst)
 
 
 def verify_output(plan: Plan, folder: Path) -> Checkpoint:
@@ -290,7 +301,8 @@ def execute(
     src = plan.source
     notes = remove_stale(out)
     check_destination(src.root, out, force)
-    other_bytes = sum((src.root / rel).stat().st_size for rel in src.other_files())
+    other = src.other_files()
+    other_bytes = sum((src.root / rel).stat().st_size for rel in other.files)
     check_space(out, plan.bytes_out + other_bytes + (1 << 20))
     workers = max(1, workers)
     try:
@@ -299,7 +311,7 @@ def execute(
             writers: dict[str, ShardWriter] = {}
             try:
                 for shard, specs in plan.shards().items():
-                    writers[shard] = ShardWriter(folder / shard, specs, SHARD_METADATA)
+                    writers[shard] = ShardWriter(folder, shard, specs, SHARD_METADATA)
                 runner = _Runner(plan, readers, writers)
                 with ThreadPoolExecutor(
                     max_workers=workers + (1 if hash_sources else 0), thread_name_prefix="ws"
@@ -323,9 +335,11 @@ def execute(
             if src.index is not None:
                 _write_index(plan, folder)
             _write_config(plan, folder)
-            _copy_other_files(src, folder)
+            _copy_other_files(src, folder, other.files)
             written = verify_output(plan, folder)
             manifest = build_manifest(plan, written, source_hashes)
+            if other.skipped:
+                manifest["skipped_files"] = other.skipped
             write_manifest(folder, manifest)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

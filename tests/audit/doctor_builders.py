@@ -293,7 +293,7 @@ def tiny_modelopt(
 
 def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> Path:
     specs = [TensorSpec(n, from_numpy(a.dtype).code, a.shape) for n, a in tensors.items()]
-    with ShardWriter(path, specs, metadata) as writer:
+    with ShardWriter(path.parent, path.name, specs, metadata) as writer:
         for n, a in tensors.items():
             writer.write(n, a)
     return path

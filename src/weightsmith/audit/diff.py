@@ -96,11 +96,12 @@ def diff(a: str | Path, b: str | Path, workers: int | None = None) -> DiffReport
 
 def _readable(path: str | Path) -> Survey:
     found = survey(path, cross_check=False)
+    found.refuse_hostile_index()
     unreadable = set(found.unreadable_shards)
     if unreadable:
-        first = next(f for f in found.findings if f.file in unreadable)
+        first = next((f.line() for f in found.findings if f.file in unreadable), f"{sorted(unreadable)[0]} unreadable")
         raise CheckpointError(
-            f"cannot be compared: {first.line()} (run `weightsmith verify`)",
+            f"cannot be compared: {first} (run `weightsmith verify`)",
             file=path,
             code="diff.unreadable",
         )

@@ -83,6 +83,7 @@ def inspect(path: str | Path, by: str = BY_CATEGORY) -> InspectReport:
     start = time.perf_counter()
     with gc_paused():
         found = survey(path, cross_check=False)
+        found.refuse_hostile_index()
         if not found.headers:
             first = found.findings[0].line() if found.findings else "no shard could be read"
             raise CheckpointError(

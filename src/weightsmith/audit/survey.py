@@ -25,9 +25,12 @@ from weightsmith.checkpoint import (
     SINGLE_FILE,
     duplicate_tensors,
     index_problems,
+    index_shape_problem,
     read_json,
+    unsafe_shards,
 )
 from weightsmith.errors import CheckpointError, HeaderError
+from weightsmith.files import exists
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.safetensors.header import Header, read_header
 
@@ -55,7 +58,14 @@ ACTIONS = {
     "index.total-size": "set metadata.total_size to the sum of tensor data bytes",
     "json.invalid": "fix the JSON or download the file again",
     "file.unreadable": "check its permissions, or download it again",
+    "file.not-regular": "put the real file in its place",
+    "index.invalid": "rebuild the index",
+    "index.duplicate-entry": "list each tensor once, under the shard that holds it",
 }
+
+#: Index problems no command may read past: a shard name that leads out of the folder, a tensor
+#: listed under two shards. `verify` reports them; every other command refuses the checkpoint.
+HOSTILE_INDEX_CODES = frozenset({"index.unsafe-shard", "index.duplicate-entry"})
 
 
 @dataclass
@@ -87,7 +97,14 @@ class Survey:
         return [s for s in self.shard_names if s not in self.headers]
 
     def path(self, shard: str) -> Path:
+        """The file of a shard that was read (its name passed `unsafe_shards` before it was opened)."""
         return self.root / shard
+
+    def refuse_hostile_index(self) -> None:
+        """Raise the first finding in `HOSTILE_INDEX_CODES`: what a command that reads on must not skip."""
+        for f in self.findings:
+            if f.check in HOSTILE_INDEX_CODES:
+                raise CheckpointError(f.message, file=self.root / (f.file or ""), tensor=f.tensor, code=f.check)
 
 
 @contextmanager
@@ -147,7 +164,9 @@ def survey(path: str | os.PathLike[str], cross_check: bool = True) -> Survey:
     if listed is None and (root / INDEX_FILE).exists() and not shard_names:
         findings.append(Finding("file.missing", ERROR, "no .safetensors shard is present at all", None))
 
-    headers = _headers(root, shard_names, index is not None, findings)
+    unsafe = unsafe_shards(root, root / INDEX_FILE, index["weight_map"]) if index is not None else {}
+    findings.extend(_actionable(from_error(problem, root)) for problem in unsafe.values())
+    headers = _headers(root, [s for s in shard_names if s not in unsafe], index is not None, findings)
     if index is not None and cross_check:
         findings.extend(_index_findings(root, index, headers, len(headers) < len(shard_names)))
         for stray in sorted(set(present) - set(shard_names)):
@@ -174,7 +193,7 @@ def _json(path: Path, what: str, root: Path, findings: list[Finding], required: 
     if not required and not (path.exists() or path.is_symlink()):
         return None
     try:
-        return read_json(path, what)
+        return read_json(path, what, unique_keys=what == "index")
     except CheckpointError as exc:
         findings.append(_actionable(from_error(exc, root)))
         return None
@@ -188,19 +207,11 @@ def _index(root: Path, findings: list[Finding]) -> tuple[dict | None, list[str] 
     index = _json(path, "index", root, findings, required=True)
     if index is None:
         return None, None
-    weight_map = index.get("weight_map")
-    if not isinstance(weight_map, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-    ):
-        findings.append(
-            Finding(
-                "index.invalid",
-                ERROR,
-                "has no weight_map of tensor names to shard file names; rebuild the index",
-                INDEX_FILE,
-            )
-        )
+    problem = index_shape_problem(path, index)
+    if problem is not None:
+        findings.append(_actionable(from_error(problem, root)))
         return None, None
+    weight_map = index["weight_map"]
     if not weight_map:
         findings.append(Finding("index.invalid", ERROR, "has an empty weight_map; rebuild the index", INDEX_FILE))
         return None, None
@@ -211,7 +222,7 @@ def _headers(root: Path, shard_names: list[str], indexed: bool, findings: list[F
     headers: dict[str, Header] = {}
     for name in shard_names:
         path = root / name
-        if not path.exists():
+        if not exists(path):
             why = (
                 f"is named in {INDEX_FILE} but does not exist; download it, or drop its entries from the index"
                 if indexed

@@ -29,6 +29,7 @@ from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
 from weightsmith.errors import CheckpointError, OutputError
+from weightsmith.files import create_new, name_problem, open_regular, write_new
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.outputdir import check_destination, staged
@@ -98,7 +99,7 @@ def transplant(
     replace: bool = False,
 ) -> TransplantResult:
     """Copy the donor tensors that `patterns` select into a new shard of the target (or of `out`)."""
-    if "/" in shard or not shard.endswith(SHARD_SUFFIX) or shard in (INDEX_FILE, CONFIG_FILE):
+    if name_problem(shard) or "/" in shard or not shard.endswith(SHARD_SUFFIX) or shard in (INDEX_FILE, CONFIG_FILE):
         raise OutputError(
             f"shard name {shard!r} must be a plain file name ending in {SHARD_SUFFIX}", code="transplant.shard-name"
         )
@@ -118,12 +119,12 @@ def transplant(
         with staged(dest, force=out is None) as folder:
             skip = {INDEX_FILE, shard, *plan.removals, *plan.config_changes}
             _link_tree(target_ck.root, folder, skip, absolute_links=out is not None)
-            _write_new_shard(donor_ck, folder / shard, plan.copies)
+            _write_new_shard(donor_ck, folder, shard, plan.copies)
             for name in rewritten:
-                _rewrite_without(target_ck, name, plan.removals[name], folder / name)
+                _rewrite_without(target_ck, name, plan.removals[name], folder)
             _write_index(target_ck, folder, shard, plan)
             for file, doc in plan.config_changes.items():
-                (folder / file).write_text(json.dumps(doc, indent=2) + "\n")
+                write_new(folder, file, (json.dumps(doc, indent=2) + "\n").encode())
             report = _check_result(folder, shard, plan.copies)
     except OSError as exc:
         raise OutputError(
@@ -274,17 +275,16 @@ def _optional_json(path: Path) -> dict | None:
 def _link_tree(src: Path, dst: Path, skip: set[str], absolute_links: bool) -> None:
     """Mirror `src` into `dst` without copying data: hard links for files, the same symlinks.
 
-    Top-level names in `skip` are left out (they are written fresh). Where a hard link is refused
-    (another filesystem, protected links) the file is copied.
+    Relative paths in `skip` are left out (they are written fresh: a link to them would let the
+    writer reach the target's own file). Where a hard link is refused (another filesystem,
+    protected links) the file is copied; nothing is opened that is not a regular file.
     """
     for dirpath, dirnames, filenames in os.walk(src):
         rel = Path(dirpath).relative_to(src)
         entries = [*dirnames, *filenames]
-        dirnames[:] = [
-            d for d in dirnames if not (Path(dirpath) / d).is_symlink() and not (rel == Path(".") and d in skip)
-        ]
+        dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink() and (rel / d).as_posix() not in skip]
         for entry in entries:
-            if rel == Path(".") and entry in skip:
+            if (rel / entry).as_posix() in skip:
                 continue
             source, target = Path(dirpath) / entry, dst / rel / entry
             if source.is_symlink():
@@ -296,10 +296,14 @@ def _link_tree(src: Path, dst: Path, skip: set[str], absolute_links: bool) -> No
                 try:
                     os.link(source, target)
                 except OSError:
-                    shutil.copy2(source, target)
+                    with (
+                        os.fdopen(open_regular(source), "rb") as f,
+                        os.fdopen(create_new(dst, (rel / entry).as_posix()), "wb") as g,
+                    ):
+                        shutil.copyfileobj(f, g)
 
 
-def _write_new_shard(donor: Checkpoint, path: Path, copies: list[CopiedTensor]) -> None:
+def _write_new_shard(donor: Checkpoint, folder: Path, shard: str, copies: list[CopiedTensor]) -> None:
     specs = [TensorSpec(c.name, c.dtype, tuple(c.shape)) for c in copies]
     buffer = np.empty(CHUNK_BYTES, dtype=np.uint8)
     readers: dict[str, ShardReader] = {}
@@ -321,7 +325,7 @@ def _write_new_shard(donor: Checkpoint, path: Path, copies: list[CopiedTensor]) 
                 {c.name: {"donor_shard": c.donor_shard, HASH: c.blake2b} for c in copies}, sort_keys=True
             ),
         }
-        with ShardWriter(path, specs, metadata) as writer:
+        with ShardWriter(folder, shard, specs, metadata) as writer:
             for c in copies:
                 info = donor.tensors[c.name].info
                 start = 0
@@ -333,13 +337,16 @@ def _write_new_shard(donor: Checkpoint, path: Path, copies: list[CopiedTensor]) 
             reader.close()
 
 
-def _rewrite_without(target: Checkpoint, shard: str, dropped: set[str], path: Path) -> None:
+def _rewrite_without(target: Checkpoint, shard: str, dropped: set[str], folder: Path) -> None:
     header = target.headers[shard]
     kept = [info for name, info in header.tensors.items() if name not in dropped]
     if not kept:
         return
     specs = [TensorSpec(i.name, i.dtype.code, i.shape) for i in kept]
-    with ShardReader(target.path(shard), header) as reader, ShardWriter(path, specs, header.metadata or None) as writer:
+    with (
+        ShardReader(target.path(shard), header) as reader,
+        ShardWriter(folder, shard, specs, header.metadata or None) as writer,
+    ):
         for info in kept:
             writer.copy(info.name, reader.fd, info.offset, info.nbytes)
 
@@ -362,7 +369,7 @@ def _write_index(target: Checkpoint, folder: Path, shard: str, plan: _Plan) -> N
         read_header(folder / s).data_len if s in fresh else target.headers[s].data_len for s in shards
     )
     index = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    write_new(folder, INDEX_FILE, (json.dumps(index, indent=2) + "\n").encode())
 
 
 def _check_result(folder: Path, shard: str, copies: list[CopiedTensor]) -> VerifyReport:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from weightsmith.dtypes import DTYPES, DType
 from weightsmith.errors import HeaderError
+from weightsmith.files import NotRegularFile, open_regular
 from weightsmith.lfs import parse_pointer, pointer_message
 
 #: The reference reader's limit (`MAX_HEADER_SIZE` in tensor.rs).
@@ -278,7 +279,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     """Read and validate the header of the safetensors file at `path` (symlinks are followed)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) == 8:
@@ -289,8 +290,8 @@ def read_header(path: str | os.PathLike[str]) -> Header:
                     head += f.read(1024 - 8)
     except FileNotFoundError:
         raise HeaderError("does not exist", file=path, code="file.missing") from None
-    except IsADirectoryError:
-        raise HeaderError("is a directory, not a safetensors file", file=path, code="file.unreadable") from None
+    except NotRegularFile as exc:
+        raise HeaderError(exc.strerror, file=path, code="file.not-regular") from None
     except OSError as exc:
         raise HeaderError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
     return parse_header(path, head, size)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from weightsmith.errors import CheckpointError
+from weightsmith.files import NotRegularFile, open_regular
 from weightsmith.safetensors.header import Header, TensorInfo, read_header
 from weightsmith.safetensors.writer import byte_view
 
@@ -23,7 +24,11 @@ class ShardReader:
     def __init__(self, path: str | os.PathLike[str], header: Header | None = None) -> None:
         self.path = Path(path)
         self.header = header if header is not None else read_header(self.path)
-        self._fd = os.open(self.path, os.O_RDONLY)
+        self._fd = -1
+        try:
+            self._fd = open_regular(self.path)
+        except NotRegularFile as exc:
+            raise CheckpointError(exc.strerror, file=self.path, code="file.not-regular") from None
 
     def __enter__(self) -> ShardReader:
         return self

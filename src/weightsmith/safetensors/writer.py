@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from weightsmith.dtypes import DTYPES, WRITE_ORDER
+from weightsmith.files import create_new
 
 COPY_CHUNK = 64 << 20
 
@@ -58,18 +59,27 @@ def layout(specs: list[TensorSpec], metadata: dict[str, str] | None) -> tuple[by
 
 
 class ShardWriter:
-    """One output safetensors file, created at its final size; fill tensors with `write`/`copy`."""
+    """One new safetensors file `folder/name`, created at its final size; fill tensors with `write`/`copy`.
+
+    `name` may come from a stranger's index, so it must be a relative path below `folder`, and the
+    file must not exist yet: `create_new` refuses anything else rather than write through a link
+    or over a file (a source shard, a user's file) that an unchecked name would reach.
+    """
 
     def __init__(
-        self, path: str | os.PathLike[str], specs: list[TensorSpec], metadata: dict[str, str] | None = None
+        self,
+        folder: str | os.PathLike[str],
+        name: str,
+        specs: list[TensorSpec],
+        metadata: dict[str, str] | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = Path(folder) / name
         self.specs = {s.name: s for s in specs}
         head, offsets = layout(specs, metadata)
         self.data_start = len(head)
         self.offsets = offsets
         self.size = self.data_start + sum(s.nbytes for s in specs)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = create_new(Path(folder), name)
         _pwrite_all(self._fd, memoryview(head), 0)
         os.ftruncate(self._fd, self.size)
         self._synced = False  # True while nothing was written since the last fsync

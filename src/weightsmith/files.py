@@ -1,0 +1,155 @@
+"""File names a checkpoint hands us, and the only ways we open files they name.
+
+An index's `weight_map` is a stranger's text, and its shard names are joined onto folders we read
+and write. Joined unchecked, `../model.safetensors` or `/home/me/notes.txt` makes a writer truncate
+the source or a neighbour, and a FIFO named like a shard makes every reader hang. So:
+- every name joined onto a folder passes `name_problem` (the one rule for names) and `outside`;
+- every read opens through `open_regular`, which refuses anything but a regular file (after
+  following a final link: a hub-cache snapshot's shards are links into its blob store);
+- every output file is made by `create_new`: inside its folder, never over an existing file and
+  never through a link.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from weightsmith.errors import OutputError
+
+#: Flags for a file we create: fail rather than reuse or follow whatever is already there.
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+#: Linux's NAME_MAX, and a bound on a whole relative name that leaves room for its folder in PATH_MAX.
+MAX_PART_BYTES = 255
+MAX_NAME_BYTES = 1024
+
+
+class NotRegularFile(OSError):
+    """A path that names a folder, FIFO, device or socket where a file's bytes were expected."""
+
+
+def name_problem(name: object) -> str | None:
+    """Why `name` is not a relative file path below a folder, or None when it is.
+
+    A name is a plain file name, or plain names joined by `/`. Refused: anything but a non-empty
+    string; an absolute path; `.`, `..` or empty parts (`a//b`, a trailing `/`); a backslash (a
+    separator on Windows, a trick here); NUL and other control characters (they also break a
+    one-line message); a lone surrogate (not a file name any filesystem can hold); a part longer
+    than Linux allows (NAME_MAX) or a whole name long enough to overflow a path.
+    """
+    if not isinstance(name, str):
+        return f"is {type(name).__name__}, not a file name"
+    if not name:
+        return "is empty"
+    if name.startswith("/"):
+        return "is an absolute path"
+    if "\\" in name:
+        return "holds a backslash"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return "holds a control character or a lone surrogate"
+    parts = name.split("/")
+    if len(name.encode()) > MAX_NAME_BYTES or any(len(p.encode()) > MAX_PART_BYTES for p in parts):
+        return "is longer than a file name can be"
+    if ".." in parts:
+        return "climbs out of its folder (..)"
+    if "." in parts or "" in parts:
+        return "is not a plain path (an empty or '.' part)"
+    return None
+
+
+def outside(root: Path, name: str) -> str | None:
+    """Why `root/name` leaves `root` once its folders' links are resolved, or None when it stays inside.
+
+    The last part may be a link to a file anywhere (a hub cache's blob store); the folders on the
+    way to it may not lead out of `root`. `name` must already pass `name_problem`.
+    """
+    parent = (root / name).parent
+    if parent == root:
+        return None
+    try:
+        real, real_root = parent.resolve(), root.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a link loop
+        return "lies in a folder that cannot be resolved (a link loop?)"
+    if real != real_root and real_root not in real.parents:
+        return f"lies in a folder that leads out of the checkpoint (to {real})"
+    return None
+
+
+def exists(path: Path) -> bool:
+    """Whether `path` leads to something; an error other than "no such file" counts as yes, so that
+    the read that follows reports it (`Path.exists` raises on most of them)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of the regular file at `path` (a final link is followed).
+
+    `stat` comes first, so a FIFO or device is never opened; the open itself is non-blocking and
+    re-checked, so one swapped in between cannot hang us either.
+    """
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(errno.EINVAL, f"is {kind(mode)}, not a regular file", str(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"is {kind(mode)}, not a regular file", str(path))
+    return fd
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at `path` (see `open_regular`)."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        return f.read()
+
+
+def create_new(folder: Path, name: str) -> int:
+    """A write descriptor of the new file `folder/name`, making the folders below `folder` it needs.
+
+    Refuses a name that is not a relative path below `folder`, an existing file, and a link (at
+    the file or at any folder on the way), so nothing outside `folder` can be written through it.
+    """
+    why = name_problem(name)
+    if why is not None:
+        raise OutputError(f"refusing to write {name!r}: the name {why}", file=folder, code="output.unsafe-name")
+    parent = folder
+    for part in name.split("/")[:-1]:
+        parent = parent / part
+        try:
+            os.mkdir(parent)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(parent).st_mode):
+                raise OutputError(
+                    f"refusing to write {name!r}: {part} is not a folder", file=folder, code="output.unsafe-name"
+                ) from None
+    return os.open(folder / name, CREATE_FLAGS, 0o644)
+
+
+def write_new(folder: Path, name: str, data: bytes) -> None:
+    """Write `data` to the new file `folder/name` (see `create_new`)."""
+    with os.fdopen(create_new(folder, name), "wb") as f:
+        f.write(data)
