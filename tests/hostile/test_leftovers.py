@@ -132,3 +132,19 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path: Path) -> None:
             assert len([ln for ln in err.splitlines() if ln.strip()]) <= 1, err
         interrupted += "interrupted" in err
     assert interrupted, "no interrupt landed during start-up: the delays no longer cover it"
+
+
+def test_transplant_puts_back_a_target_a_killed_in_place_run_had_renamed_aside(tmp_path: Path) -> None:
+    """Killed mid-replace in place: the target is missing, its previous self sits in TARGET.replaced-PID."""
+    from doctor_builders import tiny_moe, write
+
+    from weightsmith.audit.transplant import transplant
+
+    donor = write(tiny_moe(kv_scales=True, seed=1), tmp_path / "donor")
+    target = write(tiny_moe(kv_scales=False, seed=2), tmp_path / "target")
+    aside = tmp_path / f"target.replaced-{_dead_pid()}"
+    target.rename(aside)
+    result = transplant(donor, target, [r"re:.*\.(k|v)_scale$"])
+    assert result.notes[0] == f"restored target from {aside.name}: a run replacing it died before finishing"
+    assert not aside.exists() and result.verify_errors == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["donor", "target"]

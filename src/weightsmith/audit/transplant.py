@@ -32,7 +32,7 @@ from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import create_new, name_problem, open_regular, write_new
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
-from weightsmith.outputdir import check_destination, staged
+from weightsmith.outputdir import check_destination, remove_stale, staged
 from weightsmith.plan import entry_regex
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
@@ -103,6 +103,8 @@ def transplant(
         raise OutputError(
             f"shard name {shard!r} must be a plain file name ending in {SHARD_SUFFIX}", code="transplant.shard-name"
         )
+    # first, so that a target a killed in-place run had renamed aside is back before it is opened
+    stale = remove_stale(Path(out) if out is not None else Path(target))
     donor_ck = Checkpoint.open(donor, require_config=False)
     target_ck = Checkpoint.open(target, require_config=False)
     chosen = select(sorted(donor_ck.tensors), patterns)
@@ -131,7 +133,7 @@ def transplant(
             f"could not be written ({exc.strerror or exc})", file=exc.filename or dest, code="output.io"
         ) from None
     replaced = sum(1 for c in plan.copies if c.replaces)
-    notes = [f"{len(plan.copies) - replaced} new, {replaced} replaced"]
+    notes = [*stale, f"{len(plan.copies) - replaced} new, {replaced} replaced"]
     if report.errors:
         notes.append(
             f"the result still has {report.errors} verify error(s), none of them structural; "
