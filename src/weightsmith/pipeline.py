@@ -36,6 +36,8 @@ from weightsmith.safetensors.writer import ShardWriter
 
 #: Input bytes per row block: large enough to amortise calls, small enough to bound memory.
 BLOCK_BYTES = 32 << 20
+#: Small jobs are handed to the workers together, up to these many bytes or jobs per hand-over.
+BATCH_BYTES, BATCH_JOBS = 4 << 20, 1024
 #: llm-compressor writes no `__metadata__`; we match it so the shards are byte-identical.
 SHARD_METADATA: dict[str, str] = {}
 
@@ -358,7 +360,7 @@ def _drain(
     progress: Progress | None,
 ) -> list:
     """Run `fn` over `jobs` on the pool; at the first error or interrupt, stop the rest and re-raise."""
-    futures = [pool.submit(fn, job) for job in jobs]
+    futures = [pool.submit(lambda batch: [fn(job) for job in batch], batch) for batch in _batches(jobs)]
     results = []
     try:
         pending = set(futures)
@@ -367,15 +369,29 @@ def _drain(
             for f in done:
                 if f.exception() is not None:
                     raise f.exception()
-                results.append(f.result())
+                results.extend(f.result())
                 if progress is not None:
-                    progress(nbytes(f.result()))
+                    progress(sum(nbytes(r) for r in f.result()))
     except BaseException:
         runner.cancelled.set()
         for f in futures:
             f.cancel()
         raise
     return results
+
+
+def _batches(jobs: list[_Job]) -> Iterator[list[_Job]]:
+    """Jobs in runs of at least BATCH_BYTES or BATCH_JOBS: one future per small tensor costs more than its copy."""
+    batch: list[_Job] = []
+    size = 0
+    for job in jobs:
+        batch.append(job)
+        size += job.nbytes
+        if size >= BATCH_BYTES or len(batch) >= BATCH_JOBS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def default_workers() -> int:

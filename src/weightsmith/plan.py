@@ -173,9 +173,9 @@ def compile_ignore(entries: list[str]) -> None:
                 ) from None
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
-    """What becomes of one source tensor."""
+    """What becomes of one source tensor (slots: a checkpoint may hold hundreds of thousands)."""
 
     name: str
     shard: str
@@ -186,10 +186,11 @@ class Decision:
     outputs: list[TensorSpec] = field(default_factory=list)
     scale: str | None = None  # FP8 inputs: the scale tensor consumed by decoding
     scale_block: Block | None = None  # FP8 inputs: the weight block each scale element covers
+    module: str = field(init=False)
+    param: str = field(init=False)
 
-    @property
-    def module(self) -> str:
-        return names.split(self.name)[0]
+    def __post_init__(self) -> None:
+        self.module, self.param = names.split(self.name)
 
     @property
     def nbytes(self) -> int:
@@ -329,7 +330,7 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
     for name, ref in ckpt.tensors.items():
         info = ref.info
         d = Decision(name, ref.shard, KEEP, "", info.dtype.code, info.shape)
-        module, param = names.split(name)
+        module, param = d.module, d.param
         if name in consumed:
             d.action, d.reason = DROP, f"FP8 scale of {consumed[name]}, consumed by decoding"
         elif fmt.kind != "dense" and param == names.INPUT_SCALE:
@@ -394,7 +395,7 @@ def _ignored_by(module: str, user: list[str], preset_entries: tuple[str, ...], p
 
 def _enforce_fused_agreement(decisions: list[Decision]) -> None:
     """Keep every shard of a fused layer if any shard present is kept."""
-    by_module = {d.module: d for d in decisions if names.split(d.name)[1] == names.WEIGHT}
+    by_module = {d.module: d for d in decisions if d.param == names.WEIGHT}
     groups: dict[str, list[Decision]] = defaultdict(list)
     for module, d in by_module.items():
         fused = names.fused_partners(module)
@@ -412,9 +413,8 @@ def _enforce_fused_agreement(decisions: list[Decision]) -> None:
 
 def _is_linear_like_weight(d: Decision) -> bool:
     """A kept weight that vLLM would build as a Linear layer (so it must be listed in ignore)."""
-    module, param = names.split(d.name)
     if len(d.shape) == 3 and names.category(d.name) == names.ROUTED_EXPERTS:
         return True
-    if param != names.WEIGHT or len(d.shape) != 2:
+    if d.param != names.WEIGHT or len(d.shape) != 2:
         return False
-    return not (names.is_norm(module) or names.is_embedding(module) or names.is_lm_head(module))
+    return not (names.is_norm(d.module) or names.is_embedding(d.module) or names.is_lm_head(d.module))

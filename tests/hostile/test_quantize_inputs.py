@@ -16,12 +16,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from audit.doctor_builders import write_shard
+from audit.doctor_builders import raw_shard, write_shard
 from hostile.harness import Result, Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.dtypes import from_numpy
 from weightsmith.quant import fp8
+from weightsmith.safetensors.header import MAX_TENSORS
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
 #: A Llama with 128 inputs to q/k/v/o and gate/up: every block scale of those is [ceil(out/128), 1].
@@ -381,3 +382,46 @@ def test_zero_size_tensor_with_a_huge_dimension_is_kept_whole(sandbox: Sandbox, 
     assert (out.tensors[huge].info.shape, out.tensors[huge].info.dtype.code) == ((2**62, 0), "BF16")
     assert f"{huge[: -len('.weight')]}.weight_packed" not in out.tensors
     sandbox.assert_untouched("out")
+
+
+# --- 5. a header of very many tiny tensors is refused before any per-tensor structure is built ---
+
+
+def _tiny_tensors(path: Path, count: int, first: int = 0) -> list[str]:
+    """A shard of `count` one-byte U8 tensors (~60 header bytes each); their names."""
+    names = [f"l.{i}.weight" for i in range(first, first + count)]
+    entries = ",".join(f'"{n}":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{i + 1}]}}' for i, n in enumerate(names))
+    raw_shard(path, "{" + entries + "}", b"\x01" * count)
+    return names
+
+
+def test_too_many_tensors_in_one_shard(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    src = sandbox.root / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    _tiny_tensors(src / "model.safetensors", MAX_TENSORS + 1)
+    sandbox.freeze()
+    for args in (["quantize", src, sandbox.root / "out"], ["quantize", src, sandbox.root / "out", "--dry-run"]):
+        result = _limited(*args, timeout=30)
+        _refused(Result(result.returncode, result.stdout, result.stderr), sandbox, "model.safetensors", "tensors")
+    found = _limited("verify", src, "--json", timeout=30)
+    assert found.returncode == 1, found.stderr
+    checks = [f["check"] for f in json.loads(found.stdout)["findings"]]
+    assert checks == ["header.too-many-tensors"], checks
+
+
+def test_too_many_tensors_over_all_shards(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    """The limit is per checkpoint: two shards under it that together exceed it are refused too."""
+    src = sandbox.root / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    half = MAX_TENSORS // 2 + 1
+    weight_map = {}
+    for k, shard in enumerate(("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
+        weight_map |= dict.fromkeys(_tiny_tensors(src / shard, half, first=k * half), shard)
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 2 * half}, "weight_map": weight_map})
+    )
+    found = _limited("verify", src, "--json", timeout=60)
+    findings = json.loads(found.stdout)["findings"]
+    assert any(f["check"] == "header.too-many-tensors" for f in findings), findings
