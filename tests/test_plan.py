@@ -11,7 +11,8 @@ import pytest
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.errors import WeightsmithError
-from weightsmith.plan import DECODE, KEEP, QUANTIZE, build_plan, matches
+from weightsmith.names import matches
+from weightsmith.plan import DECODE, KEEP, QUANTIZE, build_plan
 from weightsmith.schemes import make_scheme
 
 

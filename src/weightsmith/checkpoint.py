@@ -19,7 +19,7 @@ from pathlib import Path
 from weightsmith.errors import CheckpointError, HeaderError
 from weightsmith.files import NotRegularFile, exists, kind, name_problem, outside, read_regular
 from weightsmith.lfs import parse_pointer, pointer_message
-from weightsmith.safetensors.header import Header, TensorInfo, read_header
+from weightsmith.safetensors.header import MAX_TENSORS, Header, TensorInfo, read_header
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -299,6 +299,7 @@ class Checkpoint:
                 )
 
         headers: dict[str, Header] = {}
+        budget = MAX_TENSORS  # tensors the shards still to be read may hold, over the whole checkpoint
         for name in shard_names:
             path = root / name
             if not exists(path):
@@ -307,7 +308,8 @@ class Checkpoint:
                 if path.is_symlink():
                     why += f" (a broken link to {os.readlink(path)})"
                 raise HeaderError(why, file=path, code=code)
-            headers[name] = read_header(path)
+            headers[name] = read_header(path, budget)
+            budget -= len(headers[name].tensors)
 
         if index is not None:
             fatal = [p for p in index_problems(index_path, index, headers) if p.code not in TOLERABLE_INDEX_CODES]

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+from weightsmith.errors import WeightsmithError
 
 # --- parameter names (the last dotted component of a tensor name) ---
 WEIGHT = "weight"
@@ -237,3 +240,29 @@ def category(name: str) -> str:
     if _MLP.search(module + "."):
         return "dense mlp"
     return "other"
+
+
+#: What `re.compile` raises for a pattern it cannot build, not only `re.error`.
+REGEX_ERRORS = (re.error, OverflowError, RecursionError)
+
+
+def entry_regex(entry: str, origin: str, file: str | Path | None = None) -> re.Pattern[str]:
+    """The compiled pattern of a `re:` entry, or one line naming the entry and where it came from.
+
+    Every `re:` pattern a user or a checkpoint supplies is compiled here, so a bad one (`re:([`,
+    a repeat count too large, nesting too deep) is never a traceback. `origin` says where it was
+    given: `--ignore`, `--select`, `quantization_config targets`.
+    """
+    try:
+        return re.compile(entry[3:])
+    except REGEX_ERRORS as exc:
+        raise WeightsmithError(
+            f"{origin} {entry!r} is not a valid regular expression ({exc})", file=file, code="usage"
+        ) from None
+
+
+def matches(entry: str, module: str) -> bool:
+    """vLLM's rule: `re:` entries with `re.match` (anchored at the start only), others exactly."""
+    if entry.startswith("re:"):
+        return entry_regex(entry, "pattern").match(module) is not None
+    return entry == module

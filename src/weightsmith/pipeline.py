@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,8 @@ from weightsmith.safetensors.writer import ShardWriter
 
 #: Input bytes per row block: large enough to amortise calls, small enough to bound memory.
 BLOCK_BYTES = 32 << 20
+#: Small jobs are handed to the workers together, up to these many bytes or jobs per hand-over.
+BATCH_BYTES, BATCH_JOBS = 4 << 20, 1024
 #: llm-compressor writes no `__metadata__`; we match it so the shards are byte-identical.
 SHARD_METADATA: dict[str, str] = {}
 
@@ -64,22 +66,28 @@ class _Scratch(threading.local):
         return buf[:nbytes]
 
 
-def _row_blocks(info: TensorInfo) -> list[tuple[int, int]]:
-    """Row ranges of about BLOCK_BYTES each, in multiples of 8 rows (zero points pack 8 rows per word)."""
+def _row_blocks(info: TensorInfo) -> Iterator[tuple[int, int]]:
+    """Row ranges of about BLOCK_BYTES each, in multiples of 8 rows (zero points pack 8 rows per word).
+
+    Only tensors with values are split (the plan keeps every zero-size tensor whole), so the number
+    of blocks is at most the tensor's bytes / 8: bounded by the file, whatever its header declares.
+    """
     rows = info.shape[0]
     row_bytes = max(info.nbytes // max(rows, 1), 1)
     step = max(int4.PACK, (BLOCK_BYTES // row_bytes) // int4.PACK * int4.PACK)
-    return [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
+    return ((r0, min(r0 + step, rows)) for r0 in range(0, rows, step))
 
 
 def _jobs(plan: Plan) -> list[_Job]:
     jobs: list[_Job] = []
     for i, d in enumerate(plan.decisions):
         info = plan.source.tensors[d.name].info
-        if d.action == KEEP or (d.action == QUANTIZE and plan.scheme.needs_whole_tensor):
+        if info.nbytes == 0:  # nothing to read or write: one job, so the shard still counts it done
+            jobs.append(_Job(i))
+        elif d.action == KEEP or (d.action == QUANTIZE and plan.scheme.needs_whole_tensor):
             jobs.append(_Job(i, 0, info.shape[0], info.nbytes))
         elif d.action in (QUANTIZE, DECODE):
-            row_bytes = info.nbytes // max(info.shape[0], 1)
+            row_bytes = info.nbytes // info.shape[0]
             jobs.extend(_Job(i, r0, r1, (r1 - r0) * row_bytes) for r0, r1 in _row_blocks(info))
     # Biggest first, so a long tensor does not start last and leave one worker busy alone.
     jobs.sort(key=lambda j: -j.nbytes)
@@ -102,7 +110,6 @@ class _Runner:
         self.scratch = _Scratch()
         self.cancelled = threading.Event()
         self.global_scales: dict[str, np.float32] = {}
-        self.fp8_scales: dict[str, np.ndarray] = {}  # small; a racing duplicate read is harmless
         self.jobs = _jobs(plan)
         # output shard -> jobs still to write into it: each shard is synced as soon as it is complete
         self._unfinished = Counter(plan.decisions[job.decision_index].shard for job in self.jobs)
@@ -160,7 +167,9 @@ class _Runner:
         d = self.plan.decisions[job.decision_index]
         ref = self.plan.source.tensors[d.name]
         reader, writer = self.readers[ref.shard], self.writers[d.shard]
-        if d.action == KEEP:
+        if ref.info.nbytes == 0:
+            pass  # a zero-size tensor: its header entry is all there is
+        elif d.action == KEEP:
             writer.copy(d.name, reader.fd, ref.info.offset, ref.info.nbytes)
         elif d.action == DECODE:
             rows = self._input(d, ref.info, reader, job.r0, job.r1)
@@ -183,11 +192,18 @@ class _Runner:
         rows = reader.read_rows(info, r0, r1, buf)
         if d.scale is None:
             return rows
-        scale = self.fp8_scales.get(d.scale)
-        if scale is None:  # read once per weight, not once per row block
-            scale_ref = self.plan.source.tensors[d.scale]
-            scale = self.fp8_scales[d.scale] = self.readers[scale_ref.shard].read(d.scale)
-        return fp8.dequantize_rows(rows, scale, r0, self.plan.source_format.block)
+        assert d.scale_block is not None  # the plan resolved it for every FP8 weight with values
+        # Only the scale rows these weight rows use: memory stays bounded by the row block.
+        scale_info = self.plan.source.tensors[d.scale].info
+        scale_reader = self.readers[self.plan.source.tensors[d.scale].shard]
+        block_rows = d.scale_block[0]
+        if scale_info.numel == 1:
+            scale, first = scale_reader.read(d.scale), 0
+        else:
+            first, last = r0 // block_rows, (r1 - 1) // block_rows + 1
+            buf = np.empty((last - first) * scale_info.shape[1], scale_info.dtype.numpy)
+            scale = scale_reader.read_rows(scale_info, first, last, buf)
+        return fp8.dequantize_rows(rows, scale, r0 - first * block_rows, d.scale_block)
 
     def _check(self, d: Decision, bad: int, r0: int, cols: int) -> None:
         if bad >= 0:
@@ -205,7 +221,7 @@ class _Runner:
         g = self.plan.scheme.group_size
         masks = np.zeros((rows, cols // g), np.uint32)
         improved = np.zeros(int(int4_search.MEMORYLESS["maxshrink"] * int4_search.MEMORYLESS["grid"]), np.bool_)
-        blocks = _row_blocks(info)
+        blocks = list(_row_blocks(info))  # walked twice
         for r0, r1 in blocks:
             x = self._input(d, info, reader, r0, r1)
             bad = int4_search.memoryless_steps(int4.kernel_input(x), int4.mode_of(x.dtype), g, masks[r0:r1], improved)
@@ -361,7 +377,7 @@ def _drain(
     progress: Progress | None,
 ) -> list:
     """Run `fn` over `jobs` on the pool; at the first error or interrupt, stop the rest and re-raise."""
-    futures = [pool.submit(fn, job) for job in jobs]
+    futures = [pool.submit(lambda batch: [fn(job) for job in batch], batch) for batch in _batches(jobs)]
     results = []
     try:
         pending = set(futures)
@@ -370,15 +386,29 @@ def _drain(
             for f in done:
                 if f.exception() is not None:
                     raise f.exception()
-                results.append(f.result())
+                results.extend(f.result())
                 if progress is not None:
-                    progress(nbytes(f.result()))
+                    progress(sum(nbytes(r) for r in f.result()))
     except BaseException:
         runner.cancelled.set()
         for f in futures:
             f.cancel()
         raise
     return results
+
+
+def _batches(jobs: list[_Job]) -> Iterator[list[_Job]]:
+    """Jobs in runs of at least BATCH_BYTES or BATCH_JOBS: one future per small tensor costs more than its copy."""
+    batch: list[_Job] = []
+    size = 0
+    for job in jobs:
+        batch.append(job)
+        size += job.nbytes
+        if size >= BATCH_BYTES or len(batch) >= BATCH_JOBS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def default_workers() -> int:

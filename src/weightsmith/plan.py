@@ -12,16 +12,19 @@ the config's `ignore`, because vLLM expects `weight_packed` for any targeted Lin
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from weightsmith import names
+from weightsmith.audit.findings import ERROR
+from weightsmith.audit.quant_config import read_declaration
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats import hf_fp8
+from weightsmith.quant import fp8
+from weightsmith.quant.fp8 import Block
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes import Scheme
 
@@ -46,38 +49,97 @@ PRESETS: dict[str, Preset] = {
 
 @dataclass(frozen=True)
 class SourceFormat:
-    """How the input checkpoint stores its weights."""
+    """How the input checkpoint stores its weights, and what an FP8 weight's scale may be."""
 
     kind: str  # "dense", "ct-fp8" or "hf-fp8"
     scale_param: str | None = None  # the FP8 scale parameter name
-    block: tuple[int, int] = (128, 128)
+    #: Declared blocks a scale may follow (`weight_block_size`, `block_structure`, a group as [1, group]).
+    blocks: tuple[Block, ...] = ()
+    #: compressed-tensors also stores per-channel scales, `[out, 1]`.
+    per_channel: bool = False
+    #: Dtypes a scale may be stored in: the facts `verify` checks against (formats/).
+    scale_dtypes: frozenset[str] = frozenset()
+
+    def scale_block(self, ckpt: Checkpoint, weight: str) -> Block:
+        """The block each element of `weight`'s scale covers; a one-line error when the scale cannot be used.
+
+        Checked from the headers alone, before any output exists: a scale the loaders refuse (an
+        integer dtype that would decode to zeros, a shape matching no layout) is refused here too.
+        """
+        info = ckpt.tensors[weight].info
+        scale = f"{names.split(weight)[0]}.{self.scale_param}"
+        ref = ckpt.tensors.get(scale)
+        if ref is None:
+            raise CheckpointError(
+                f"is FP8 but its scale {scale} is missing",
+                file=ckpt.path(ckpt.tensors[weight].shard),
+                tensor=weight,
+                code="source.fp8-scale",
+            )
+        where = {"file": ckpt.path(ref.shard), "tensor": scale}
+        if ref.info.dtype.code not in self.scale_dtypes:
+            raise CheckpointError(
+                f"is {ref.info.dtype.code}, but config.json declares FP8 scales stored as "
+                f"{' or '.join(sorted(self.scale_dtypes))}; decoding {weight} with it would be wrong",
+                code="source.fp8-scale-dtype",
+                **where,
+            )
+        block = fp8.scale_block(ref.info.shape, info.shape, self.blocks, self.per_channel)
+        if block is None:
+            out, inp = info.shape
+            layouts = ["[1] per tensor"]
+            layouts += [f"{[-(-out // r), -(-inp // c)]} for {r}x{c} blocks" for r, c in self.blocks]
+            if self.per_channel:
+                layouts.append(f"{[out, 1]} per channel")
+            raise CheckpointError(
+                f"has shape {list(ref.info.shape)}, which fits no scale layout of its weight {weight} "
+                f"{list(info.shape)} (expected {', '.join(layouts)})",
+                code="source.fp8-scale-shape",
+                **where,
+            )
+        return block
 
 
 def detect_source_format(ckpt: Checkpoint) -> SourceFormat:
-    """Dense, or one of the FP8 styles we can decode; anything else already quantized is refused."""
-    qc = ckpt.quantization_config
+    """Dense, or one of the FP8 styles we can decode; anything else already quantized is refused.
+
+    The config is read by the same code as `verify` reads it, and anything it reports as an error
+    (a value of the wrong JSON type anywhere in `quantization_config`) refuses the run with that line.
+    """
     cfg_path = ckpt.root / "config.json"
-    if qc is None:
+    if ckpt.config.get("quantization_config") is None:
         return SourceFormat("dense")
+    decl = read_declaration(ckpt.config, None)
+    assert decl is not None
+    problem = next((f for f in decl.problems if f.severity == ERROR), None)
+    if problem is not None:
+        raise CheckpointError(problem.message, file=cfg_path, code="source.config")
+    qc = ckpt.quantization_config or {}
     method = qc.get("quant_method")
-    if method == "fp8":
-        block = qc.get("weight_block_size") or (128, 128)
-        return SourceFormat("hf-fp8", names.WEIGHT_SCALE_INV, (int(block[0]), int(block[1])))
+    if method == hf_fp8.QUANT_METHOD:
+        block = hf_fp8.block_size(qc)  # already checked by read_declaration
+        return SourceFormat(
+            "hf-fp8", hf_fp8.scale_param(block), (block,) if block else (), scale_dtypes=hf_fp8.scale_dtypes(qc)
+        )
     if method == ct.QUANT_METHOD:
-        groups = qc.get("config_groups") or {}
-        weights = [g.get("weights") or {} for g in groups.values()]
-        formats = {g.get("format") or qc.get("format") for g in groups.values()}
+        schemes = decl.schemes
+        formats = {s.format for s in schemes}
         if (
-            weights
-            and all(w.get("type") == "float" and w.get("num_bits") == 8 for w in weights)
-            and formats
-            <= {
-                ct.FLOAT_QUANTIZED,
-                ct.NAIVE_QUANTIZED,
-            }
+            schemes
+            and all(s.weight_type == "float" and s.num_bits == 8 for s in schemes)
+            and formats <= {ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED}
         ):
-            block = next((w.get("block_structure") for w in weights if w.get("block_structure")), None) or (128, 128)
-            return SourceFormat("ct-fp8", names.WEIGHT_SCALE, (int(block[0]), int(block[1])))
+            blocks = {s.block for s in schemes if s.block}
+            blocks |= {(1, s.group_size) for s in schemes if s.strategy == "group" and (s.group_size or 0) > 0}
+            if len(blocks) > 1:
+                raise CheckpointError(
+                    f"quantization_config.config_groups declare different FP8 blocks {sorted(blocks)}; "
+                    "a scale's shape cannot say which one it follows",
+                    file=cfg_path,
+                    code="source.config",
+                )
+            dtypes = frozenset().union(*(s.scale_dtypes for s in schemes))
+            return SourceFormat("ct-fp8", names.WEIGHT_SCALE, tuple(blocks), True, dtypes)
         raise CheckpointError(
             f"is already quantized (compressed-tensors format {', '.join(sorted(map(str, formats)))}); "
             "quantize from the unquantized or FP8 checkpoint",
@@ -85,48 +147,22 @@ def detect_source_format(ckpt: Checkpoint) -> SourceFormat:
             code="source.already-quantized",
         )
     raise CheckpointError(
-        f"is already quantized (quant_method {method!r}); quantize from the unquantized or FP8 checkpoint",
+        f"is already quantized (quant_method {str(method)[:40]!r}); quantize from the unquantized or FP8 checkpoint",
         file=cfg_path,
         code="source.already-quantized",
     )
-
-
-#: What `re.compile` raises for a pattern it cannot build, not only `re.error`.
-REGEX_ERRORS = (re.error, OverflowError, RecursionError)
-
-
-def entry_regex(entry: str, origin: str, file: str | Path | None = None) -> re.Pattern[str]:
-    """The compiled pattern of a `re:` entry, or one line naming the entry and where it came from.
-
-    Every `re:` pattern a user or a checkpoint supplies is compiled here, so a bad one (`re:([`,
-    a repeat count too large, nesting too deep) is never a traceback. `origin` says where it was
-    given: `--ignore`, `--select`, `quantization_config targets`.
-    """
-    try:
-        return re.compile(entry[3:])
-    except REGEX_ERRORS as exc:
-        raise WeightsmithError(
-            f"{origin} {entry!r} is not a valid regular expression ({exc})", file=file, code="usage"
-        ) from None
-
-
-def matches(entry: str, module: str) -> bool:
-    """vLLM's rule: `re:` entries with `re.match` (anchored at the start only), others exactly."""
-    if entry.startswith("re:"):
-        return entry_regex(entry, "pattern").match(module) is not None
-    return entry == module
 
 
 def compile_ignore(entries: list[str]) -> None:
     """Reject malformed regexes up front, naming the entry."""
     for e in entries:
         if e.startswith("re:"):
-            entry_regex(e, "--ignore")
+            names.entry_regex(e, "--ignore")
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
-    """What becomes of one source tensor."""
+    """What becomes of one source tensor (slots: a checkpoint may hold hundreds of thousands)."""
 
     name: str
     shard: str
@@ -136,10 +172,12 @@ class Decision:
     shape: tuple[int, ...]
     outputs: list[TensorSpec] = field(default_factory=list)
     scale: str | None = None  # FP8 inputs: the scale tensor consumed by decoding
+    scale_block: Block | None = None  # FP8 inputs: the weight block each scale element covers
+    module: str = field(init=False)
+    param: str = field(init=False)
 
-    @property
-    def module(self) -> str:
-        return names.split(self.name)[0]
+    def __post_init__(self) -> None:
+        self.module, self.param = names.split(self.name)
 
     @property
     def nbytes(self) -> int:
@@ -179,9 +217,68 @@ class Plan:
         return self.scheme.quantization_config(self.ignore)
 
 
+def _fp8_weights(ckpt: Checkpoint, fmt: SourceFormat) -> dict[str, Block | None]:
+    """FP8 `*.weight` tensors -> the block their scale covers (None: no values, nothing to decode).
+
+    Every one is checked from the headers before anything is planned: a dense source has no scale
+    to decode one with, a weight that is not `[out, in]` has no decoder, and its scale must be
+    usable (`SourceFormat.scale_block`).
+    """
+    found: dict[str, Block | None] = {}
+    for name, ref in ckpt.tensors.items():
+        info = ref.info
+        module, param = names.split(name)
+        if param != names.WEIGHT or info.dtype.code not in FP8_FLOATS:
+            continue
+        where = {"file": ckpt.path(ref.shard), "tensor": name, "code": "source.fp8-weight"}
+        if fmt.kind == "dense":
+            raise CheckpointError(
+                "is FP8 but config.json declares no FP8 quantization, so there is no scale to decode it", **where
+            )
+        if not module:
+            raise CheckpointError("is FP8 but has no module name, so it has no scale to decode it", **where)
+        if info.numel == 0:
+            found[name] = None
+            continue
+        if len(info.shape) != 2:
+            raise CheckpointError(
+                f"is a {len(info.shape)}-D FP8 weight {list(info.shape)}; only (out, in) FP8 weights can be decoded",
+                **where,
+            )
+        found[name] = fmt.scale_block(ckpt, name)
+    return found
+
+
+def _refuse_collisions(ckpt: Checkpoint, decisions: list[Decision]) -> None:
+    """Refuse a source tensor whose name is one the output writes for a quantized weight.
+
+    A source holding `X.weight` and `X.weight_scale` without declaring a quantization is
+    contradictory: quantizing X would overwrite that tensor or write two under one name, and
+    keeping both would leave a module `verify` reports as quantized-but-ignored. We do not guess
+    which was meant; the line names the tensor, and `--ignore X` keeps X as it is.
+    """
+    kept = {s.name: d for d in decisions if d.action != QUANTIZE for s in d.outputs}
+    for d in decisions:
+        if d.action != QUANTIZE:
+            continue
+        for spec in d.outputs:
+            other = kept.get(spec.name)
+            if other is not None:
+                raise CheckpointError(
+                    f"has the name quantizing {d.name} would write; pass --ignore {d.module} to keep both as they are",
+                    file=ckpt.path(other.shard),
+                    tensor=other.name,
+                    code="source.name-collision",
+                )
+
+
 def _keep_reason(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
     """Why a tensor is not a quantization target by its nature, or None if it is a target."""
     module, param = names.split(name)
+    if math.prod(shape) == 0:
+        return "no values (a zero-size dimension): nothing to quantize"
+    if param == names.WEIGHT and not module:
+        return "no module name: quantized tensors are named after their module"
     if len(shape) == 3 and dtype in DENSE_FLOATS + FP8_FLOATS and names.category(name) == names.ROUTED_EXPERTS:
         return "3-D fused expert tensor: no per-expert layout that vLLM loads is known for it"
     if param != names.WEIGHT:
@@ -213,27 +310,14 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
             raise WeightsmithError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})", code="usage")
         preset_entries = PRESETS[preset].ignore
     fmt = detect_source_format(ckpt)
-
-    consumed: dict[str, str] = {}  # FP8 scale tensor -> the weight it belongs to
-    if fmt.kind != "dense":
-        for name, ref in ckpt.tensors.items():
-            if ref.info.dtype.code in FP8_FLOATS and name.endswith("." + names.WEIGHT):
-                module = names.split(name)[0]
-                scale = f"{module}.{fmt.scale_param}"
-                if scale not in ckpt.tensors:
-                    raise CheckpointError(
-                        f"is FP8 but its scale {scale} is missing",
-                        file=ckpt.path(ref.shard),
-                        tensor=name,
-                        code="source.fp8-scale",
-                    )
-                consumed[scale] = name
+    fp8_weights = _fp8_weights(ckpt, fmt)
+    consumed = {f"{names.split(w)[0]}.{fmt.scale_param}": w for w in fp8_weights}  # scale -> its weight
 
     decisions: list[Decision] = []
     for name, ref in ckpt.tensors.items():
         info = ref.info
         d = Decision(name, ref.shard, KEEP, "", info.dtype.code, info.shape)
-        module, param = names.split(name)
+        module, param = d.module, d.param
         if name in consumed:
             d.action, d.reason = DROP, f"FP8 scale of {consumed[name]}, consumed by decoding"
         elif fmt.kind != "dense" and param == names.INPUT_SCALE:
@@ -252,6 +336,8 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
                 )
             else:
                 d.reason = why
+        if name in fp8_weights:
+            d.scale, d.scale_block = f"{module}.{fmt.scale_param}", fp8_weights[name]
         decisions.append(d)
 
     _enforce_fused_agreement(decisions)
@@ -260,22 +346,20 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
     for d in decisions:
         if d.action == QUANTIZE:
             out, inp = d.shape
-            src_dtype = "BF16" if d.dtype in FP8_FLOATS else d.dtype
+            src_dtype = "BF16" if d.scale else d.dtype
             d.outputs = scheme.outputs(d.module, (out, inp), src_dtype)
-            if d.dtype in FP8_FLOATS:
-                d.scale = f"{d.module}.{fmt.scale_param}"
         elif d.action == KEEP:
-            if d.dtype in FP8_FLOATS and names.split(d.name)[1] == names.WEIGHT:
+            if d.scale:
                 d.action, d.reason = DECODE, d.reason + "; FP8 decoded to BF16"
-                d.scale = f"{d.module}.{fmt.scale_param}"
                 d.outputs = [TensorSpec(d.name, "BF16", d.shape)]
             else:
                 d.outputs = [TensorSpec(d.name, d.dtype, d.shape)]
-            if _is_linear_like_weight(d) and not any(matches(e, d.module) for e in ignore_out):
+            if _is_linear_like_weight(d) and not any(names.matches(e, d.module) for e in ignore_out):
                 ignore_out.append(d.module)
+    _refuse_collisions(ckpt, decisions)
     # HF builds lm_head as an nn.Linear (even when tied), so a "Linear" target would claim it.
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")
-    if has_head and not any(matches(e, "lm_head") for e in ignore_out):
+    if has_head and not any(names.matches(e, "lm_head") for e in ignore_out):
         ignore_out.append("lm_head")
     return Plan(ckpt, scheme, fmt, decisions, ignore_out, preset)
 
@@ -287,10 +371,10 @@ def _ignored_by(module: str, user: list[str], preset_entries: tuple[str, ...], p
     if fused is not None:
         candidates.append(fused[0])
     for entry in user:
-        if any(matches(entry, c) for c in candidates):
+        if any(names.matches(entry, c) for c in candidates):
             return f"--ignore {entry}"
     for entry in preset_entries:
-        if any(matches(entry, c) for c in candidates):
+        if any(names.matches(entry, c) for c in candidates):
             assert preset is not None
             return f"preset {preset}: {PRESETS[preset].why}"
     return None
@@ -298,7 +382,7 @@ def _ignored_by(module: str, user: list[str], preset_entries: tuple[str, ...], p
 
 def _enforce_fused_agreement(decisions: list[Decision]) -> None:
     """Keep every shard of a fused layer if any shard present is kept."""
-    by_module = {d.module: d for d in decisions if names.split(d.name)[1] == names.WEIGHT}
+    by_module = {d.module: d for d in decisions if d.param == names.WEIGHT}
     groups: dict[str, list[Decision]] = defaultdict(list)
     for module, d in by_module.items():
         fused = names.fused_partners(module)
@@ -316,9 +400,8 @@ def _enforce_fused_agreement(decisions: list[Decision]) -> None:
 
 def _is_linear_like_weight(d: Decision) -> bool:
     """A kept weight that vLLM would build as a Linear layer (so it must be listed in ignore)."""
-    module, param = names.split(d.name)
     if len(d.shape) == 3 and names.category(d.name) == names.ROUTED_EXPERTS:
         return True
-    if param != names.WEIGHT or len(d.shape) != 2:
+    if d.param != names.WEIGHT or len(d.shape) != 2:
         return False
-    return not (names.is_norm(module) or names.is_embedding(module) or names.is_lm_head(module))
+    return not (names.is_norm(d.module) or names.is_embedding(d.module) or names.is_lm_head(d.module))

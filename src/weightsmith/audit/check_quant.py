@@ -13,7 +13,7 @@ import math
 from weightsmith import names
 from weightsmith.audit import coverage as cov
 from weightsmith.audit.findings import ERROR, WARNING, Finding
-from weightsmith.audit.modules import DENSE_WEIGHT_DTYPES, Located, Module
+from weightsmith.audit.modules import Located, Module
 from weightsmith.audit.quant_config import HF_FP8, MODELOPT, QuantDeclaration, Scheme
 from weightsmith.audit.values import SmallReads
 from weightsmith.formats import compressed_tensors as ct
@@ -133,9 +133,13 @@ def _tensor_set_findings(module: Module, scheme: Scheme, expected: dict[str, str
             found.append(_finding(module, "quant.missing-param", ERROR, message, param))
             continue
         code = located.info.dtype.code
-        wanted = dtype or scheme.scale_dtype
-        if (wanted is not None and code != wanted) or (wanted is None and code not in DENSE_WEIGHT_DTYPES):
-            want = wanted or "a float dtype (the original weight's)"
+        allowed = frozenset({dtype}) if dtype else scheme.scale_dtypes
+        if code not in allowed:
+            want = (
+                "a float dtype (the original weight's)"
+                if allowed == ct.ORIGINAL_FLOATS
+                else " or ".join(sorted(allowed))
+            )
             found.append(
                 _finding(module, "quant.param-dtype", ERROR, f"is {code} but {_describe(scheme)} stores {want}", param)
             )

@@ -17,15 +17,17 @@ from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats import hf_fp8
 from weightsmith.formats.modelopt import (
     HF_QUANT_CONFIG_FILE,
     MODELOPT_NVFP4,
     MODELOPT_NVFP4_REQUIRED_KEYS,
     MODELOPT_PARAMS,
 )
-from weightsmith.plan import REGEX_ERRORS
+from weightsmith.names import REGEX_ERRORS
+from weightsmith.quant.fp8 import parse_block
 
-MODELOPT, HF_FP8 = "modelopt", "fp8"
+MODELOPT, HF_FP8 = "modelopt", hf_fp8.QUANT_METHOD
 HF_FP8_BLOCK = "fp8-block"
 #: Shard leaf -> its fused layer's leaf (`q_proj` -> `qkv_proj`), as `names.fused_partners` says.
 _FUSED_LEAF = {
@@ -33,12 +35,15 @@ _FUSED_LEAF = {
     for parts in (*names.FUSED_LAYERS.values(), *names.FUSED_EXPERT_PAIRS)
     for part in parts
 }
-_TORCH_DTYPES = {
-    "torch.float8_e4m3fn": "F8_E4M3",
-    "torch.bfloat16": "BF16",
-    "torch.float16": "F16",
-    "torch.float32": "F32",
-    "torch.float8_e8m0fnu": "F8_E8M0",
+#: `QuantizationArgs` fields the doctor reads -> the JSON type each must have, in words.
+_ARG_TYPES: dict[str, tuple[type, str]] = {
+    "num_bits": (int, "an integer"),
+    "type": (str, "a string"),
+    "group_size": (int, "an integer"),
+    "strategy": (str, "a string"),
+    "symmetric": (bool, "true or false"),
+    "dynamic": (bool, "true or false"),
+    "scale_dtype": (str, "a string"),
 }
 
 
@@ -54,7 +59,8 @@ class Scheme:
     group_size: int | None = None
     strategy: str | None = None
     symmetric: bool = True
-    scale_dtype: str | None = None
+    #: Dtypes a scale stored "in the original dtype" may have (the formats say which).
+    scale_dtypes: frozenset[str] = ct.ORIGINAL_FLOATS
     #: Activations quantized with static scales stored in the checkpoint.
     static_input: bool = False
     block: tuple[int, int] | None = None
@@ -144,12 +150,11 @@ class QuantDeclaration:
         return fused is not None and self._ignore(f"{parent}.{fused}" if parent else fused)
 
     def expected_params(self, scheme: Scheme) -> dict[str, str | None] | None:
-        """Parameter -> dtype a module stored under `scheme` must have (None: any float)."""
+        """Parameter -> dtype a module stored under `scheme` must have (None: one of `scheme.scale_dtypes`)."""
         if self.method == MODELOPT:
             return MODELOPT_PARAMS.get(scheme.format or "")
         if self.method == HF_FP8:
-            scale = names.WEIGHT_SCALE_INV if scheme.block else names.WEIGHT_SCALE
-            return {names.WEIGHT: "F8_E4M3", scale: scheme.scale_dtype or "F32"}
+            return {names.WEIGHT: "F8_E4M3", hf_fp8.scale_param(scheme.block): None}
         params = ct.FORMAT_PARAMS.get(scheme.format or "")
         if params is None and scheme.format in (ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED) and scheme.num_bits == 8:
             params = ct.EIGHT_BIT_PARAMS.get(scheme.weight_type or "")
@@ -198,56 +203,112 @@ def _invalid(message: str, file: str) -> Finding:
     return Finding("quant.config-invalid", ERROR, message, file)
 
 
-def _torch_dtype(value: object) -> str | None:
-    return _TORCH_DTYPES.get(value) if isinstance(value, str) else None
+def _show(value: object) -> str:
+    """A config value as a short repr: hostile configs hold anything, of any length."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _typed(args: dict, key: str, where: str, problems: list[Finding]) -> object:
+    """`args[key]` when absent, null or of the JSON type the key needs; otherwise None and a finding."""
+    value = args.get(key)
+    kind, words = _ARG_TYPES[key]
+    if value is None or type(value) is kind:  # exact: true is not an integer
+        return value
+    problems.append(_invalid(f"{where}.{key} is {_show(value)}, not {words}", CONFIG_FILE))
+    return None
+
+
+def _kv_scheme(kv: object, key: str, problems: list[Finding], vllm_rule: bool) -> tuple[str | None, bool]:
+    """What a `kv_cache_scheme` declares, in words (None: nothing), and whether its scales are static.
+
+    Anything but an object or null is malformed, not "none declared": a loader validates it and
+    fails. `{}` declares a scheme with nothing set; vLLM (`CompressedTensorsKVCacheMethod`) refuses
+    any compressed-tensors scheme that is neither 8-bit nor float, so `vllm_rule` reports that too.
+    """
+    if kv is None:
+        return None, True
+    if not isinstance(kv, dict):
+        problems.append(_invalid(f"{key} is {_show(kv)}, not an object (null declares none)", CONFIG_FILE))
+        return None, True
+    bits, kind = kv.get("num_bits"), kv.get("type")
+    if vllm_rule and kind != "float" and bits != 8:
+        problems.append(
+            _invalid(
+                f"{key} declares num_bits {_show(bits)} and type {_show(kind)}; vLLM refuses to load any "
+                "KV-cache scheme that is neither 8-bit nor float",
+                CONFIG_FILE,
+            )
+        )
+    words = f"{bits}-bit {kind}" if bits and kind else "(num_bits and type unset)"
+    return words, kv.get("dynamic") is not True
 
 
 def _compressed_tensors(qc: dict) -> QuantDeclaration:
+    """Every group as a `Scheme`; each value of the wrong JSON type is a finding and read as absent."""
     source = f"{CONFIG_FILE} quantization_config"
     problems: list[Finding] = []
     groups = qc.get("config_groups")
     if not isinstance(groups, dict):
         problems.append(_invalid("quantization_config.config_groups is not an object of named groups", CONFIG_FILE))
         groups = {}
+    top_format = qc.get("format")
+    if top_format is not None and not isinstance(top_format, str):
+        problems.append(_invalid(f"quantization_config.format is {_show(top_format)}, not a string", CONFIG_FILE))
+        top_format = None
     schemes, unresolved = [], []
     for name, group in groups.items():
+        where = f"quantization_config.config_groups[{_show(name)}]"
         if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
-            problems.append(_invalid(f"config group {name!r} has no list of targets", CONFIG_FILE))
+            problems.append(_invalid(f"{where} has no list of targets", CONFIG_FILE))
             continue
-        targets = tuple(str(t) for t in group["targets"])
+        if not all(isinstance(t, str) for t in group["targets"]):
+            problems.append(_invalid(f"{where}.targets holds a value that is not a string", CONFIG_FILE))
+            continue
+        targets = tuple(group["targets"])
         if targets and all(t.endswith("Attention") for t in targets):
             continue  # vLLM drops groups that only target attention classes (KV-cache groups)
         unresolved += [t for t in targets if not t.startswith("re:") and "." not in t and t.lower() != "linear"]
+        group_format = group.get("format")
+        if group_format is not None and not isinstance(group_format, str):
+            problems.append(_invalid(f"{where}.format is {_show(group_format)}, not a string", CONFIG_FILE))
+            group_format = None
         weights = group.get("weights")
         if weights is None:
             continue
         if not isinstance(weights, dict):
-            problems.append(_invalid(f"config group {name!r}: weights is not an object", CONFIG_FILE))
+            problems.append(_invalid(f"{where}.weights is not an object", CONFIG_FILE))
             continue
         extra = sorted(set(weights) - ct.QUANT_ARGS_FIELDS)
         if extra:
             problems.append(
                 _invalid(
-                    f"config group {name!r}: weights has unknown keys {extra}; "
+                    f"{where}.weights has unknown keys {_show(extra)}; "
                     "compressed-tensors (and so vLLM) refuses them",
                     CONFIG_FILE,
                 )
             )
+        args = {key: _typed(weights, key, f"{where}.weights", problems) for key in _ARG_TYPES}
+        block = None
+        if weights.get("block_structure") is not None:
+            try:
+                block = parse_block(weights["block_structure"])
+            except ValueError as exc:
+                problems.append(_invalid(f"{where}.weights.block_structure {exc}", CONFIG_FILE))
         inputs = group.get("input_activations")
-        block = weights.get("block_structure")
         schemes.append(
             Scheme(
                 str(name),
                 targets,
-                group.get("format") or qc.get("format"),
-                num_bits=weights.get("num_bits"),
-                weight_type=weights.get("type"),
-                group_size=weights.get("group_size"),
-                strategy=weights.get("strategy"),
-                symmetric=weights.get("symmetric", True) is not False,
-                scale_dtype=_torch_dtype(weights.get("scale_dtype")),
+                group_format or top_format,
+                num_bits=args["num_bits"],
+                weight_type=args["type"],
+                group_size=args["group_size"],
+                strategy=args["strategy"],
+                symmetric=args["symmetric"] is not False,
+                scale_dtypes=ct.scale_dtypes(args["scale_dtype"]),
                 static_input=isinstance(inputs, dict) and inputs.get("dynamic") is False,
-                block=tuple(block) if isinstance(block, list) and len(block) == 2 else None,
+                block=block,
             )
         )
     unresolved = list(dict.fromkeys(unresolved))
@@ -265,32 +326,39 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
                     f"format {scheme.format!r} of group {scheme.name!r} is not one the doctor checks tensor by tensor"
                 )
             )
-    ignore = qc.get("ignore") or []
+    key = "quantization_config.kv_cache_scheme"
     kv = qc.get("kv_cache_scheme")
+    kv_words, kv_static = _kv_scheme(kv, key, problems, vllm_rule=True)
     return QuantDeclaration(
         ct.QUANT_METHOD,
         source,
         tuple(schemes),
-        tuple(str(i) for i in ignore) if isinstance(ignore, list) else (),
-        kv_cache=_describe_kv(kv),
-        kv_source=f"{source}.kv_cache_scheme" if kv else None,
-        kv_static=not (isinstance(kv, dict) and kv.get("dynamic") is True),
+        _ignore_list(qc, "ignore", problems),
+        kv_cache=kv_words,
+        kv_source=f"{CONFIG_FILE} {key}" if kv_words else None,
+        kv_static=kv_static,
         problems=problems,
     )
 
 
-def _describe_kv(kv: object) -> str | None:
-    if not isinstance(kv, dict):
-        return None
-    bits, kind = kv.get("num_bits"), kv.get("type")
-    return f"{bits}-bit {kind}" if bits and kind else "declared"
+def _ignore_list(doc: dict, key: str, problems: list[Finding], file: str = CONFIG_FILE) -> tuple[str, ...]:
+    """A list of module names or patterns; anything else is a finding (and ignores nothing)."""
+    value = doc.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(_invalid(f"quantization_config.{key} is {_show(value)}, not a list of strings", file))
+        return ()
+    return tuple(value)
 
 
 def _modelopt_config_json(qc: dict) -> QuantDeclaration:
     source = f"{CONFIG_FILE} quantization_config"
     algo = str(qc.get("quant_algo") or "").upper()
-    kv = qc.get("kv_cache_scheme")
-    return _modelopt(algo, source, qc.get("ignore"), _describe_kv(kv), f"{source}.kv_cache_scheme" if kv else None, [])
+    key = "quantization_config.kv_cache_scheme"
+    problems: list[Finding] = []
+    kv, _ = _kv_scheme(qc.get("kv_cache_scheme"), key, problems, vllm_rule=False)
+    return _modelopt(algo, source, qc.get("ignore"), kv, f"{CONFIG_FILE} {key}" if kv else None, problems)
 
 
 def _modelopt_native(doc: dict) -> QuantDeclaration:
@@ -310,11 +378,16 @@ def _modelopt_native(doc: dict) -> QuantDeclaration:
             )
         )
     kv = q.get("kv_cache_quant_algo")
+    if kv is not None and not isinstance(kv, str):
+        problems.append(
+            _invalid(f"quantization.kv_cache_quant_algo is {_show(kv)}, not a string or null", HF_QUANT_CONFIG_FILE)
+        )
+        kv = None
     return _modelopt(
         algo,
         source,
         q.get("exclude_modules"),
-        str(kv) if kv else None,
+        kv or None,
         f"{source}.kv_cache_quant_algo" if kv else None,
         problems,
     )
@@ -338,18 +411,22 @@ def _modelopt(
 
 
 def _hf_fp8(qc: dict) -> QuantDeclaration:
-    block = qc.get("weight_block_size")
+    problems: list[Finding] = []
+    try:
+        block = hf_fp8.block_size(qc)
+    except ValueError as exc:
+        problems.append(_invalid(str(exc), CONFIG_FILE))
+        block = None
     ignore = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or []
-    scale = "F8_E8M0" if qc.get("scale_fmt") == "ue8m0" else "F32"
     scheme = Scheme(
         HF_FP8_BLOCK,
         ("Linear",),
         HF_FP8_BLOCK,
         num_bits=8,
         weight_type="float",
-        scale_dtype=scale,
-        block=tuple(block) if isinstance(block, list) and len(block) == 2 else None,
+        scale_dtypes=hf_fp8.scale_dtypes(qc),
+        block=block,
     )
     # transformers skips a module when any entry is a substring of its name.
     patterns = [f"re:.*{re.escape(str(i))}" for i in ignore] if isinstance(ignore, list) else []
-    return QuantDeclaration(HF_FP8, f"{CONFIG_FILE} quantization_config", (scheme,), tuple(patterns))
+    return QuantDeclaration(HF_FP8, f"{CONFIG_FILE} quantization_config", (scheme,), tuple(patterns), problems=problems)

@@ -32,7 +32,7 @@ from weightsmith.checkpoint import (
 from weightsmith.errors import CheckpointError, HeaderError
 from weightsmith.files import exists
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
-from weightsmith.safetensors.header import Header, read_header
+from weightsmith.safetensors.header import MAX_TENSORS, Header, read_header
 
 #: What to do about each problem the shared readers report (their messages say what is wrong).
 ACTIONS = {
@@ -233,7 +233,7 @@ def _headers(root: Path, shard_names: list[str], indexed: bool, findings: list[F
             findings.append(Finding("index.missing-shard" if indexed else "file.missing", ERROR, why, name))
             continue
         try:
-            headers[name] = read_header(path)
+            headers[name] = read_header(path, MAX_TENSORS - sum(len(h.tensors) for h in headers.values()))
         except HeaderError as exc:
             findings.append(_actionable(from_error(exc, root)))
     return headers

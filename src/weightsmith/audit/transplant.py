@@ -32,8 +32,8 @@ from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import create_new, name_problem, open_regular, write_new
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
+from weightsmith.names import entry_regex
 from weightsmith.outputdir import check_destination, remove_stale, staged
-from weightsmith.plan import entry_regex
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec

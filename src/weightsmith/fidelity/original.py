@@ -104,12 +104,5 @@ class OriginalWeights(TensorReader):
         weight = self.read(name)
         if self.ckpt.tensors[name].info.dtype.code not in FP8_FLOATS:
             return weight
-        scale_name = f"{module}.{self.format.scale_param}"
-        if scale_name not in self.ckpt.tensors:
-            raise CheckpointError(
-                f"is FP8 but its scale {scale_name} is missing",
-                file=self.ckpt.path(self.ckpt.tensors[name].shard),
-                tensor=name,
-                code="eval.orig-fp8",
-            )
-        return fp8.dequantize_rows(weight, self.read(scale_name), 0, self.format.block)
+        block = self.format.scale_block(self.ckpt, name)
+        return fp8.dequantize_rows(weight, self.read(f"{module}.{self.format.scale_param}"), 0, block)

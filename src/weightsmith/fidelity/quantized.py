@@ -15,7 +15,7 @@ from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, Checkpoint
 from weightsmith.errors import CheckpointError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.plan import entry_regex, matches
+from weightsmith.names import entry_regex, matches
 
 #: Parameters of a module that belong to its quantized weight (passed to the dequantizer).
 WEIGHT_PARAMS = (

@@ -35,6 +35,26 @@ EIGHT_BIT_PARAMS: dict[str, dict[str, str | None]] = {
     "float": {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: None},
     "int": {names.WEIGHT: "I8", names.WEIGHT_SCALE: None},
 }
+#: What a scale "in the original weight's dtype" (None above) may be: a float dtype a weight has.
+ORIGINAL_FLOATS = frozenset({"BF16", "F16", "F32", "F64"})
+#: `QuantizationArgs.scale_dtype` values -> safetensors dtype codes.
+TORCH_DTYPES = {
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.bfloat16": "BF16",
+    "torch.float16": "F16",
+    "torch.float32": "F32",
+    "torch.float8_e8m0fnu": "F8_E8M0",
+}
+
+
+def scale_dtypes(scale_dtype: object) -> frozenset[str]:
+    """Dtypes a group's scale may be stored in: the declared `scale_dtype`, else the weight's float dtype.
+
+    Shared by `quantize` (which decodes FP8 inputs with these scales) and `verify`, so that neither
+    accepts an integer scale the other refuses.
+    """
+    code = TORCH_DTYPES.get(scale_dtype) if isinstance(scale_dtype, str) else None
+    return frozenset({code}) if code else ORIGINAL_FLOATS
 
 
 def weight_args(

@@ -2,7 +2,8 @@
 
 Two on-disk styles (docs/formats.md §3.2-3.3):
 - compressed-tensors `float-quantized`: `weight` F8_E4M3 and `weight_scale` per tensor `[1]`, per
-  channel `[out, 1]` or per 128x128 block `[ceil(out/128), ceil(in/128)]`; `w = fp8 * scale`.
+  channel `[out, 1]`, per group (a `[1, group]` block) or per 128x128 block
+  `[ceil(out/128), ceil(in/128)]`; `w = fp8 * scale`.
 - HF / DeepSeek `quant_method: fp8`: `weight` F8_E4M3 and `weight_scale_inv` per block, float32 or
   E8M0 (a power of two); despite the name `w = fp8 * scale_inv`. Partial edge blocks use the scale
   of the block they fall in.
@@ -12,34 +13,93 @@ dequantizers do.
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 
+#: Rows x columns of weight one scale covers, recognised from the scale's shape (see `scale_block`).
+Block = tuple[int, int]
+#: The block HF fp8 and compressed-tensors FP8_BLOCK checkpoints use.
+DEFAULT_BLOCK: Block = (128, 128)
 
-def expand_scale(scale: np.ndarray, rows: tuple[int, int], cols: int, block: tuple[int, int]) -> np.ndarray:
+
+def parse_block(value: object) -> Block:
+    """A declared block size (`weight_block_size`, `block_structure`): [rows, cols] of positive integers.
+
+    Raises ValueError saying what is wrong, for the caller to name the file and key.
+    """
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(type(v) is int and v > 0 for v in value)  # bool is not a block size
+    ):
+        raise ValueError(f"is {_show(value)}, not a list of two positive integers (rows, cols)")
+    return value[0], value[1]
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def scale_block(
+    scale_shape: tuple[int, ...], weight_shape: tuple[int, int], blocks: tuple[Block, ...], per_channel: bool
+) -> Block | None:
+    """The block of weight each scale element covers, or None when the scale fits no layout.
+
+    A scale is recognised by its shape against the weight's `[out, in]`, never by its shape alone:
+    a block scale of a weight with at most 128 inputs is `[ceil(out/128), 1]`, which looks like a
+    per-channel scale, and one with at most 128 outputs is `[1, ceil(in/128)]`. The layouts, each
+    a block: per tensor (one element covers the whole weight), each declared block
+    (`[ceil(out/rows), ceil(in/cols)]`), and, where the format has it, per channel (`[out, 1]`).
+    Wherever two layouts give one shape they scale every element alike, so the first match is right.
+    """
+    out, inp = weight_shape
+    if len(scale_shape) <= 2 and math.prod(scale_shape) == 1:
+        return max(out, 1), max(inp, 1)
+    for rows, cols in blocks:
+        if tuple(scale_shape) == (-(-out // rows), -(-inp // cols)):
+            return rows, cols
+    if per_channel and tuple(scale_shape) == (out, 1):
+        return 1, max(inp, 1)
+    return None
+
+
+def expand_scale(scale: np.ndarray, rows: tuple[int, int], cols: int, block: Block) -> np.ndarray:
     """The float32 multiplier for weight rows [r0, r1) of a `cols`-wide weight, broadcastable.
 
-    `scale` is per tensor (one element), per channel (`[out, 1]`) or per block (2-D, `block` sized).
+    `block` is what `scale_block` recognised: each scale element covers `block` rows x columns,
+    partial edge blocks included. Never larger than the rows it multiplies, whatever the block.
     """
     r0, r1 = rows
     s = np.asarray(scale).astype(np.float32)
     if s.size == 1:
         return s.reshape(1, 1)
-    if s.ndim == 2 and s.shape[1] == 1:
-        return s[r0:r1]
+    s = s.reshape(s.shape[0], -1)
     br, bc = block
     row_blocks = s[np.arange(r0, r1) // br]
-    return np.repeat(row_blocks, bc, axis=1)[:, :cols]
+    if s.shape[1] == 1:
+        return row_blocks
+    return row_blocks[:, np.arange(cols) // bc]
 
 
-def dequantize_rows(fp8: np.ndarray, scale: np.ndarray, r0: int, block: tuple[int, int] = (128, 128)) -> np.ndarray:
-    """BF16 values of FP8 rows starting at weight row `r0`."""
+def dequantize_rows(fp8: np.ndarray, scale: np.ndarray, r0: int, block: Block | None = None) -> np.ndarray:
+    """BF16 values of FP8 rows starting at weight row `r0`.
+
+    `block` is what `scale_block` recognised for the whole weight. Without it, rows from 0 are
+    taken for the whole weight and the layout recognised from the two shapes (per tensor, per
+    channel or 128x128 blocks); rows from elsewhere are taken to follow 128x128 blocks.
+    """
     rows, cols = fp8.shape
+    if block is None:
+        whole = scale_block(np.shape(scale), (rows, cols), (DEFAULT_BLOCK,), per_channel=True) if r0 == 0 else None
+        block = whole or DEFAULT_BLOCK
     mult = expand_scale(scale, (r0, r0 + rows), cols, block)
     return (fp8.astype(np.float32) * mult).astype(ml_dtypes.bfloat16)
 
 
-def quantize_blocks(w: np.ndarray, block: tuple[int, int] = (128, 128)) -> tuple[np.ndarray, np.ndarray]:
+def quantize_blocks(w: np.ndarray, block: Block = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """FP8 E4M3 block quantization (absmax/448 per block), the inverse used to build test inputs."""
     rows, cols = w.shape
     br, bc = block

@@ -26,6 +26,12 @@ from weightsmith.lfs import parse_pointer, pointer_message
 
 #: The reference reader's limit (`MAX_HEADER_SIZE` in tensor.rs).
 MAX_HEADER_BYTES = 100_000_000
+#: Tensors a checkpoint may hold, over all its shards. Every tensor costs Python objects (its
+#: entry, its plan decision) of several hundred bytes against ~70 bytes of header, so a header of
+#: a million one-byte tensors once took gigabytes; the largest real checkpoints hold about 250,000
+#: (a 223 GB MoE: 109,345). Counted from the header text before it is parsed, so a header over the
+#: limit costs its bytes and nothing more. Callers reading several shards pass what is left.
+MAX_TENSORS = 500_000
 METADATA_KEY = "__metadata__"
 #: A `\uD800`-`\uDFFF` escape: the only way a lone surrogate gets into the parsed header (raw
 #: surrogate bytes are not UTF-8). Headers without one skip the string-by-string search.
@@ -167,8 +173,12 @@ def _by_offsets(t: TensorInfo) -> tuple[int, int]:
     return t.begin, t.end
 
 
-def parse_header(path: Path, prefix: bytes, file_size: int) -> Header:
-    """Validate a header given the file's first bytes (at least 8 + N of them) and its size."""
+def parse_header(path: Path, prefix: bytes, file_size: int, max_tensors: int = MAX_TENSORS) -> Header:
+    """Validate a header given the file's first bytes (at least 8 + N of them) and its size.
+
+    `max_tensors` is how many tensors the file may hold (what is left of `MAX_TENSORS` when the
+    checkpoint's other shards were read first).
+    """
     if len(prefix) < 8:
         pointer = parse_pointer(prefix)
         if pointer is not None:
@@ -182,6 +192,14 @@ def parse_header(path: Path, prefix: bytes, file_size: int) -> Header:
         raise _fail(path, "header.too-large", f"declares a {n:,}-byte header (limit {MAX_HEADER_BYTES:,})")
     if 8 + n > file_size:
         raise _fail(path, "header.truncated", f"declares a {n:,}-byte header but the file has {file_size:,} bytes")
+    declared = prefix.count(b'"data_offsets"', 8, 8 + n)  # one per tensor (a hostile name may add more)
+    if declared > max_tensors:
+        raise _fail(
+            path,
+            "header.too-many-tensors",
+            f"declares about {declared:,} tensors, over the limit of {max_tensors:,} "
+            f"({MAX_TENSORS:,} per checkpoint; the largest real checkpoints hold about 250,000)",
+        )
     raw = prefix[8 : 8 + n]
     try:
         text = raw.decode("utf-8")
@@ -275,7 +293,7 @@ def parse_header(path: Path, prefix: bytes, file_size: int) -> Header:
     return header
 
 
-def read_header(path: str | os.PathLike[str]) -> Header:
+def read_header(path: str | os.PathLike[str], max_tensors: int = MAX_TENSORS) -> Header:
     """Read and validate the header of the safetensors file at `path` (symlinks are followed)."""
     path = Path(path)
     try:
@@ -294,4 +312,4 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         raise HeaderError(exc.strerror, file=path, code="file.not-regular") from None
     except OSError as exc:
         raise HeaderError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
-    return parse_header(path, head, size)
+    return parse_header(path, head, size, max_tensors)
