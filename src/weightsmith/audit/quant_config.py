@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.checkpoint import CONFIG_FILE
+from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8
 from weightsmith.formats.modelopt import (
@@ -24,7 +25,7 @@ from weightsmith.formats.modelopt import (
     MODELOPT_NVFP4_REQUIRED_KEYS,
     MODELOPT_PARAMS,
 )
-from weightsmith.names import REGEX_ERRORS
+from weightsmith.names import Pattern
 from weightsmith.quant.fp8 import parse_block
 
 MODELOPT, HF_FP8 = "modelopt", hf_fp8.QUANT_METHOD
@@ -67,7 +68,7 @@ class Scheme:
 
 
 class _Matcher:
-    """Exact names plus one combined regex, so thousands of modules match in microseconds each.
+    """Exact names plus one combined pattern, so thousands of modules match in microseconds each.
 
     Patterns that do not compile are left out and reported through `broken`.
     """
@@ -76,16 +77,17 @@ class _Matcher:
         self.exact = exact
         self.broken = [p for p in patterns if not _compiles(p)]
         good = [p for p in patterns if p not in self.broken]
-        self.regex = re.compile("|".join(f"(?:{p})" for p in good)) if good else None
+        combined = "|".join(f"(?:{p})" for p in good)
+        self.pattern = Pattern(combined, f"the patterns {good}", CONFIG_FILE) if good else None
 
     def __call__(self, module: str) -> bool:
-        return module in self.exact or (self.regex is not None and self.regex.match(module) is not None)
+        return module in self.exact or (self.pattern is not None and self.pattern.match(module))
 
 
 def _compiles(pattern: str) -> bool:
     try:
-        re.compile(pattern)
-    except REGEX_ERRORS:
+        Pattern(pattern, repr(pattern))
+    except WeightsmithError:
         return False
     return True
 
