@@ -124,6 +124,7 @@ def test_non_finite_and_bad_shapes_are_refused(dtype: object) -> None:
 
 
 def test_format_level_dequantize_reads_disk_parameters() -> None:
+    from weightsmith import schemes
     from weightsmith.formats import compressed_tensors as ct
 
     w = _awkward(ml_dtypes.bfloat16, rows=16, cols=256)
@@ -133,6 +134,6 @@ def test_format_level_dequantize_reads_disk_parameters() -> None:
         if not symmetric:
             params["weight_zero_point"] = q.zero_point
         args = ct.weight_args(4, symmetric, 128)
-        assert np.array_equal(ct.dequantize(ct.PACK_QUANTIZED, args, params), int4.dequantize(q, 128))
+        assert np.array_equal(schemes.decode(ct.PACK_QUANTIZED, args, params), int4.dequantize(q, 128))
     with pytest.raises(NotImplementedError):
-        ct.dequantize("float-quantized", {"num_bits": 8}, {})
+        schemes.decode("float-quantized", {"num_bits": 8}, {})

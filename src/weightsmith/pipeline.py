@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 import threading
@@ -23,17 +24,17 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import create_new, open_regular, write_new
 from weightsmith.manifest import MANIFEST_FILE, build_manifest, hash_files, write_manifest
 from weightsmith.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
-from weightsmith.quant import fp8, int4, int4_search, nvfp4
+from weightsmith.quant import fp8
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
+from weightsmith.schemes.base import FUSED, TENSOR
 
 #: Input bytes per row block: large enough to amortise calls, small enough to bound memory.
 BLOCK_BYTES = 32 << 20
@@ -66,37 +67,41 @@ class _Scratch(threading.local):
         return buf[:nbytes]
 
 
-def _row_blocks(info: TensorInfo) -> Iterator[tuple[int, int]]:
-    """Row ranges of about BLOCK_BYTES each, in multiples of 8 rows (zero points pack 8 rows per word).
+def _row_blocks(info: TensorInfo, multiple: int = 1) -> Iterator[tuple[int, int]]:
+    """Row ranges of about BLOCK_BYTES each, cut at multiples of 8 and of `multiple` rows (`ROW_MULTIPLE`).
 
     Only tensors with values are split (the plan keeps every zero-size tensor whole), so the number
     of blocks is at most the tensor's bytes / 8: bounded by the file, whatever its header declares.
     """
     rows = info.shape[0]
     row_bytes = max(info.nbytes // max(rows, 1), 1)
-    step = max(int4.PACK, (BLOCK_BYTES // row_bytes) // int4.PACK * int4.PACK)
+    multiple = math.lcm(8, multiple)  # 8: FP8 row blocks of the source start at multiples of 8 too
+    step = max(multiple, (BLOCK_BYTES // row_bytes) // multiple * multiple)
     return ((r0, min(r0 + step, rows)) for r0 in range(0, rows, step))
 
 
 def _jobs(plan: Plan) -> list[_Job]:
     jobs: list[_Job] = []
+    whole = plan.scheme.first_pass == TENSOR  # the scheme sees all of a tensor's rows before encoding any
     for i, d in enumerate(plan.decisions):
         info = plan.source.tensors[d.name].info
         if info.nbytes == 0:  # nothing to read or write: one job, so the shard still counts it done
             jobs.append(_Job(i))
-        elif d.action == KEEP or (d.action == QUANTIZE and plan.scheme.needs_whole_tensor):
+        elif d.action == KEEP or (d.action == QUANTIZE and whole):
             jobs.append(_Job(i, 0, info.shape[0], info.nbytes))
         elif d.action in (QUANTIZE, DECODE):
             row_bytes = info.nbytes // info.shape[0]
-            jobs.extend(_Job(i, r0, r1, (r1 - r0) * row_bytes) for r0, r1 in _row_blocks(info))
+            blocks = _row_blocks(info, plan.scheme.ROW_MULTIPLE)
+            jobs.extend(_Job(i, r0, r1, (r1 - r0) * row_bytes) for r0, r1 in blocks)
     # Biggest first, so a long tensor does not start last and leave one worker busy alone.
     jobs.sort(key=lambda j: -j.nbytes)
     return jobs
 
 
 def work_bytes(plan: Plan) -> int:
-    """Input bytes the run reads: everything once, plus NVFP4's first pass over its targets."""
-    extra = sum(d.nbytes for d in plan.decisions if d.action == QUANTIZE) if plan.scheme.needs_tensor_amax else 0
+    """Input bytes the run reads: everything once, plus a first pass over every target where the scheme has one."""
+    fused = plan.scheme.first_pass == FUSED
+    extra = sum(d.nbytes for d in plan.decisions if d.action == QUANTIZE) if fused else 0
     return plan.bytes_in + extra
 
 
@@ -109,7 +114,8 @@ class _Runner:
         self.writers = writers
         self.scratch = _Scratch()
         self.cancelled = threading.Event()
-        self.global_scales: dict[str, np.float32] = {}
+        #: What the scheme's first pass over every target concluded, by module (FUSED schemes).
+        self.tensor_params: dict[str, object] = {}
         self.jobs = _jobs(plan)
         # output shard -> jobs still to write into it: each shard is synced as soon as it is complete
         self._unfinished = Counter(plan.decisions[job.decision_index].shard for job in self.jobs)
@@ -129,37 +135,33 @@ class _Runner:
         if first is None:
             return
         scheme = self.plan.scheme
-        x = np.zeros((int4.PACK, scheme.group_size), self._kernel_dtype(first))
-        scheme.encode(x, 0, x.shape, np.float32(1.0) if scheme.needs_tensor_amax else None)
+        x = np.zeros((max(8, scheme.ROW_MULTIPLE), scheme.group_size), self._kernel_dtype(first))
+        param = None
+        if scheme.first_pass is not None:
+            state, _ = scheme.observe(x, 0, x.shape, None)
+            param = scheme.conclude({first.module: state})[first.module]
+        scheme.encode(x, 0, x.shape, param)
 
     def alloc(self, key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A per-thread reused array (an `Alloc` for `Scheme.encode`)."""
         dt = np.dtype(dtype)
         return self.scratch.get(key, int(np.prod(shape)) * dt.itemsize).view(dt).reshape(shape)
 
-    def amax(self, job: _Job) -> tuple[str, float, int]:
-        """NVFP4's first pass: one weight's largest magnitude (module name, amax, input bytes)."""
+    def observe(self, job: _Job) -> tuple[str, object, int]:
+        """The scheme's first pass over one whole weight: (module name, its state, input bytes)."""
         d = self.plan.decisions[job.decision_index]
         ref = self.plan.source.tensors[d.name]
-        amax = 0.0
-        for r0, r1 in _row_blocks(ref.info):
+        return d.module, self._observe(d, ref.info, self.readers[ref.shard]), job.nbytes
+
+    def _observe(self, d: Decision, info: TensorInfo, reader: ShardReader) -> object:
+        state = None
+        for r0, r1 in _row_blocks(info, self.plan.scheme.ROW_MULTIPLE):
             if self.cancelled.is_set():
                 break
-            x = self._input(d, ref.info, self.readers[ref.shard], r0, r1)
-            block_max, bad = nvfp4.amax_rows(int4.kernel_input(x), int4.mode_of(x.dtype))
-            self._check(d, bad, r0, ref.info.shape[1])
-            amax = max(amax, block_max)
-        return d.module, amax, job.nbytes
-
-    def set_global_scales(self, amax: dict[str, float]) -> None:
-        """One global scale per fused set (q/k/v, gate/up), from the largest amax in the set."""
-        for d in self.plan.decisions:
-            if d.action != QUANTIZE:
-                continue
-            fused = names.fused_partners(d.module)
-            members = [m for m in (fused[1] if fused else (d.module,)) if m in amax]
-            mode = int4.mode_of(self._kernel_dtype(d))
-            self.global_scales[d.module] = nvfp4.global_scale(max(amax[m] for m in members), mode)
+            x = self._input(d, info, reader, r0, r1)
+            state, bad = self.plan.scheme.observe(x, r0, info.shape, state)
+            self._check(d, bad, r0, info.shape[1])
+        return state
 
     def run(self, job: _Job) -> int:
         if self.cancelled.is_set():
@@ -174,10 +176,10 @@ class _Runner:
         elif d.action == DECODE:
             rows = self._input(d, ref.info, reader, job.r0, job.r1)
             writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
-        elif self.plan.scheme.needs_whole_tensor:
-            self._quantize_memoryless(d, ref.info, reader, writer)
+        elif self.plan.scheme.first_pass == TENSOR:
+            self._quantize_whole(d, ref.info, reader, writer)
         else:
-            self._quantize_block(d, ref.info, reader, writer, job.r0, job.r1, self.global_scales.get(d.module))
+            self._quantize_block(d, ref.info, reader, writer, job.r0, job.r1, self.tensor_params.get(d.module))
         with self._lock:
             self._unfinished[d.shard] -= 1
             complete = self._unfinished[d.shard] == 0
@@ -215,20 +217,11 @@ class _Runner:
                 code="value.non-finite",
             )
 
-    def _quantize_memoryless(self, d: Decision, info: TensorInfo, reader: ShardReader, writer: ShardWriter) -> None:
-        """llm-compressor's observer: mark improving steps over the whole tensor, then quantize."""
-        rows, cols = info.shape
-        g = self.plan.scheme.group_size
-        masks = np.zeros((rows, cols // g), np.uint32)
-        improved = np.zeros(int(int4_search.MEMORYLESS["maxshrink"] * int4_search.MEMORYLESS["grid"]), np.bool_)
-        blocks = list(_row_blocks(info))  # walked twice
-        for r0, r1 in blocks:
-            x = self._input(d, info, reader, r0, r1)
-            bad = int4_search.memoryless_steps(int4.kernel_input(x), int4.mode_of(x.dtype), g, masks[r0:r1], improved)
-            self._check(d, bad, r0, cols)
-        shrink = int4_search.memoryless_choice(masks, improved)
-        for r0, r1 in blocks:
-            self._quantize_block(d, info, reader, writer, r0, r1, shrink[r0:r1])
+    def _quantize_whole(self, d: Decision, info: TensorInfo, reader: ShardReader, writer: ShardWriter) -> None:
+        """A TENSOR first pass: observe every row block of the weight, conclude, then encode them."""
+        param = self.plan.scheme.conclude({d.module: self._observe(d, info, reader)})[d.module]
+        for r0, r1 in _row_blocks(info, self.plan.scheme.ROW_MULTIPLE):
+            self._quantize_block(d, info, reader, writer, r0, r1, param)
 
     def _quantize_block(
         self,
@@ -334,12 +327,12 @@ def execute(
                 ) as pool:
                     hashes = pool.submit(hash_files, [src.path(s) for s in src.headers]) if hash_sources else None
                     warmed = pool.submit(runner.warm)
-                    if plan.scheme.needs_tensor_amax:
+                    if plan.scheme.first_pass == FUSED:
                         targets = [
                             _Job(i, nbytes=d.nbytes) for i, d in enumerate(plan.decisions) if d.action == QUANTIZE
                         ]
-                        results = _drain(pool, runner, runner.amax, targets, lambda r: r[2], progress)
-                        runner.set_global_scales({module: amax for module, amax, _ in results})
+                        results = _drain(pool, runner, runner.observe, targets, lambda r: r[2], progress)
+                        runner.tensor_params = plan.scheme.conclude({module: state for module, state, _ in results})
                     _drain(pool, runner, runner.run, runner.jobs, lambda n: n, progress)
                     warmed.result()
                     source_hashes = hashes.result() if hashes is not None else {}

@@ -329,11 +329,7 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
             if why is None:
                 why = scheme.unsupported(info.shape)
             if why is None:
-                search = f", {scheme.scale_search} scale search" if scheme.scale_search else ""
-                d.action, d.reason = (
-                    QUANTIZE,
-                    f"Linear weight -> {scheme.config_group_name} g{scheme.group_size}{search}",
-                )
+                d.action, d.reason = QUANTIZE, f"Linear weight -> {scheme.describe()}"
             else:
                 d.reason = why
         if name in fp8_weights:

@@ -13,7 +13,6 @@ from eval_checkpoints import load_tensors, quantize, write_fp8
 
 from synth import LLAMA_CONFIG, llama_tensors
 from weightsmith import names
-from weightsmith.fidelity import weights as weights_mod
 from weightsmith.fidelity.original import TensorReader
 from weightsmith.fidelity.weights import relative_mse, sqnr_db, squared_error, weight_error
 from weightsmith.quant import int4
@@ -164,7 +163,9 @@ def test_unsupported_format_is_listed_not_raised(
     def not_yet(fmt: str, weights: dict, params: dict) -> np.ndarray:
         raise NotImplementedError(f"dequantizing {fmt}")
 
-    monkeypatch.setattr(weights_mod.ct, "dequantize", not_yet)
+    from weightsmith import schemes
+
+    monkeypatch.setattr(schemes, "decode", not_yet)
     report = weight_error(synthetic, synthetic_w4)
     assert report.layers == [] and report.categories == []
     assert len(report.unsupported) == 14

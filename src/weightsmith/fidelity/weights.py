@@ -2,7 +2,7 @@
 
 For each quantized module: relative MSE `||W - Q(W)||^2 / ||W||^2` and SQNR `-10 log10(rel MSE)`
 in dB, where `Q(W)` is the dense weight the compressed-tensors decompressor gives
-(`formats.compressed_tensors.dequantize`). Categories and the overall row add squared errors and
+(each scheme's `decode`). Categories and the overall row add squared errors and
 squared norms before dividing, so large matrices weigh in proportion to their size.
 
 Only headers are held for the whole run; tensor data is one module at a time (its quantized
@@ -26,7 +26,6 @@ from weightsmith.checkpoint import Checkpoint
 from weightsmith.errors import CheckpointError
 from weightsmith.fidelity.original import OriginalWeights, TensorReader
 from weightsmith.fidelity.quantized import QuantizedModule, quantized_modules
-from weightsmith.formats import compressed_tensors as ct
 
 #: Elements per float64 chunk of the error sums (32 MiB per chunk array).
 CHUNK_ELEMENTS = 1 << 22
@@ -132,7 +131,9 @@ def _dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:
     """The module's dense weight from QUANT. NotImplementedError: the format is not supported yet."""
     params = {param: reader.read(name) for param, name in qm.params.items()}
     try:
-        return ct.dequantize(qm.format or "", qm.weights, params)
+        from weightsmith import schemes  # the kernels: reading a config must not pay numba's start-up
+
+        return schemes.decode(qm.format or "", qm.weights, params)
     except (ValueError, IndexError, KeyError, TypeError) as exc:
         marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
         raise CheckpointError(

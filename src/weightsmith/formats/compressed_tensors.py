@@ -6,8 +6,6 @@ Facts from compressed-tensors (`compressors/pack_quantized`, `compressors/nvfp4`
 
 from __future__ import annotations
 
-import numpy as np
-
 from weightsmith import names
 
 QUANT_METHOD = "compressed-tensors"
@@ -113,28 +111,3 @@ def quantization_config(group_name: str, fmt: str, weights: dict, ignore: list[s
         "transform_config": {},
         "version": SCHEMA_VERSION,
     }
-
-
-def dequantize(fmt: str, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
-    """The dense weight a quantized module stands for, from its on-disk parameters.
-
-    `fmt` is the group's format, `weights` its `QuantizationArgs` dict, `params` maps parameter
-    names (`weight_packed`, `weight_scale`, ...) to arrays as read from disk. The result has the
-    dtype compressed-tensors' decompressor gives (the scale dtype for pack-quantized).
-    """
-    # the kernels are imported here: reading a config or a header must not pay numba's start-up
-    from weightsmith.quant import int4, nvfp4
-    if fmt == PACK_QUANTIZED and weights.get("num_bits") == 4 and weights.get("strategy") == "group":
-        shape = tuple(int(v) for v in params[names.WEIGHT_SHAPE])
-        weight = int4.Int4Weight(
-            params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params.get(names.WEIGHT_ZERO_POINT), shape
-        )
-        return int4.dequantize(weight, int(weights["group_size"]))
-    if fmt == NVFP4_PACK_QUANTIZED:
-        nv = nvfp4.Nvfp4Weight(
-            params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params[names.WEIGHT_GLOBAL_SCALE]
-        )
-        return nvfp4.dequantize(nv)
-    raise NotImplementedError(
-        f"dequantizing {fmt} with {weights.get('num_bits')}-bit {weights.get('strategy')} weights"
-    )

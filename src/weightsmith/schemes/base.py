@@ -1,0 +1,174 @@
+"""What a quantization scheme is to the rest of weightsmith, and the registry of schemes by name.
+
+A scheme owns everything its format means: which command-line names select it and how their
+options are checked, which weights it can take, the tensors it writes per quantized Linear, its
+compressed-tensors config group, an optional first pass over whole tensors (NVFP4's global scale
+from each fused set's absolute maximum; llm-compressor's observer, which decides over a whole
+tensor), the encoding of a block of rows, the decoding back to a dense weight, and the words that
+describe it in a plan and a card. The pipeline, the plan, `eval` and `verify` ask the scheme; none
+of them knows a scheme by name. Adding a scheme is one module in this package plus its tests.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from weightsmith import names
+from weightsmith.errors import WeightsmithError
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.safetensors.writer import TensorSpec
+
+#: One write: (parameter name, data, byte offset within that tensor).
+Write = tuple[str, np.ndarray, int]
+#: Hands out a (possibly reused) array: alloc(key, shape, dtype).
+Alloc = Callable[[str, tuple[int, ...], type], np.ndarray]
+
+#: `Scheme.first_pass` values: what must be seen of whole tensors before any row is encoded.
+TENSOR, FUSED = "tensor", "fused"
+
+
+def fresh(key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """An `Alloc` that allocates anew every time."""
+    return np.empty(shape, dtype)
+
+
+@dataclass(frozen=True)
+class Scheme(ABC):
+    """One weight scheme with its options. Subclasses register with `@register`."""
+
+    name: str
+    group_size: int
+    symmetric: bool = True
+    num_bits: int = 4
+    #: None (plain round-to-nearest) or a scale search the scheme offers (`SEARCHES`).
+    scale_search: str | None = None
+
+    #: The command-line names this class serves, in help order.
+    NAMES: ClassVar[tuple[str, ...]] = ()
+    #: The scale searches `--scale-search` may name for this scheme (`make` says why another is refused).
+    SEARCHES: ClassVar[tuple[str, ...]] = ()
+    #: The compressed-tensors format of its config group.
+    FORMAT: ClassVar[str]
+    #: Row blocks are cut at multiples of this many rows (packed zero points span 8 rows).
+    ROW_MULTIPLE: ClassVar[int] = 1
+    # --- construction ---
+
+    @classmethod
+    @abstractmethod
+    def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
+        """The scheme a user named with these options, or a one-line usage error."""
+
+    @property
+    def first_pass(self) -> str | None:
+        """What must be seen of whole tensors before any row is encoded.
+
+        None: rows encode on their own. TENSOR: `observe` sees every row block of a tensor, then
+        `conclude` gives its parameter, within one job. FUSED: `observe` sees every target first
+        and `conclude` sees them all, so that fused partners can share a parameter.
+        """
+        return None
+
+    # --- what it takes and what it writes ---
+
+    @property
+    @abstractmethod
+    def config_group_name(self) -> str:
+        """compressed-tensors' preset name, written as the config group's name."""
+
+    @abstractmethod
+    def unsupported(self, shape: tuple[int, ...]) -> str | None:
+        """Why a 2-D weight of this shape cannot take the scheme, or None."""
+
+    @abstractmethod
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        """The tensors written in place of `module.weight` (`weight_dtype`: the source's float dtype)."""
+
+    @abstractmethod
+    def weight_args(self) -> dict:
+        """The config group's `weights` block (`QuantizationArgs`)."""
+
+    def quantization_config(self, ignore: list[str]) -> dict:
+        return ct.quantization_config(self.config_group_name, self.FORMAT, self.weight_args(), ignore)
+
+    def describe(self) -> str:
+        """The plan's reason for a quantized weight, e.g. `W4A16 g128, mse scale search`."""
+        search = f", {self.scale_search} scale search" if self.scale_search else ""
+        return f"{self.config_group_name} g{self.group_size}{search}"
+
+    # --- the work ---
+
+    def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:
+        """First pass over rows [r0, r0 + len(x)): the updated state (None at first) and a NaN/Inf index."""
+        raise NotImplementedError(f"{type(self).__name__} has no first pass")
+
+    def conclude(self, states: dict[str, Any]) -> dict[str, Any]:
+        """Module name -> what `encode` needs, from every observed module's state."""
+        raise NotImplementedError(f"{type(self).__name__} has no first pass")
+
+    @abstractmethod
+    def encode(
+        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
+    ) -> tuple[list[Write], int]:
+        """Quantize rows [r0, r0 + len(x)) of a weight of `shape`: the writes and a NaN/Inf index (-1: none).
+
+        `tensor_param` is what `conclude` gave for this weight's module (None without a first pass).
+        """
+
+    # --- reading it back ---
+
+    @classmethod
+    @abstractmethod
+    def recognizes(cls, fmt: str, weights: dict) -> bool:
+        """Whether a config group of this format and `weights` block is this scheme's on disk."""
+
+    @classmethod
+    @abstractmethod
+    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+        """The dense weight a module stands for, from its on-disk parameters (as compressed-tensors gives it)."""
+
+
+#: Command-line name -> the class that serves it, in registration order.
+REGISTRY: dict[str, type[Scheme]] = {}
+
+
+def register(cls: type[Scheme]) -> type[Scheme]:
+    """Class decorator: make a scheme's names available to `make_scheme`."""
+    for name in cls.NAMES:
+        if name in REGISTRY:
+            raise ValueError(f"scheme name {name!r} registered twice")
+        REGISTRY[name] = cls
+    return cls
+
+
+def make_scheme(name: str, group_size: int | None = None, scale_search: str | None = None) -> Scheme:
+    """The scheme a user named, or a one-line usage error."""
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise WeightsmithError(f"unknown scheme {name!r} (choose from {', '.join(REGISTRY)})", code="usage")
+    searches = dict.fromkeys(s for c in REGISTRY.values() for s in c.SEARCHES)
+    if scale_search is not None and scale_search not in searches:
+        raise WeightsmithError(
+            f"unknown scale search {scale_search!r} (choose from {', '.join(searches)})", code="usage"
+        )
+    return cls.make(name, group_size, scale_search)
+
+
+def decode(fmt: str, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+    """The dense weight of a quantized module, by whichever registered scheme recognizes its group."""
+    for cls in dict.fromkeys(REGISTRY.values()):
+        if cls.recognizes(fmt, weights):
+            return cls.decode(weights, params)
+    raise NotImplementedError(
+        f"dequantizing {fmt} with {weights.get('num_bits')}-bit {weights.get('strategy')} weights"
+    )
+
+
+def fused_members(module: str, present: dict[str, Any]) -> list[str]:
+    """`module` and its fused partners (q/k/v, gate/up) among `present`: the set vLLM loads as one layer."""
+    fused = names.fused_partners(module)
+    return [m for m in (fused[1] if fused else (module,)) if m in present]

@@ -1,0 +1,134 @@
+"""W4A16 and W4A16_ASYM: int4 group-wise round-to-nearest, compressed-tensors `pack-quantized`.
+
+The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse` clips each group by
+our fused search, `memoryless_mse` by llm-compressor's observer of that name, which decides its
+early stop over the whole tensor (a first pass per tensor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from weightsmith import names
+from weightsmith.errors import WeightsmithError
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.quant import int4, int4_search
+from weightsmith.safetensors.writer import TensorSpec
+from weightsmith.schemes.base import TENSOR, Alloc, Scheme, Write, fresh, register
+
+DEFAULT_GROUP = 128
+
+
+@register
+@dataclass(frozen=True)
+class Int4(Scheme):
+    NAMES: ClassVar[tuple[str, ...]] = ("w4a16", "w4a16-asym")
+    SEARCHES: ClassVar[tuple[str, ...]] = int4_search.SEARCHES
+    FORMAT: ClassVar[str] = ct.PACK_QUANTIZED
+    ROW_MULTIPLE: ClassVar[int] = int4.PACK
+
+    @classmethod
+    def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
+        group_size = DEFAULT_GROUP if group_size is None else group_size
+        if group_size <= 0 or group_size % int4.PACK:
+            raise WeightsmithError(
+                f"--group-size {group_size} must be a positive multiple of {int4.PACK}", code="usage"
+            )
+        symmetric = name == "w4a16"
+        if scale_search == "memoryless_mse" and not symmetric:
+            raise WeightsmithError(
+                f"--scale-search memoryless_mse reproduces llm-compressor's symmetric observer; with {name} use mse",
+                code="usage",
+            )
+        return cls(name, group_size, symmetric=symmetric, scale_search=scale_search)
+
+    @property
+    def first_pass(self) -> str | None:
+        # llm-compressor's observer decides its early stop over the whole tensor
+        return TENSOR if self.scale_search == "memoryless_mse" else None
+
+    @property
+    def config_group_name(self) -> str:
+        return "W4A16" if self.symmetric else "W4A16_ASYM"
+
+    def unsupported(self, shape: tuple[int, ...]) -> str | None:
+        return int4.supports(shape[1], self.group_size)
+
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        out, inp = shape
+        groups = inp // self.group_size
+        specs = [
+            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "I32", (out, inp // int4.PACK)),
+            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (out, groups)),
+            TensorSpec(f"{module}.{names.WEIGHT_SHAPE}", "I64", (2,)),
+        ]
+        if not self.symmetric:
+            specs.append(TensorSpec(f"{module}.{names.WEIGHT_ZERO_POINT}", "I32", (-(-out // int4.PACK), groups)))
+        return specs
+
+    def weight_args(self) -> dict:
+        args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)
+        if self.scale_search == "memoryless_mse":
+            args["observer"] = "memoryless_mse"
+            args["observer_kwargs"] = dict(int4_search.MEMORYLESS)
+        return args
+
+    def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:
+        """memoryless_mse: mark each group's improving steps, over every row block of the tensor."""
+        rows, cols = shape
+        if state is None:
+            steps = int(int4_search.MEMORYLESS["maxshrink"] * int4_search.MEMORYLESS["grid"])
+            state = (np.zeros((rows, cols // self.group_size), np.uint32), np.zeros(steps, np.bool_))
+        masks, improved = state
+        xin, mode = int4.kernel_input(x), int4.mode_of(x.dtype)
+        bad = int4_search.memoryless_steps(xin, mode, self.group_size, masks[r0 : r0 + len(x)], improved)
+        return state, bad
+
+    def conclude(self, states: dict[str, Any]) -> dict[str, Any]:
+        """memoryless_mse: each group's clipping factor, once the whole tensor was seen."""
+        return {module: int4_search.memoryless_choice(*state) for module, state in states.items()}
+
+    def encode(
+        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
+    ) -> tuple[list[Write], int]:
+        xin, mode = int4.kernel_input(x), int4.mode_of(x.dtype)
+        n, cols = x.shape
+        g = self.group_size
+        if isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
+            shrink = tensor_param[r0 : r0 + n]
+        else:
+            shrink = alloc("shrink", (n, cols // g), np.float32)
+            shrink.fill(1.0)
+            if self.scale_search == "mse":
+                bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric)
+                if bad >= 0:
+                    return [], bad
+        packed = alloc("packed", (n, cols // int4.PACK), np.uint32)
+        scale = alloc("scale", (n, cols // g), np.float32)
+        zp = alloc("zp", (n, cols // g), np.int8)
+        bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
+        stored_scale = int4.scale_storage(scale, mode)
+        writes: list[Write] = [
+            (names.WEIGHT_PACKED, packed, r0 * (cols // int4.PACK) * 4),
+            (names.WEIGHT_SCALE, stored_scale, r0 * (cols // g) * stored_scale.itemsize),
+        ]
+        if not self.symmetric:
+            writes.append((names.WEIGHT_ZERO_POINT, int4.pack_nibbles(zp, axis=0), (r0 // int4.PACK) * (cols // g) * 4))
+        if r0 == 0:
+            writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
+        return writes, bad
+
+    @classmethod
+    def recognizes(cls, fmt: str, weights: dict) -> bool:
+        return fmt == ct.PACK_QUANTIZED and weights.get("num_bits") == 4 and weights.get("strategy") == "group"
+
+    @classmethod
+    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+        shape = tuple(int(v) for v in params[names.WEIGHT_SHAPE])
+        weight = int4.Int4Weight(
+            params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params.get(names.WEIGHT_ZERO_POINT), shape
+        )
+        return int4.dequantize(weight, int(weights["group_size"]))

@@ -1,0 +1,98 @@
+"""NVFP4A16: FP4 (E2M1) weights in groups of 16 with FP8 (E4M3) scales, `nvfp4-pack-quantized`.
+
+Each quantized weight also carries a float32 global scale `448 * 6 / amax`, from the largest
+magnitude of the weight and of its fused partners (q/k/v, gate/up): vLLM loads a fused layer with
+one global scale, so the first pass sees every target before any row is encoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from weightsmith import names
+from weightsmith.errors import WeightsmithError
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.quant import int4, nvfp4
+from weightsmith.safetensors.writer import TensorSpec
+from weightsmith.schemes.base import FUSED, Alloc, Scheme, Write, fresh, fused_members, register
+
+
+@register
+@dataclass(frozen=True)
+class Nvfp4(Scheme):
+    NAMES: ClassVar[tuple[str, ...]] = ("nvfp4a16",)
+    SEARCHES: ClassVar[tuple[str, ...]] = ("mse",)
+    FORMAT: ClassVar[str] = ct.NVFP4_PACK_QUANTIZED
+
+    @classmethod
+    def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
+        if group_size not in (None, nvfp4.GROUP):
+            raise WeightsmithError(f"{name} has a fixed group size of {nvfp4.GROUP}", code="usage")
+        if scale_search == "memoryless_mse":
+            raise WeightsmithError(f"--scale-search memoryless_mse is for int4 schemes; {name} takes mse", code="usage")
+        return cls(name, nvfp4.GROUP, scale_search=scale_search)
+
+    @property
+    def config_group_name(self) -> str:
+        return "NVFP4A16"
+
+    @property
+    def first_pass(self) -> str | None:
+        return FUSED
+
+    def unsupported(self, shape: tuple[int, ...]) -> str | None:
+        return nvfp4.supports(shape[1])
+
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        out, inp = shape
+        return [
+            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "U8", (out, inp // 2)),
+            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "F8_E4M3", (out, inp // self.group_size)),
+            TensorSpec(f"{module}.{names.WEIGHT_GLOBAL_SCALE}", "F32", (1,)),
+        ]
+
+    def weight_args(self) -> dict:
+        return ct.weight_args(4, True, 16, type_="float", strategy="tensor_group", scale_dtype="torch.float8_e4m3fn")
+
+    def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:
+        """The largest magnitude so far, and the dtype mode the global scale is computed in."""
+        mode = int4.mode_of(x.dtype)
+        block_max, bad = nvfp4.amax_rows(int4.kernel_input(x), mode)
+        return (max(state[0], block_max) if state else block_max, mode), bad
+
+    def conclude(self, states: dict[str, Any]) -> dict[str, Any]:
+        """One global scale per fused set, from the largest amax in the set."""
+        return {
+            module: nvfp4.global_scale(max(states[m][0] for m in fused_members(module, states)), mode)
+            for module, (_, mode) in states.items()
+        }
+
+    def encode(
+        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
+    ) -> tuple[list[Write], int]:
+        xin, mode = int4.kernel_input(x), int4.mode_of(x.dtype)
+        n, cols = x.shape
+        g = self.group_size
+        packed = alloc("packed", (n, cols // 2), np.uint8)
+        codes = alloc("codes", (n, cols // g), np.uint8)
+        gs = np.float32(tensor_param)
+        bad = nvfp4.quantize_rows(xin, mode, gs, self.scale_search == "mse", packed, codes)
+        writes: list[Write] = [
+            (names.WEIGHT_PACKED, packed, r0 * (cols // 2)),
+            (names.WEIGHT_SCALE, codes, r0 * (cols // g)),
+        ]
+        if r0 == 0:
+            writes.append((names.WEIGHT_GLOBAL_SCALE, np.array([gs], np.float32), 0))
+        return writes, bad
+
+    @classmethod
+    def recognizes(cls, fmt: str, weights: dict) -> bool:
+        return fmt == ct.NVFP4_PACK_QUANTIZED
+
+    @classmethod
+    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+        packed, scale = params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE]
+        return nvfp4.dequantize(nvfp4.Nvfp4Weight(packed, scale, params[names.WEIGHT_GLOBAL_SCALE]))
