@@ -89,13 +89,19 @@ def weight_args(
 QUANT_ARGS_FIELDS = frozenset(weight_args(num_bits=4, symmetric=True, group_size=128))
 
 
-def quantization_config(group_name: str, fmt: str, weights: dict, ignore: list[str]) -> dict:
-    """The whole `quantization_config` block for one weight-only config group targeting Linear."""
+def quantization_config(
+    group_name: str, fmt: str, weights: dict, ignore: list[str], input_activations: dict | None = None
+) -> dict:
+    """The whole `quantization_config` block for one config group targeting Linear.
+
+    `input_activations` is None for weight-only schemes; data-free schemes that quantize
+    activations do it dynamically at run time, so their arguments carry no stored scale.
+    """
     return {
         "config_groups": {
             group_name: {
                 "format": fmt,
-                "input_activations": None,
+                "input_activations": input_activations,
                 "output_activations": None,
                 "targets": ["Linear"],
                 "weights": weights,

@@ -92,8 +92,14 @@ class Scheme(ABC):
     def weight_args(self) -> dict:
         """The config group's `weights` block (`QuantizationArgs`)."""
 
+    def input_args(self) -> dict | None:
+        """The config group's `input_activations` block: None for weight-only schemes."""
+        return None
+
     def quantization_config(self, ignore: list[str]) -> dict:
-        return ct.quantization_config(self.config_group_name, self.FORMAT, self.weight_args(), ignore)
+        return ct.quantization_config(
+            self.config_group_name, self.FORMAT, self.weight_args(), ignore, self.input_args()
+        )
 
     def describe(self) -> str:
         """The plan's reason for a quantized weight, e.g. `W4A16 g128, mse scale search`."""
