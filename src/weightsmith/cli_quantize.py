@@ -21,6 +21,7 @@ from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan, build_plan
+from weightsmith.recipe import Recipe, load_recipe
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
@@ -41,12 +42,22 @@ def _mib(n: int) -> str:
 
 
 def plan_table(plan: Plan) -> Table:
-    table = Table(title=f"plan: {plan.source.root} ({plan.scheme.name}, group {plan.scheme.group_size})")
+    what = (
+        f"recipe {plan.recipe.file}, {len(plan.recipe.rules)} rules"
+        if plan.recipe.mixed
+        else f"{plan.scheme.name}, group {plan.scheme.group_size}"
+    )
+    table = Table(title=f"plan: {plan.source.root} ({what})")
     for col in ("tensor", "dtype", "shape", "action", "why"):
         table.add_column(col, overflow="fold")
     for d in plan.decisions:
         table.add_row(d.name, d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, d.reason)
     return table
+
+
+def _warn_unmatched(plan: Plan) -> None:
+    for number, target in plan.unmatched_targets():
+        err.print(f"[yellow]warning:[/] rule {number} target {target!r} matches no Linear-like weight")
 
 
 def plan_json(plan: Plan) -> dict:
@@ -55,6 +66,9 @@ def plan_json(plan: Plan) -> dict:
         "scheme": plan.scheme.name,
         "group_size": plan.scheme.group_size,
         "preset": plan.preset,
+        "rules": [{"targets": list(r.targets), "scheme": r.scheme.name} for r in plan.recipe.rules],
+        "unmatched_targets": [{"rule": n, "target": t} for n, t in plan.unmatched_targets()],
+        "predicted": plan.breakdown(),
         "ignore": plan.ignore,
         "bytes_in": plan.bytes_in,
         "bytes_out_predicted": plan.bytes_out,
@@ -95,6 +109,35 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
     console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
 
 
+def _recipe(scheme: str | None, group_size: int | None, scale_search: str | None, recipe: Path | None) -> Recipe:
+    """`--recipe FILE`, or the one-rule recipe of `--scheme` (w4a16 when neither is given)."""
+    if recipe is None:
+        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search))
+    given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
+             if v is not None]
+    if given:
+        raise WeightsmithError(
+            f"{given[0]} and --recipe both set the scheme; put it in the recipe's rules", file=recipe, code="usage"
+        )
+    return load_recipe(recipe)
+
+
+def _breakdown_tables(plan: Plan) -> list[Table]:
+    """Predicted bytes and bits per parameter by rule and by category (the dry run's summary)."""
+    tables = []
+    for kind, rows in plan.breakdown().items():
+        table = Table(title=f"predicted by {kind}")
+        for col in (kind, "tensors", "params", "bytes in", "bytes out", "bits/param"):
+            table.add_column(col, justify="left" if col == kind else "right")
+        for key, row in rows.items():
+            bits = f"{row['bytes_out'] * 8 / row['params']:.3f}" if row["params"] else "-"
+            table.add_row(
+                key, f"{row['tensors']:,}", f"{row['params']:,}", _mib(row["bytes_in"]), _mib(row["bytes_out"]), bits
+            )
+        tables.append(table)
+    return tables
+
+
 def run_quantize(
     src: Path,
     out: Path,
@@ -108,11 +151,14 @@ def run_quantize(
     show_progress: bool,
     hash_sources: bool = True,
     scale_search: str | None = None,
+    recipe: Path | None = None,
 ) -> tuple[QuantizeResult, float]:
     """Open, plan and execute; returns the result and wall seconds."""
     started = time.perf_counter()
+    rules = _recipe(scheme, group_size, scale_search, recipe)
     ckpt = Checkpoint.open(src)
-    plan = build_plan(ckpt, make_scheme(scheme, group_size, scale_search), ignore, preset)
+    plan = build_plan(ckpt, rules, ignore, preset)
+    _warn_unmatched(plan)
     _sigterm_as_interrupt()
     try:
         if not show_progress:
@@ -146,7 +192,12 @@ def quantize(
         ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
     ),
     out: Path = typer.Argument(..., help="Output folder (must not exist unless --force)."),
-    scheme: str = typer.Option("w4a16", help=f"One of: {', '.join(SCHEME_NAMES)}."),
+    scheme: str | None = typer.Option(None, help=f"One of: {', '.join(SCHEME_NAMES)} (default w4a16)."),
+    recipe: Path | None = typer.Option(
+        None,
+        "--recipe",
+        help="TOML file of ordered rules (targets -> scheme), several schemes in one checkpoint; see the README.",
+    ),
     group_size: int | None = typer.Option(
         None, "--group-size", help="Input columns per scale (default 128; nvfp4a16 is fixed at 16)."
     ),
@@ -166,13 +217,16 @@ def quantize(
     force: bool = typer.Option(False, help="Replace an existing output folder."),
     no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
 ) -> None:
-    """Quantize a checkpoint to a compressed-tensors W4A16 checkpoint that vLLM loads."""
+    """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
     if dry_run:
-        plan = build_plan(Checkpoint.open(src), make_scheme(scheme, group_size, scale_search), ignore, preset)
+        plan = build_plan(Checkpoint.open(src), _recipe(scheme, group_size, scale_search, recipe), ignore, preset)
+        _warn_unmatched(plan)
         if json_out:
             print(json.dumps(plan_json(plan), indent=2))
         else:
             console.print(plan_table(plan))
+            for table in _breakdown_tables(plan):
+                console.print(table)
             console.print(
                 f"predicted: {_mib(plan.bytes_in)} -> {_mib(plan.bytes_out)}; "
                 f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
@@ -191,6 +245,7 @@ def quantize(
         show_progress=not json_out and err.is_terminal,
         hash_sources=not no_hash,
         scale_search=scale_search,
+        recipe=recipe,
     )
     if json_out:
         print(

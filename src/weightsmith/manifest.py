@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from weightsmith.plan import Plan
 
 MANIFEST_FILE = "weightsmith.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: recipe.rules and recipe.recipe_file
 
 
 def hash_files(paths: list[Path]) -> dict[str, str]:
@@ -43,6 +43,28 @@ def _by_category(ckpt: Checkpoint) -> dict[str, int]:
     return dict(sizes)
 
 
+def _rules(plan: Plan) -> list[dict]:
+    """Each recipe rule: what it targets, its scheme in words, and how many weights it quantized."""
+    config_groups = plan.quantization_config()["config_groups"]
+    group_names = list(config_groups)
+    out, g = [], 0
+    for rule in plan.recipe.rules:
+        count = sum(1 for d in plan.decisions if d.rule is rule and d.action == "quantize")
+        group = None
+        if count:
+            group, g = group_names[g], g + 1
+        out.append(
+            {
+                "targets": list(rule.targets),
+                "scheme": rule.scheme.name,
+                "config_group": group,
+                "weights": rule.scheme.weights_words(),
+                "quantized": count,
+            }
+        )
+    return out
+
+
 def build_manifest(plan: Plan, written: Checkpoint, source_hashes: dict[str, str]) -> dict:
     """The manifest of one run (plain JSON types)."""
     src = plan.source
@@ -54,12 +76,15 @@ def build_manifest(plan: Plan, written: Checkpoint, source_hashes: dict[str, str
         "tool": {"name": "weightsmith", "version": __version__},
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "recipe": {
+            # the first rule's scheme: the only one unless `rules` holds several
             "scheme": plan.scheme.name,
             "config_group": plan.scheme.config_group_name,
             "num_bits": plan.scheme.num_bits,
             "group_size": plan.scheme.group_size,
             "symmetric": plan.scheme.symmetric,
             "scale_search": plan.scheme.scale_search,
+            "rules": _rules(plan),
+            "recipe_file": str(plan.recipe.file) if plan.recipe.file else None,
             "preset": plan.preset,
             "ignore": plan.ignore,
             "source_format": plan.source_format.kind,

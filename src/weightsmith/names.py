@@ -184,6 +184,17 @@ _ATTENTION = re.compile(r"\.(self_attn|attn|attention|self_attention)\.")
 _MLP = re.compile(r"\.(mlp|feed_forward|ffn)\.")
 
 
+def expert_layer(module: str) -> str | None:
+    """The MoE layer a routed expert's projection belongs to (`...mlp.experts`), or None.
+
+    vLLM builds all experts of that layer, every projection, as one FusedMoE layer.
+    """
+    if _SHARED_EXPERT.search(module):
+        return None
+    match = _EXPERT.search(module + ".")
+    return module[: match.start()] + ".experts" if match else None
+
+
 def is_embedding(module: str) -> bool:
     return bool(_EMBEDDING.search(module))
 

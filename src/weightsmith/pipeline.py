@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 import threading
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ from weightsmith.quant import fp8
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
-from weightsmith.schemes.base import FUSED, TENSOR
+from weightsmith.schemes.base import FUSED, TENSOR, Scheme
 
 #: Input bytes per row block: large enough to amortise calls, small enough to bound memory.
 BLOCK_BYTES = 32 << 20
@@ -80,18 +80,29 @@ def _row_blocks(info: TensorInfo, multiple: int = 1) -> Iterator[tuple[int, int]
     return ((r0, min(r0 + step, rows)) for r0 in range(0, rows, step))
 
 
+def _scheme(d: Decision) -> Scheme:
+    """The scheme that quantizes a QUANTIZE decision (its recipe rule's)."""
+    assert d.rule is not None, d.name
+    return d.rule.scheme
+
+
+def _row_multiple(d: Decision) -> int:
+    return _scheme(d).ROW_MULTIPLE if d.action == QUANTIZE else 1
+
+
 def _jobs(plan: Plan) -> list[_Job]:
     jobs: list[_Job] = []
-    whole = plan.scheme.first_pass == TENSOR  # the scheme sees all of a tensor's rows before encoding any
     for i, d in enumerate(plan.decisions):
         info = plan.source.tensors[d.name].info
+        # TENSOR: the scheme sees all of a tensor's rows before it encodes any, in one job
+        whole = d.action == QUANTIZE and _scheme(d).first_pass == TENSOR
         if info.nbytes == 0:  # nothing to read or write: one job, so the shard still counts it done
             jobs.append(_Job(i))
-        elif d.action == KEEP or (d.action == QUANTIZE and whole):
+        elif d.action == KEEP or whole:
             jobs.append(_Job(i, 0, info.shape[0], info.nbytes))
         elif d.action in (QUANTIZE, DECODE):
             row_bytes = info.nbytes // info.shape[0]
-            blocks = _row_blocks(info, plan.scheme.ROW_MULTIPLE)
+            blocks = _row_blocks(info, _row_multiple(d))
             jobs.extend(_Job(i, r0, r1, (r1 - r0) * row_bytes) for r0, r1 in blocks)
     # Biggest first, so a long tensor does not start last and leave one worker busy alone.
     jobs.sort(key=lambda j: -j.nbytes)
@@ -100,9 +111,13 @@ def _jobs(plan: Plan) -> list[_Job]:
 
 def work_bytes(plan: Plan) -> int:
     """Input bytes the run reads: everything once, plus a first pass over every target where the scheme has one."""
-    fused = plan.scheme.first_pass == FUSED
-    extra = sum(d.nbytes for d in plan.decisions if d.action == QUANTIZE) if fused else 0
+    extra = sum(plan.decisions[i].nbytes for i in _fused_targets(plan))
     return plan.bytes_in + extra
+
+
+def _fused_targets(plan: Plan) -> list[int]:
+    """Decisions whose scheme needs a FUSED first pass (every target seen before any row is encoded)."""
+    return [i for i, d in enumerate(plan.decisions) if d.action == QUANTIZE and _scheme(d).first_pass == FUSED]
 
 
 class _Runner:
@@ -131,21 +146,33 @@ class _Runner:
         Run first on one worker: loading takes most of a second, which the other workers spend
         copying kept tensors instead of waiting for the kernel.
         """
-        first = next((d for d in self.plan.decisions if d.action == QUANTIZE), None)
-        if first is None:
-            return
-        scheme = self.plan.scheme
-        x = np.zeros((max(8, scheme.ROW_MULTIPLE), scheme.group_size), self._kernel_dtype(first))
-        param = None
-        if scheme.first_pass is not None:
-            state, _ = scheme.observe(x, 0, x.shape, None)
-            param = scheme.conclude({first.module: state})[first.module]
-        scheme.encode(x, 0, x.shape, param)
+        firsts: dict[Scheme, Decision] = {}
+        for d in self.plan.decisions:
+            if d.action == QUANTIZE:
+                firsts.setdefault(_scheme(d), d)
+        for scheme, first in firsts.items():
+            x = np.zeros((max(8, scheme.ROW_MULTIPLE), scheme.group_size), self._kernel_dtype(first))
+            param = None
+            if scheme.first_pass is not None:
+                state, _ = scheme.observe(x, 0, x.shape, None)
+                param = scheme.conclude({first.module: state})[first.module]
+            scheme.encode(x, 0, x.shape, param)
 
     def alloc(self, key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A per-thread reused array (an `Alloc` for `Scheme.encode`)."""
         dt = np.dtype(dtype)
         return self.scratch.get(key, int(np.prod(shape)) * dt.itemsize).view(dt).reshape(shape)
+
+    def conclude(self, states: dict[str, object]) -> None:
+        """Each rule's scheme concludes over the states of the modules it quantizes (fused partners share a rule)."""
+        by_rule: dict[int, dict[str, object]] = defaultdict(dict)
+        rules = {}
+        for d in self.plan.decisions:
+            if d.module in states and d.rule is not None:
+                by_rule[id(d.rule)][d.module] = states[d.module]
+                rules[id(d.rule)] = d.rule
+        for key, mine in by_rule.items():
+            self.tensor_params.update(rules[key].scheme.conclude(mine))
 
     def observe(self, job: _Job) -> tuple[str, object, int]:
         """The scheme's first pass over one whole weight: (module name, its state, input bytes)."""
@@ -155,11 +182,12 @@ class _Runner:
 
     def _observe(self, d: Decision, info: TensorInfo, reader: ShardReader) -> object:
         state = None
-        for r0, r1 in _row_blocks(info, self.plan.scheme.ROW_MULTIPLE):
+        scheme = _scheme(d)
+        for r0, r1 in _row_blocks(info, scheme.ROW_MULTIPLE):
             if self.cancelled.is_set():
                 break
             x = self._input(d, info, reader, r0, r1)
-            state, bad = self.plan.scheme.observe(x, r0, info.shape, state)
+            state, bad = scheme.observe(x, r0, info.shape, state)
             self._check(d, bad, r0, info.shape[1])
         return state
 
@@ -176,7 +204,7 @@ class _Runner:
         elif d.action == DECODE:
             rows = self._input(d, ref.info, reader, job.r0, job.r1)
             writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
-        elif self.plan.scheme.first_pass == TENSOR:
+        elif _scheme(d).first_pass == TENSOR:
             self._quantize_whole(d, ref.info, reader, writer)
         else:
             self._quantize_block(d, ref.info, reader, writer, job.r0, job.r1, self.tensor_params.get(d.module))
@@ -219,8 +247,9 @@ class _Runner:
 
     def _quantize_whole(self, d: Decision, info: TensorInfo, reader: ShardReader, writer: ShardWriter) -> None:
         """A TENSOR first pass: observe every row block of the weight, conclude, then encode them."""
-        param = self.plan.scheme.conclude({d.module: self._observe(d, info, reader)})[d.module]
-        for r0, r1 in _row_blocks(info, self.plan.scheme.ROW_MULTIPLE):
+        scheme = _scheme(d)
+        param = scheme.conclude({d.module: self._observe(d, info, reader)})[d.module]
+        for r0, r1 in _row_blocks(info, scheme.ROW_MULTIPLE):
             self._quantize_block(d, info, reader, writer, r0, r1, param)
 
     def _quantize_block(
@@ -234,7 +263,7 @@ class _Runner:
         tensor_param: object = None,
     ) -> None:
         x = self._input(d, info, reader, r0, r1)
-        writes, bad = self.plan.scheme.encode(x, r0, info.shape, tensor_param, self.alloc)
+        writes, bad = _scheme(d).encode(x, r0, info.shape, tensor_param, self.alloc)
         self._check(d, bad, r0, info.shape[1])
         for param, data, offset in writes:
             writer.write(f"{d.module}.{param}", data, offset)
@@ -327,12 +356,10 @@ def execute(
                 ) as pool:
                     hashes = pool.submit(hash_files, [src.path(s) for s in src.headers]) if hash_sources else None
                     warmed = pool.submit(runner.warm)
-                    if plan.scheme.first_pass == FUSED:
-                        targets = [
-                            _Job(i, nbytes=d.nbytes) for i, d in enumerate(plan.decisions) if d.action == QUANTIZE
-                        ]
+                    targets = [_Job(i, nbytes=plan.decisions[i].nbytes) for i in _fused_targets(plan)]
+                    if targets:
                         results = _drain(pool, runner, runner.observe, targets, lambda r: r[2], progress)
-                        runner.tensor_params = plan.scheme.conclude({module: state for module, state, _ in results})
+                        runner.conclude({module: state for module, state, _ in results})
                     _drain(pool, runner, runner.run, runner.jobs, lambda n: n, progress)
                     warmed.result()
                     source_hashes = hashes.result() if hashes is not None else {}

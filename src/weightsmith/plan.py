@@ -19,12 +19,14 @@ from weightsmith import names
 from weightsmith.audit.findings import ERROR
 from weightsmith.audit.quant_config import read_declaration
 from weightsmith.checkpoint import Checkpoint
+from weightsmith.config_groups import mixed_config
 from weightsmith.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8
 from weightsmith.quant import fp8
 from weightsmith.quant.fp8 import Block
+from weightsmith.recipe import Recipe, Rule
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes import Scheme
 
@@ -173,6 +175,7 @@ class Decision:
     outputs: list[TensorSpec] = field(default_factory=list)
     scale: str | None = None  # FP8 inputs: the scale tensor consumed by decoding
     scale_block: Block | None = None  # FP8 inputs: the weight block each scale element covers
+    rule: Rule | None = None  # the recipe rule that quantizes it (QUANTIZE only)
     module: str = field(init=False)
     param: str = field(init=False)
 
@@ -189,7 +192,7 @@ class Plan:
     """Decisions for every tensor, the output shards, and the config's ignore list."""
 
     source: Checkpoint
-    scheme: Scheme
+    recipe: Recipe
     source_format: SourceFormat
     decisions: list[Decision]
     ignore: list[str]
@@ -213,8 +216,51 @@ class Plan:
     def count(self, action: str) -> int:
         return sum(d.action == action for d in self.decisions)
 
+    def unmatched_targets(self) -> list[tuple[int, str]]:
+        """(rule number from 1, target) for every recipe target that matches no Linear-like weight."""
+        modules = [d.module for d in self.decisions if d.param == names.WEIGHT and len(d.shape) == 2]
+        out = []
+        for i, rule in enumerate(self.recipe.rules):
+            for target in rule.targets:
+                if not any(Rule((target,), rule.scheme).matches(m) for m in modules):
+                    out.append((i + 1, target))
+        return out
+
+    def breakdown(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Predicted bytes in and out and parameters, by recipe rule and by source category.
+
+        Rules are named `rule N: SCHEME` (and `kept` for what no rule quantized); a quantized
+        weight's scales and packing count towards its own category.
+        """
+        by: dict[str, dict[str, dict[str, int]]] = {"rule": {}, "category": {}}
+        number = {id(r): i + 1 for i, r in enumerate(self.recipe.rules)}
+        for d in self.decisions:
+            if d.action == DROP:
+                continue
+            rule = f"rule {number[id(d.rule)]}: {d.rule.scheme.name}" if d.rule is not None else "kept"
+            out = sum(o.nbytes for o in d.outputs)
+            for kind, key in (("rule", rule), ("category", names.category(d.name))):
+                row = by[kind].setdefault(key, {"tensors": 0, "params": 0, "bytes_in": 0, "bytes_out": 0})
+                row["tensors"] += 1
+                row["params"] += math.prod(d.shape)
+                row["bytes_in"] += d.nbytes
+                row["bytes_out"] += out
+        return by
+
+    @property
+    def scheme(self) -> Scheme:
+        """The first rule's scheme: the only one, unless the recipe mixes schemes."""
+        return self.recipe.rules[0].scheme
+
+    def schemes(self) -> list[Scheme]:
+        """Each rule's scheme, in rule order (one entry per rule)."""
+        return [r.scheme for r in self.recipe.rules]
+
     def quantization_config(self) -> dict:
-        return self.scheme.quantization_config(self.ignore)
+        if not self.recipe.mixed:
+            return self.scheme.quantization_config(self.ignore)
+        quantized = {d.module: d.rule for d in self.decisions if d.action == QUANTIZE and d.rule is not None}
+        return mixed_config(self.recipe, quantized, self.ignore)
 
 
 def _fp8_weights(ckpt: Checkpoint, fmt: SourceFormat) -> dict[str, Block | None]:
@@ -300,8 +346,15 @@ def _keep_reason(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
     return None
 
 
-def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None, preset: str | None = None) -> Plan:
-    """Decide every tensor's fate. Raises `WeightsmithError` for an unknown preset or bad regex."""
+def build_plan(
+    ckpt: Checkpoint, scheme: Scheme | Recipe, ignore: list[str] | None = None, preset: str | None = None
+) -> Plan:
+    """Decide every tensor's fate under one scheme or a recipe of several.
+
+    Raises `WeightsmithError` for an unknown preset, a bad regex, or a recipe that splits what vLLM
+    loads as one layer.
+    """
+    recipe = scheme if isinstance(scheme, Recipe) else Recipe.single(scheme)
     user_ignore = list(ignore or [])
     compile_ignore(user_ignore)
     preset_entries: tuple[str, ...] = ()
@@ -325,25 +378,30 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
         else:
             why = _keep_reason(name, info.dtype.code, info.shape)
             if why is None:
-                why = _ignored_by(module, user_ignore, preset_entries, preset)
-            if why is None:
-                why = scheme.unsupported(info.shape)
-            if why is None:
-                d.action, d.reason = QUANTIZE, f"Linear weight -> {scheme.describe()}"
+                why = _ignored_by(module, user_ignore, preset_entries, preset, recipe)
+            rule = recipe.rule_for(module) if why is None else None
+            if why is None and rule is None:
+                why = "no recipe rule targets it"
+            if why is None and rule is not None:
+                why = rule.scheme.unsupported(info.shape)
+            if why is None and rule is not None:
+                d.action, d.reason, d.rule = QUANTIZE, f"Linear weight -> {rule.scheme.describe()}", rule
             else:
-                d.reason = why
+                d.reason = why or ""
         if name in fp8_weights:
             d.scale, d.scale_block = f"{module}.{fmt.scale_param}", fp8_weights[name]
         decisions.append(d)
 
     _enforce_fused_agreement(decisions)
+    _refuse_split_layers(decisions)
 
-    ignore_out = list(dict.fromkeys([*user_ignore, *preset_entries]))
+    ignore_out = list(dict.fromkeys([*user_ignore, *recipe.ignore, *preset_entries]))
     for d in decisions:
         if d.action == QUANTIZE:
             out, inp = d.shape
             src_dtype = "BF16" if d.scale else d.dtype
-            d.outputs = scheme.outputs(d.module, (out, inp), src_dtype)
+            assert d.rule is not None
+            d.outputs = d.rule.scheme.outputs(d.module, (out, inp), src_dtype)
         elif d.action == KEEP:
             if d.scale:
                 d.action, d.reason = DECODE, d.reason + "; FP8 decoded to BF16"
@@ -357,10 +415,12 @@ def build_plan(ckpt: Checkpoint, scheme: Scheme, ignore: list[str] | None = None
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")
     if has_head and not any(names.matches(e, "lm_head") for e in ignore_out):
         ignore_out.append("lm_head")
-    return Plan(ckpt, scheme, fmt, decisions, ignore_out, preset)
+    return Plan(ckpt, recipe, fmt, decisions, ignore_out, preset)
 
 
-def _ignored_by(module: str, user: list[str], preset_entries: tuple[str, ...], preset: str | None) -> str | None:
+def _ignored_by(
+    module: str, user: list[str], preset_entries: tuple[str, ...], preset: str | None, recipe: Recipe
+) -> str | None:
     """The ignore entry that keeps `module` (directly or through its fused name), as a reason."""
     candidates = [module]
     fused = names.fused_partners(module)
@@ -369,6 +429,9 @@ def _ignored_by(module: str, user: list[str], preset_entries: tuple[str, ...], p
     for entry in user:
         if any(names.matches(entry, c) for c in candidates):
             return f"--ignore {entry}"
+    for entry in recipe.ignore:
+        if any(names.matches(entry, c) for c in candidates):
+            return f"recipe ignore {entry}"
     for entry in preset_entries:
         if any(names.matches(entry, c) for c in candidates):
             assert preset is not None
@@ -392,6 +455,32 @@ def _enforce_fused_agreement(decisions: list[Decision]) -> None:
                 if d.action == QUANTIZE:
                     d.action = KEEP
                     d.reason = f"kept with {first} ({kept[0].reason}): vLLM loads {names.leaf(fused_name)} as one layer"
+
+
+def _refuse_split_layers(decisions: list[Decision]) -> None:
+    """Refuse a recipe that gives two schemes to what vLLM loads as one layer.
+
+    q/k/v and gate/up shards are one fused Linear; the experts of one MoE layer are one FusedMoE
+    layer, all projections of all experts together. Each must take one scheme.
+    """
+    layers: dict[str, dict[Rule, Decision]] = defaultdict(dict)
+    for d in decisions:
+        if d.action != QUANTIZE or d.rule is None:
+            continue
+        fused = names.fused_partners(d.module)
+        if fused is not None:
+            layers[fused[0]].setdefault(d.rule, d)
+        expert_layer = names.expert_layer(d.module)
+        if expert_layer is not None:
+            layers[expert_layer].setdefault(d.rule, d)
+    for layer, by_rule in layers.items():
+        if len(by_rule) > 1:
+            (a, da), (b, db) = list(by_rule.items())[:2]
+            raise WeightsmithError(
+                f"the recipe gives {da.module} {a.scheme.name} but {db.module} {b.scheme.name}; vLLM loads "
+                f"{layer} as one layer, so one rule must cover all of it",
+                code="recipe.split-layer",
+            )
 
 
 def _is_linear_like_weight(d: Decision) -> bool:

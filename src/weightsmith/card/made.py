@@ -60,6 +60,26 @@ def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
     return lines
 
 
+def _scheme_lines(recipe: dict[str, Any], c: Citations) -> list[str]:
+    """One line per recipe rule, in the scheme's own words (manifests before version 2 have no rules)."""
+    rules = recipe.get("rules")
+    if not rules:
+        return [_scheme_line(recipe, c)]
+    lines = []
+    for i, rule in enumerate(rules):
+        where = f"recipe.rules[{i}]"
+        if not rule["quantized"]:
+            continue
+        targets = ", ".join(c.text(t, M, f"{where}.targets[{j}]") for j, t in enumerate(rule["targets"]))
+        lines.append(
+            f"- **Scheme** for {targets}: {c.text(rule['scheme'], M, where + '.scheme')} (config group "
+            f"{c.text(rule['config_group'], M, where + '.config_group')}, "
+            f"{c.num(str(rule['quantized']), M, where + '.quantized')} weights): "
+            f"{c.text(rule['weights'], M, where + '.weights')}."
+        )
+    return lines
+
+
 def _scheme_line(recipe: dict[str, Any], c: Citations) -> str:
     bits = c.num(str(recipe["num_bits"]), M, "recipe.num_bits")
     group = c.num(str(recipe["group_size"]), M, "recipe.group_size")
@@ -94,7 +114,7 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
     )
     t = m["tensors"]
     lines = [
-        _scheme_line(recipe, c),
+        *_scheme_lines(recipe, c),
         f"- **Scale search**: {search_line}.",
         f"- **Tensors**: {c.num(str(t['quantize']), M, 'tensors.quantize')} quantized, "
         f"{c.num(str(t['keep']), M, 'tensors.keep')} kept as they were, "

@@ -41,6 +41,10 @@ MANIFEST = {
         "group_size": (int, None),
         "symmetric": bool,
         "scale_search?": OPT_STR,
+        "rules?": [
+            {"targets": [str], "scheme": str, "config_group": OPT_STR, "weights": str, "quantized": int}
+        ],
+        "recipe_file?": OPT_STR,
         "preset?": OPT_STR,
         "ignore?": ([str], None),
         "source_format": str,

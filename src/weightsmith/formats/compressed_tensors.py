@@ -89,24 +89,25 @@ def weight_args(
 QUANT_ARGS_FIELDS = frozenset(weight_args(num_bits=4, symmetric=True, group_size=128))
 
 
-def quantization_config(
-    group_name: str, fmt: str, weights: dict, ignore: list[str], input_activations: dict | None = None
-) -> dict:
-    """The whole `quantization_config` block for one config group targeting Linear.
+def config_group(fmt: str, weights: dict, targets: list[str], input_activations: dict | None = None) -> dict:
+    """One `QuantizationScheme` of `config_groups`, with its own `format`.
 
     `input_activations` is None for weight-only schemes; data-free schemes that quantize
     activations do it dynamically at run time, so their arguments carry no stored scale.
     """
     return {
-        "config_groups": {
-            group_name: {
-                "format": fmt,
-                "input_activations": input_activations,
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": weights,
-            }
-        },
+        "format": fmt,
+        "input_activations": input_activations,
+        "output_activations": None,
+        "targets": targets,
+        "weights": weights,
+    }
+
+
+def quantization_config_of(groups: dict[str, dict], fmt: str, ignore: list[str]) -> dict:
+    """The whole `quantization_config` block: named groups, the global format, the ignore list."""
+    return {
+        "config_groups": groups,
         "format": fmt,
         "global_compression_ratio": None,
         "ignore": ignore,
@@ -117,3 +118,10 @@ def quantization_config(
         "transform_config": {},
         "version": SCHEMA_VERSION,
     }
+
+
+def quantization_config(
+    group_name: str, fmt: str, weights: dict, ignore: list[str], input_activations: dict | None = None
+) -> dict:
+    """The `quantization_config` of one config group targeting every Linear (one scheme throughout)."""
+    return quantization_config_of({group_name: config_group(fmt, weights, ["Linear"], input_activations)}, fmt, ignore)

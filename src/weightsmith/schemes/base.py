@@ -106,6 +106,10 @@ class Scheme(ABC):
         search = f", {self.scale_search} scale search" if self.scale_search else ""
         return f"{self.config_group_name} g{self.group_size}{search}"
 
+    @abstractmethod
+    def weights_words(self) -> str:
+        """How a model card describes the stored weights, e.g. `4-bit integer weights, symmetric, ...`."""
+
     # --- the work ---
 
     def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:

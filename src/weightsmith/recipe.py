@@ -1,0 +1,178 @@
+"""Recipes: ordered rules that give each Linear-like weight its scheme, several schemes per checkpoint.
+
+A recipe file is TOML:
+
+    ignore = ["lm_head"]                 # kept as they are (exact names or re: regexes)
+
+    [[rule]]
+    targets = ["category:routed experts"]
+    scheme = "nvfp4a16"
+
+    [[rule]]
+    targets = ["category:attention", "category:shared expert"]
+    scheme = "fp8-dynamic"
+
+Each rule's `targets` are exact module names, `re:` regexes (matched as vLLM matches them, from the
+start, against the module and its fused name such as `qkv_proj`), `category:NAME` (the categories
+`inspect` reports: routed experts, shared expert, attention, attention gate, dense mlp, other) or
+`Linear` (every Linear-like weight). A rule may set `group_size` and `scale_search` for its scheme.
+The first rule that matches a module gives its scheme, as compressed-tensors and vLLM resolve config
+groups; a module no rule matches is kept. `--scheme NAME` is the one-rule recipe `targets = ["Linear"]`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from weightsmith import names
+from weightsmith.errors import WeightsmithError
+from weightsmith.files import read_regular
+from weightsmith.schemes import REGISTRY, Scheme, make_scheme
+
+#: The class target compressed-tensors and vLLM write for every Linear layer.
+LINEAR = "Linear"
+CATEGORY = "category:"
+#: Categories a rule may target: those that hold Linear-like weights.
+TARGET_CATEGORIES = tuple(
+    c for c in names.CATEGORIES if c not in ("embeddings", "lm_head", "norms", "router", names.KV_SCALES_CATEGORY,
+                                             names.QUANT_PARAMS_CATEGORY)
+)
+_RULE_KEYS = {"targets", "scheme", "group_size", "scale_search"}
+_TOP_KEYS = {"ignore", "rule"}
+#: A recipe is a short text; anything larger is not one.
+MAX_RECIPE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ordered rule: the targets it claims and the scheme it gives them."""
+
+    targets: tuple[str, ...]
+    scheme: Scheme
+
+    def matches(self, module: str) -> bool:
+        """Whether a Linear-like weight's module falls under this rule."""
+        candidates = [module]
+        fused = names.fused_partners(module)
+        if fused is not None:
+            candidates.append(fused[0])
+        for target in self.targets:
+            if target == LINEAR:
+                return True
+            if target.startswith(CATEGORY):
+                if names.category(f"{module}.{names.WEIGHT}") == target[len(CATEGORY) :]:
+                    return True
+            elif any(names.matches(target, c) for c in candidates):
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Ordered rules (first match wins) plus modules to keep; `file` is where it was read from, if anywhere."""
+
+    rules: tuple[Rule, ...]
+    ignore: tuple[str, ...] = ()
+    file: Path | None = None
+
+    @classmethod
+    def single(cls, scheme: Scheme) -> Recipe:
+        """The one-rule recipe of `--scheme`: every Linear-like weight."""
+        return cls((Rule((LINEAR,), scheme),))
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.rules) > 1
+
+    def rule_for(self, module: str) -> Rule | None:
+        return next((r for r in self.rules if r.matches(module)), None)
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and check a recipe file: one line naming the file and the key for anything wrong."""
+    raw = _read(path)
+    try:
+        doc = tomllib.loads(raw)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise WeightsmithError(f"is not valid TOML ({exc})", file=path, code="recipe.invalid") from None
+    _known(doc, _TOP_KEYS, "top level", path)
+    ignore = _strings(doc.get("ignore", []), "ignore", path)
+    for entry in ignore:
+        if entry.startswith("re:"):
+            names.entry_regex(entry, "ignore", file=path)
+    rules_doc = doc.get("rule")
+    if not isinstance(rules_doc, list) or not rules_doc:
+        raise WeightsmithError("needs at least one [[rule]] table", file=path, code="recipe.invalid")
+    rules = tuple(_rule(r, i, path) for i, r in enumerate(rules_doc))
+    return Recipe(rules, tuple(ignore), path)
+
+
+def _read(path: Path) -> str:
+    try:
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise WeightsmithError(f"is larger than a recipe can be ({MAX_RECIPE_BYTES:,} bytes)", file=path,
+                                   code="recipe.invalid")
+        data = read_regular(path)
+    except FileNotFoundError:
+        raise WeightsmithError("does not exist (--recipe needs a TOML file)", file=path, code="usage") from None
+    except OSError as exc:
+        raise WeightsmithError(f"cannot be read ({exc.strerror or exc})", file=path, code="usage") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WeightsmithError("is not UTF-8 text", file=path, code="recipe.invalid") from None
+
+
+def _known(doc: dict, allowed: set[str], where: str, path: Path) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise WeightsmithError(
+            f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(allowed))})", file=path, code="recipe.key"
+        )
+
+
+def _strings(value: object, where: str, path: Path) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise WeightsmithError(f"{where} must be a list of non-empty strings", file=path, code="recipe.invalid")
+    return list(value)
+
+
+def _rule(doc: object, index: int, path: Path) -> Rule:
+    where = f"rule {index + 1}"
+    if not isinstance(doc, dict):
+        raise WeightsmithError(f"{where} is not a table", file=path, code="recipe.invalid")
+    _known(doc, _RULE_KEYS, where, path)
+    targets = _strings(doc.get("targets"), f"{where}: targets", path)
+    if not targets:
+        raise WeightsmithError(f"{where}: targets is empty", file=path, code="recipe.invalid")
+    for target in targets:
+        if target.startswith("re:"):
+            names.entry_regex(target, f"{where}: target", file=path)
+        elif target.startswith(CATEGORY) and target[len(CATEGORY) :] not in TARGET_CATEGORIES:
+            raise WeightsmithError(
+                f"{where}: unknown category {target!r} (known: {', '.join(TARGET_CATEGORIES)})",
+                file=path,
+                code="recipe.invalid",
+            )
+    scheme_name = doc.get("scheme")
+    if not isinstance(scheme_name, str):
+        raise WeightsmithError(
+            f"{where}: scheme must be one of {', '.join(REGISTRY)}", file=path, code="recipe.invalid"
+        )
+    group_size = doc.get("group_size")
+    if group_size is not None and (type(group_size) is not int or not 0 < group_size <= 1 << 20):
+        raise WeightsmithError(
+            f"{where}: group_size must be an integer from 1 to {1 << 20:,}, got {group_size!r}",
+            file=path,
+            code="recipe.invalid",
+        )
+    search = doc.get("scale_search")
+    if search is not None and not isinstance(search, str):
+        raise WeightsmithError(f"{where}: scale_search must be a string", file=path, code="recipe.invalid")
+    try:
+        scheme = make_scheme(scheme_name, group_size, search)
+    except WeightsmithError as exc:
+        raise WeightsmithError(f"{where}: {exc.message}", file=path, code="recipe.invalid") from None
+    return Rule(tuple(targets), scheme)
