@@ -245,6 +245,9 @@ class Plan:
                 row["params"] += math.prod(d.shape)
                 row["bytes_in"] += d.nbytes
                 row["bytes_out"] += out
+        rule_order = [f"rule {i + 1}: {r.scheme.name}" for i, r in enumerate(self.recipe.rules)] + ["kept"]
+        by["rule"] = {k: by["rule"][k] for k in rule_order if k in by["rule"]}
+        by["category"] = {k: by["category"][k] for k in names.CATEGORIES if k in by["category"]}
         return by
 
     @property
