@@ -1,3 +1,21 @@
-"""weightsmith: serving-ready LLM checkpoints from raw safetensors, and the evidence for them."""
+"""weightsmith: serving-ready LLM checkpoints from raw safetensors, and the evidence for them.
+
+`weightsmith.quantize(SRC, OUT, ...)` and `weightsmith.plan_quantize(SRC, ...)` are the library entry
+points (see `weightsmith.api`); they are imported on first use, so that the command line starts
+without loading the quantize kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "plan_quantize", "quantize"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("quantize", "plan_quantize"):
+        from weightsmith import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'weightsmith' has no attribute {name!r}")

@@ -15,12 +15,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from weightsmith.api import plan_quantize
 from weightsmith.audit.verify import verify
-from weightsmith.checkpoint import Checkpoint
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
-from weightsmith.plan import PRESETS, Plan, build_plan
+from weightsmith.plan import PRESETS, Plan
 from weightsmith.recipe import Recipe, load_recipe
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
@@ -155,9 +155,7 @@ def run_quantize(
 ) -> tuple[QuantizeResult, float]:
     """Open, plan and execute; returns the result and wall seconds."""
     started = time.perf_counter()
-    rules = _recipe(scheme, group_size, scale_search, recipe)
-    ckpt = Checkpoint.open(src)
-    plan = build_plan(ckpt, rules, ignore, preset)
+    plan = plan_quantize(src, recipe=_recipe(scheme, group_size, scale_search, recipe), ignore=ignore, preset=preset)
     _warn_unmatched(plan)
     _sigterm_as_interrupt()
     try:
@@ -219,7 +217,8 @@ def quantize(
 ) -> None:
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
     if dry_run:
-        plan = build_plan(Checkpoint.open(src), _recipe(scheme, group_size, scale_search, recipe), ignore, preset)
+        rules = _recipe(scheme, group_size, scale_search, recipe)
+        plan = plan_quantize(src, recipe=rules, ignore=ignore, preset=preset)
         _warn_unmatched(plan)
         if json_out:
             print(json.dumps(plan_json(plan), indent=2))
@@ -281,7 +280,7 @@ def demo(
             shutil.rmtree(src)
         (Path(tmp) / "draft").rename(src)
     console.print("[bold]2. plan[/] with preset dflash-draft:")
-    plan = build_plan(Checkpoint.open(src), make_scheme("w4a16"), [], "dflash-draft")
+    plan = plan_quantize(src, "w4a16", preset="dflash-draft")
     kept: dict[str, list[str]] = {}
     for d in plan.decisions:
         if d.action != "quantize" and len(d.shape) == 2:

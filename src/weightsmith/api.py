@@ -1,0 +1,71 @@
+"""The library entry points: `weightsmith.quantize(SRC, OUT, ...)` and `weightsmith.plan_quantize(SRC, ...)`.
+
+Code and tests call this rather than the command-line module: it opens the checkpoint, plans
+every tensor under one scheme or a recipe, and writes the output whole or not at all, returning
+a `QuantizeResult` (the output folder, its manifest, and notes on what was cleaned up first).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from weightsmith.checkpoint import Checkpoint
+from weightsmith.pipeline import Progress, QuantizeResult, default_workers, execute
+from weightsmith.plan import Plan, build_plan
+from weightsmith.recipe import Recipe, load_recipe
+from weightsmith.schemes import make_scheme
+
+
+def plan_quantize(
+    src: str | os.PathLike[str],
+    scheme: str = "w4a16",
+    *,
+    recipe: str | os.PathLike[str] | Recipe | None = None,
+    group_size: int | None = None,
+    scale_search: str | None = None,
+    ignore: list[str] | None = None,
+    preset: str | None = None,
+) -> Plan:
+    """What `quantize` would do to every tensor of `src`, and the predicted sizes; nothing is written.
+
+    `recipe` (a TOML file or a `Recipe`) replaces `scheme`, `group_size` and `scale_search`.
+    """
+    if recipe is None:
+        rules = Recipe.single(make_scheme(scheme, group_size, scale_search))
+    else:
+        rules = recipe if isinstance(recipe, Recipe) else load_recipe(Path(recipe))
+    return build_plan(Checkpoint.open(src), rules, ignore, preset)
+
+
+def quantize(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    scheme: str = "w4a16",
+    *,
+    recipe: str | os.PathLike[str] | Recipe | None = None,
+    group_size: int | None = None,
+    scale_search: str | None = None,
+    ignore: list[str] | None = None,
+    preset: str | None = None,
+    workers: int | None = None,
+    force: bool = False,
+    hash_sources: bool = True,
+    progress: Progress | None = None,
+) -> QuantizeResult:
+    """Quantize the checkpoint folder `src` into `out` (see `plan_quantize` for the scheme arguments).
+
+    Raises a `WeightsmithError` (one line naming the file and tensor) for anything wrong with the
+    input or the destination; `KeyboardInterrupt` leaves nothing behind.
+    """
+    the_plan = plan_quantize(
+        src, scheme, recipe=recipe, group_size=group_size, scale_search=scale_search, ignore=ignore, preset=preset
+    )
+    return execute(
+        the_plan,
+        Path(out),
+        workers=workers or default_workers(),
+        force=force,
+        progress=progress,
+        hash_sources=hash_sources,
+    )
