@@ -18,7 +18,7 @@ from typing import Any
 from weightsmith.bench.client import TokenLogprob
 from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
-from weightsmith.files import replace_file
+from weightsmith.files import read_regular, replace_file
 from weightsmith.jsonable import jsonable
 
 SCHEMA = "weightsmith.bench.results"
@@ -298,7 +298,7 @@ def load_results(path: str | Path) -> BenchResults:
     """Read a results JSON file written by `write_results`; anything else is one line naming the field."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        data = json.loads(read_regular(p).decode("utf-8"), parse_constant=_no_constant)
     except OSError as exc:
         raise WeightsmithError(f"cannot read results: {exc.strerror}", file=p) from None
     except UnicodeDecodeError as exc:

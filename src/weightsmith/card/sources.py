@@ -23,7 +23,7 @@ from weightsmith.checkpoint import CONFIG_FILE, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
-from weightsmith.files import replace_file
+from weightsmith.files import read_regular, replace_file
 from weightsmith.manifest import MANIFEST_FILE
 
 CARD_FILE = "README.md"
@@ -86,7 +86,7 @@ def _copy_in(src: Path | None, folder: Path, name: str) -> Path | None:
         raise WeightsmithError("not found", file=src)
     dest = folder / name
     if not dest.exists() or not dest.samefile(src):
-        replace_file(dest, src.read_bytes())
+        replace_file(dest, read_regular(src))
     return dest
 
 
