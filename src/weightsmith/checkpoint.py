@@ -20,6 +20,7 @@ from weightsmith.errors import CheckpointError, HeaderError
 from weightsmith.files import NotRegularFile, exists, kind, name_problem, outside, read_regular
 from weightsmith.lfs import parse_pointer, pointer_message
 from weightsmith.safetensors.header import MAX_TENSORS, Header, TensorInfo, read_header
+from weightsmith.terminal import short_repr
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -98,7 +99,7 @@ def _duplicate_key_error(path: Path, doc: dict, found: list[tuple[dict, str, obj
     for obj, key, first, second in found:
         if obj is weight_map:
             return CheckpointError(
-                f"is listed twice in weight_map, under {_short(first)} and {_short(second)} "
+                f"is listed twice in weight_map, under {short_repr(first, 200)} and {short_repr(second, 200)} "
                 "(readers silently keep the last)",
                 file=path,
                 tensor=key,
@@ -106,16 +107,10 @@ def _duplicate_key_error(path: Path, doc: dict, found: list[tuple[dict, str, obj
             )
     _, key, _, _ = found[0]
     return CheckpointError(
-        f"has the key {_short(key)} twice in one object (readers silently keep the last)",
+        f"has the key {short_repr(key, 200)} twice in one object (readers silently keep the last)",
         file=path,
         code="json.duplicate-key",
     )
-
-
-def _short(value: object) -> str:
-    """`value` as Python writes it (escaped, so one line), cut short if a stranger made it long."""
-    text = repr(value)
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def index_shape_problem(index_path: Path, index: dict) -> CheckpointError | None:
@@ -130,7 +125,10 @@ def index_shape_problem(index_path: Path, index: dict) -> CheckpointError | None
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
             return CheckpointError(
-                f"maps to {_short(shard)}, not a shard file name", file=index_path, tensor=name, code="index.invalid"
+                f"maps to {short_repr(shard, 200)}, not a shard file name",
+                file=index_path,
+                tensor=name,
+                code="index.invalid",
             )
     metadata = index.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
@@ -158,7 +156,7 @@ def unsafe_shards(root: Path, index_path: Path, weight_map: dict[str, str]) -> d
         why = shard_problem(root, shard)
         if why is not None:
             problems[shard] = CheckpointError(
-                f"names the shard {_short(shard)}, which {why}; "
+                f"names the shard {short_repr(shard, 200)}, which {why}; "
                 "shard names must be relative file names inside the checkpoint folder",
                 file=index_path,
                 tensor=tensor,
@@ -322,10 +320,11 @@ class Checkpoint:
         return cls(root, config, index, headers)
 
     def path(self, shard: str) -> Path:
-        """The file of one of this checkpoint's shards (a name that passed `shard_problem` at open)."""
-        why = shard_problem(self.root, shard)
-        if why is not None:
-            raise CheckpointError(f"the shard name {_short(shard)} {why}", file=self.root, code="index.unsafe-shard")
+        """The file of one of this checkpoint's shards.
+
+        Every shard name passed `shard_problem` in `open` (the only way a Checkpoint is made), so it
+        is not judged again here: this is called per tensor where plans and errors name a file.
+        """
         return self.root / shard
 
     @property

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from weightsmith.api import plan_quantize
 from weightsmith.audit.verify import verify
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
+from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
 from weightsmith.recipe import Recipe, load_recipe
@@ -26,15 +26,6 @@ from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
-
-
-def _sigterm_as_interrupt() -> None:
-    """Treat SIGTERM like Ctrl-C so the partial output is removed either way."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 def _mib(n: int) -> str:
@@ -157,32 +148,32 @@ def run_quantize(
     started = time.perf_counter()
     plan = plan_quantize(src, recipe=_recipe(scheme, group_size, scale_search, recipe), ignore=ignore, preset=preset)
     _warn_unmatched(plan)
-    _sigterm_as_interrupt()
-    try:
-        if not show_progress:
-            result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
-            return result, time.perf_counter() - started
-        columns = (
-            TextColumn("quantizing"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=err, transient=True) as bar:
-            task = bar.add_task("quantize", total=work_bytes(plan))
-            result = execute(
-                plan,
-                out,
-                workers=workers,
-                force=force,
-                hash_sources=hash_sources,
-                progress=lambda n: bar.advance(task, n),
+    with terminate_as_interrupt():  # the partial output is removed either way
+        try:
+            if not show_progress:
+                result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
+                return result, time.perf_counter() - started
+            columns = (
+                TextColumn("quantizing"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
             )
-        return result, time.perf_counter() - started
-    except KeyboardInterrupt:
-        err.print(f"[bold red]interrupted[/]: {out} was not written and no partial output was left behind")
-        raise typer.Exit(130) from None
+            with Progress(*columns, console=err, transient=True) as bar:
+                task = bar.add_task("quantize", total=work_bytes(plan))
+                result = execute(
+                    plan,
+                    out,
+                    workers=workers,
+                    force=force,
+                    hash_sources=hash_sources,
+                    progress=lambda n: bar.advance(task, n),
+                )
+            return result, time.perf_counter() - started
+        except KeyboardInterrupt:
+            err.print(f"[bold red]interrupted[/]: {out} was not written and no partial output was left behind")
+            raise typer.Exit(130) from None
 
 
 def quantize(

@@ -7,13 +7,16 @@ the source or a neighbour, and a FIFO named like a shard makes every reader hang
 - every read opens through `open_regular`, which refuses anything but a regular file (after
   following a final link: a hub-cache snapshot's shards are links into its blob store);
 - every output file is made by `create_new`: inside its folder, never over an existing file and
-  never through a link.
+  never through a link; a file replaced in place (`replace_file`) is written beside it that way and
+  renamed over it.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -153,3 +156,29 @@ def write_new(folder: Path, name: str, data: bytes) -> None:
     """Write `data` to the new file `folder/name` (see `create_new`)."""
     with os.fdopen(create_new(folder, name), "wb") as f:
         f.write(data)
+
+
+def write_json_new(folder: Path, name: str, doc: object) -> None:
+    """Write `doc` as indented JSON to the new file `folder/name` (see `create_new`)."""
+    write_new(folder, name, (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def copy_new(source: Path, folder: Path, name: str) -> None:
+    """Copy the regular file `source` to the new file `folder/name` (see `open_regular`, `create_new`)."""
+    with os.fdopen(open_regular(source), "rb") as src, os.fdopen(create_new(folder, name), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: into a new file beside it, then renamed over it.
+
+    A reader (or a crash) never sees half a file, and a link at `path` is replaced rather than
+    followed, so nothing outside the folder is written through it.
+    """
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    partial.unlink(missing_ok=True)  # left by a killed run that had our pid
+    try:
+        write_new(path.parent, partial.name, data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

@@ -8,7 +8,6 @@ category before and after.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import time
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from weightsmith import __version__, names
 from weightsmith.checkpoint import Checkpoint
-from weightsmith.files import open_regular, write_new
+from weightsmith.files import open_regular, write_json_new
 
 if TYPE_CHECKING:
     from weightsmith.plan import Plan
@@ -113,4 +112,4 @@ def build_manifest(plan: Plan, written: Checkpoint, source_hashes: dict[str, str
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    write_new(folder, MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_json_new(folder, MANIFEST_FILE, manifest)

@@ -10,10 +10,8 @@ thread's reused buffer, decoded, quantized by a GIL-free kernel, written). Memor
 from __future__ import annotations
 
 import errno
-import json
 import math
 import os
-import shutil
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -26,7 +24,7 @@ import numpy as np
 
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
-from weightsmith.files import create_new, open_regular, write_new
+from weightsmith.files import copy_new, write_json_new
 from weightsmith.manifest import MANIFEST_FILE, build_manifest, hash_files, write_manifest
 from weightsmith.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
@@ -287,7 +285,7 @@ class QuantizeResult:
 def _write_index(plan: Plan, folder: Path) -> None:
     weight_map = {s.name: shard for shard, specs in plan.shards().items() for s in specs}
     index = {"metadata": {"total_size": plan.bytes_out}, "weight_map": dict(sorted(weight_map.items()))}
-    write_new(folder, INDEX_FILE, (json.dumps(index, indent=2) + "\n").encode())
+    write_json_new(folder, INDEX_FILE, index)
 
 
 def _write_config(plan: Plan, folder: Path) -> None:
@@ -295,7 +293,7 @@ def _write_config(plan: Plan, folder: Path) -> None:
     config["quantization_config"] = plan.quantization_config()
     if plan.source_format.kind != "dense":
         config["torch_dtype"] = "bfloat16"
-    write_new(folder, CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=False) + "\n").encode())
+    write_json_new(folder, CONFIG_FILE, config)
 
 
 def _copy_other_files(ckpt: Checkpoint, folder: Path, files: list[Path]) -> None:
@@ -306,11 +304,7 @@ def _copy_other_files(ckpt: Checkpoint, folder: Path, files: list[Path]) -> None
     for rel in files:
         if rel == Path(MANIFEST_FILE):
             continue
-        with (
-            os.fdopen(open_regular(ckpt.root / rel), "rb") as src,
-            os.fdopen(create_new(folder, rel.as_posix()), "wb") as dst,
-        ):
-            shutil.copyfileobj(src, dst)
+        copy_new(ckpt.root / rel, folder, rel.as_posix())
 
 
 def verify_output(plan: Plan, folder: Path) -> Checkpoint:

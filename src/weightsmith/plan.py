@@ -399,6 +399,9 @@ def build_plan(
     _refuse_split_layers(decisions)
 
     ignore_out = list(dict.fromkeys([*user_ignore, *recipe.ignore, *preset_entries]))
+    # Kept modules are added as exact names, so only the given entries need matching: checking each
+    # module against the growing list made a checkpoint of many kept Linears quadratic to plan.
+    given, listed = tuple(ignore_out), set(ignore_out)
     for d in decisions:
         if d.action == QUANTIZE:
             out, inp = d.shape
@@ -411,8 +414,13 @@ def build_plan(
                 d.outputs = [TensorSpec(d.name, "BF16", d.shape)]
             else:
                 d.outputs = [TensorSpec(d.name, d.dtype, d.shape)]
-            if _is_linear_like_weight(d) and not any(names.matches(e, d.module) for e in ignore_out):
+            if (
+                _is_linear_like_weight(d)
+                and d.module not in listed
+                and not any(names.matches(e, d.module) for e in given)
+            ):
                 ignore_out.append(d.module)
+                listed.add(d.module)
     _refuse_collisions(ckpt, decisions)
     # HF builds lm_head as an nn.Linear (even when tied), so a "Linear" target would claim it.
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")

@@ -19,3 +19,10 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def short_repr(value: object, limit: int = 40) -> str:
+    """`value` as Python writes it (escaped, so one line), cut to `limit` characters: a value from a
+    stranger's file may be of any length, and a message quoting it must stay one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

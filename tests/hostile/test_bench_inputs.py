@@ -8,11 +8,12 @@ Every bad arms file or results file must be one line naming the file and the key
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from hostile.harness import Sandbox, run_inprocess
+from hostile.harness import Sandbox, run_inprocess, run_subprocess
 from weightsmith.bench.config import parse_config
 from weightsmith.bench.outdir import MARKER
 from weightsmith.bench.report import write_results_file
@@ -256,3 +257,14 @@ def test_report_refuses_a_folder_bench_did_not_write(capsys, monkeypatch, sandbo
     assert result.code == 0, result.err
     assert (out / "report.md").read_text().startswith("# Serving benchmark")
     assert (out / "cache" / "x").read_text() == "my cache\n"
+
+
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_a_fifo_as_arms_or_results_file_is_refused_unopened(sandbox: Sandbox, command: str) -> None:
+    fifo = sandbox.root / ("arms.toml" if command == "run" else "results.json")
+    os.mkfifo(fifo)
+    sandbox.freeze()
+    result = run_subprocess("bench", command, fifo, "--out", sandbox.root / "out", timeout=60)
+    assert result.code == 2, result
+    assert str(fifo) in result.error_line and "FIFO" in result.error_line
+    sandbox.assert_untouched()

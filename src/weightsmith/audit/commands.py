@@ -16,6 +16,7 @@ from weightsmith.audit.diff import diff
 from weightsmith.audit.inspect import VIEWS, inspect
 from weightsmith.audit.transplant import DEFAULT_SHARD, transplant
 from weightsmith.audit.verify import verify
+from weightsmith.interrupt import terminate_as_interrupt
 
 
 def _inspect(
@@ -64,7 +65,8 @@ def _transplant(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Copy selected tensors (e.g. KV-cache scales) into a new shard of TARGET, re-index and declare."""
-    result = transplant(donor, target, select, shard=shard, out=out, replace=replace)
+    with terminate_as_interrupt():  # the partial output is removed, as on Ctrl-C
+        result = transplant(donor, target, select, shard=shard, out=out, replace=replace)
     if as_json:
         print(render.to_json(result))
     else:

@@ -27,6 +27,7 @@ from weightsmith.formats.modelopt import (
 )
 from weightsmith.names import Pattern
 from weightsmith.quant.fp8 import parse_block
+from weightsmith.terminal import short_repr
 
 MODELOPT, HF_FP8 = "modelopt", hf_fp8.QUANT_METHOD
 HF_FP8_BLOCK = "fp8-block"
@@ -205,19 +206,13 @@ def _invalid(message: str, file: str) -> Finding:
     return Finding("quant.config-invalid", ERROR, message, file)
 
 
-def _show(value: object) -> str:
-    """A config value as a short repr: hostile configs hold anything, of any length."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _typed(args: dict, key: str, where: str, problems: list[Finding]) -> object:
     """`args[key]` when absent, null or of the JSON type the key needs; otherwise None and a finding."""
     value = args.get(key)
     kind, words = _ARG_TYPES[key]
     if value is None or type(value) is kind:  # exact: true is not an integer
         return value
-    problems.append(_invalid(f"{where}.{key} is {_show(value)}, not {words}", CONFIG_FILE))
+    problems.append(_invalid(f"{where}.{key} is {short_repr(value)}, not {words}", CONFIG_FILE))
     return None
 
 
@@ -231,13 +226,13 @@ def _kv_scheme(kv: object, key: str, problems: list[Finding], vllm_rule: bool) -
     if kv is None:
         return None, True
     if not isinstance(kv, dict):
-        problems.append(_invalid(f"{key} is {_show(kv)}, not an object (null declares none)", CONFIG_FILE))
+        problems.append(_invalid(f"{key} is {short_repr(kv)}, not an object (null declares none)", CONFIG_FILE))
         return None, True
     bits, kind = kv.get("num_bits"), kv.get("type")
     if vllm_rule and kind != "float" and bits != 8:
         problems.append(
             _invalid(
-                f"{key} declares num_bits {_show(bits)} and type {_show(kind)}; vLLM refuses to load any "
+                f"{key} declares num_bits {short_repr(bits)} and type {short_repr(kind)}; vLLM refuses to load any "
                 "KV-cache scheme that is neither 8-bit nor float",
                 CONFIG_FILE,
             )
@@ -256,11 +251,11 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
         groups = {}
     top_format = qc.get("format")
     if top_format is not None and not isinstance(top_format, str):
-        problems.append(_invalid(f"quantization_config.format is {_show(top_format)}, not a string", CONFIG_FILE))
+        problems.append(_invalid(f"quantization_config.format is {short_repr(top_format)}, not a string", CONFIG_FILE))
         top_format = None
     schemes, unresolved = [], []
     for name, group in groups.items():
-        where = f"quantization_config.config_groups[{_show(name)}]"
+        where = f"quantization_config.config_groups[{short_repr(name)}]"
         if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
             problems.append(_invalid(f"{where} has no list of targets", CONFIG_FILE))
             continue
@@ -273,7 +268,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
         unresolved += [t for t in targets if not t.startswith("re:") and "." not in t and t.lower() != "linear"]
         group_format = group.get("format")
         if group_format is not None and not isinstance(group_format, str):
-            problems.append(_invalid(f"{where}.format is {_show(group_format)}, not a string", CONFIG_FILE))
+            problems.append(_invalid(f"{where}.format is {short_repr(group_format)}, not a string", CONFIG_FILE))
             group_format = None
         weights = group.get("weights")
         if weights is None:
@@ -285,7 +280,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
         if extra:
             problems.append(
                 _invalid(
-                    f"{where}.weights has unknown keys {_show(extra)}; "
+                    f"{where}.weights has unknown keys {short_repr(extra)}; "
                     "compressed-tensors (and so vLLM) refuses them",
                     CONFIG_FILE,
                 )
@@ -349,7 +344,7 @@ def _ignore_list(doc: dict, key: str, problems: list[Finding], file: str = CONFI
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        problems.append(_invalid(f"quantization_config.{key} is {_show(value)}, not a list of strings", file))
+        problems.append(_invalid(f"quantization_config.{key} is {short_repr(value)}, not a list of strings", file))
         return ()
     return tuple(value)
 
@@ -382,7 +377,9 @@ def _modelopt_native(doc: dict) -> QuantDeclaration:
     kv = q.get("kv_cache_quant_algo")
     if kv is not None and not isinstance(kv, str):
         problems.append(
-            _invalid(f"quantization.kv_cache_quant_algo is {_show(kv)}, not a string or null", HF_QUANT_CONFIG_FILE)
+            _invalid(
+                f"quantization.kv_cache_quant_algo is {short_repr(kv)}, not a string or null", HF_QUANT_CONFIG_FILE
+            )
         )
         kv = None
     return _modelopt(

@@ -220,6 +220,7 @@ def _index(root: Path, findings: list[Finding]) -> tuple[dict | None, list[str] 
 
 def _headers(root: Path, shard_names: list[str], indexed: bool, findings: list[Finding]) -> dict[str, Header]:
     headers: dict[str, Header] = {}
+    budget = MAX_TENSORS  # tensors the shards still to be read may hold, as in `Checkpoint.open`
     for name in shard_names:
         path = root / name
         if not exists(path):
@@ -233,7 +234,8 @@ def _headers(root: Path, shard_names: list[str], indexed: bool, findings: list[F
             findings.append(Finding("index.missing-shard" if indexed else "file.missing", ERROR, why, name))
             continue
         try:
-            headers[name] = read_header(path, MAX_TENSORS - sum(len(h.tensors) for h in headers.values()))
+            headers[name] = read_header(path, budget)
+            budget -= len(headers[name].tensors)
         except HeaderError as exc:
             findings.append(_actionable(from_error(exc, root)))
     return headers

@@ -16,7 +16,6 @@ import copy
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
 from weightsmith.errors import CheckpointError, OutputError
-from weightsmith.files import create_new, name_problem, open_regular, write_new
+from weightsmith.files import copy_new, name_problem, write_json_new
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.names import entry_regex
@@ -126,7 +125,7 @@ def transplant(
                 _rewrite_without(target_ck, name, plan.removals[name], folder)
             _write_index(target_ck, folder, shard, plan)
             for file, doc in plan.config_changes.items():
-                write_new(folder, file, (json.dumps(doc, indent=2) + "\n").encode())
+                write_json_new(folder, file, doc)
             report = _check_result(folder, shard, plan.copies)
     except OSError as exc:
         raise OutputError(
@@ -298,11 +297,7 @@ def _link_tree(src: Path, dst: Path, skip: set[str], absolute_links: bool) -> No
                 try:
                     os.link(source, target)
                 except OSError:
-                    with (
-                        os.fdopen(open_regular(source), "rb") as f,
-                        os.fdopen(create_new(dst, (rel / entry).as_posix()), "wb") as g,
-                    ):
-                        shutil.copyfileobj(f, g)
+                    copy_new(source, dst, (rel / entry).as_posix())
 
 
 def _write_new_shard(donor: Checkpoint, folder: Path, shard: str, copies: list[CopiedTensor]) -> None:
@@ -371,7 +366,7 @@ def _write_index(target: Checkpoint, folder: Path, shard: str, plan: _Plan) -> N
         read_header(folder / s).data_len if s in fresh else target.headers[s].data_len for s in shards
     )
     index = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
-    write_new(folder, INDEX_FILE, (json.dumps(index, indent=2) + "\n").encode())
+    write_json_new(folder, INDEX_FILE, index)
 
 
 def _check_result(folder: Path, shard: str, copies: list[CopiedTensor]) -> VerifyReport:

@@ -45,8 +45,9 @@ def run_command(
     from weightsmith.bench.progress import RichProgress
     from weightsmith.bench.report import RESULTS_FILE, write_all, write_results_file
     from weightsmith.bench.results import VISIT_OK
-    from weightsmith.bench.runner import QuietObserver, run_bench, terminate_as_interrupt
+    from weightsmith.bench.runner import QuietObserver, run_bench
     from weightsmith.bench.stats import SHOWN
+    from weightsmith.interrupt import terminate_as_interrupt
 
     config = load_config(arms)
     if (out / RESULTS_FILE).exists() and not force:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import open_regular
 
 #: Placeholder in a command (and its url/env) replaced by a free loopback port at start time.
 PORT_PLACEHOLDER = "{port}"
@@ -523,7 +524,7 @@ def load_config(path: str | Path) -> BenchConfig:
     """Read and validate an arms file."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
+        with os.fdopen(open_regular(p), "rb") as f:
             raw = f.read(MAX_ARMS_FILE_BYTES + 1)
         if len(raw) > MAX_ARMS_FILE_BYTES:
             raise WeightsmithError(f"arms file is larger than {MAX_ARMS_FILE_BYTES} bytes", file=p)

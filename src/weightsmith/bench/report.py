@@ -16,6 +16,7 @@ from weightsmith.bench.determinism import ArmDeterminism
 from weightsmith.bench.plots import write_plots
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN
+from weightsmith.files import replace_file
 
 _METRIC = {m.key: m for m in METRICS}
 #: Prompt tokens per request a server may take from its cache without comment: the BOS token and
@@ -477,7 +478,7 @@ def write_all(results: BenchResults, out_dir: Path) -> tuple[Analysis, dict[str,
     files = {"results": write_results_file(results, analysis, out_dir)}
     plots = write_plots(results, analysis, out_dir)
     report = out_dir / REPORT_FILE
-    report.write_text(render_markdown(results, analysis, plots, out_dir), encoding="utf-8")
+    replace_file(report, render_markdown(results, analysis, plots, out_dir).encode("utf-8"))
     files["report"] = report
     files.update(plots)
     return analysis, files

@@ -18,6 +18,7 @@ from typing import Any
 from weightsmith.bench.client import TokenLogprob
 from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import read_regular, replace_file
 from weightsmith.jsonable import jsonable
 
 SCHEMA = "weightsmith.bench.results"
@@ -297,7 +298,7 @@ def load_results(path: str | Path) -> BenchResults:
     """Read a results JSON file written by `write_results`; anything else is one line naming the field."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        data = json.loads(read_regular(p).decode("utf-8"), parse_constant=_no_constant)
     except OSError as exc:
         raise WeightsmithError(f"cannot read results: {exc.strerror}", file=p) from None
     except UnicodeDecodeError as exc:
@@ -318,6 +319,4 @@ def load_results(path: str | Path) -> BenchResults:
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Write atomically: a reader (or a crash) never sees half a results file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    replace_file(path, (json.dumps(payload, indent=1, allow_nan=False) + "\n").encode())

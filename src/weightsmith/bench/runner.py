@@ -12,15 +12,13 @@ errors. The arm is marked failed and its remaining visits are skipped.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import platform
 import re
 import shutil
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,30 +408,6 @@ def new_results(config: BenchConfig) -> BenchResults:
             for a in config.arms
         ],
     )
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM ends the run as Ctrl-C does: servers stopped, results kept.
-
-    A scheduler, `timeout` or `kill` sends SIGTERM, whose default action would end the process at
-    once, leaving the arm's server (in its own process group) running and nothing written. The
-    first SIGTERM raises KeyboardInterrupt where the run is; later ones are ignored, so that they
-    cannot cut short the stopping of the server.
-    """
-    received = False
-
-    def handler(signum: int, frame: object) -> None:
-        nonlocal received
-        if not received:
-            received = True
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run_bench(

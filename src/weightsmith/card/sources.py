@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from weightsmith.checkpoint import CONFIG_FILE, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
+from weightsmith.files import read_regular, replace_file
 from weightsmith.manifest import MANIFEST_FILE
 
 CARD_FILE = "README.md"
@@ -78,17 +78,6 @@ def _measure(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return inspected, verified
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Write beside, then rename over: a reader never sees half a file, and a link at `path` is
-    replaced rather than followed, so nothing outside the folder is written through it."""
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
 def _copy_in(src: Path | None, folder: Path, name: str) -> Path | None:
     """Put an input into the folder under the name the card cites (no copy when it is already there)."""
     if src is None:
@@ -97,12 +86,12 @@ def _copy_in(src: Path | None, folder: Path, name: str) -> Path | None:
         raise WeightsmithError("not found", file=src)
     dest = folder / name
     if not dest.exists() or not dest.samefile(src):
-        write_file(dest, src.read_bytes())
+        replace_file(dest, read_regular(src))
     return dest
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    write_file(path, (json.dumps(data, indent=2) + "\n").encode())
+    replace_file(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def _load_common(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -139,7 +128,7 @@ def keep(src: CardSources, eval_path: Path | None, bench_path: Path | None, card
     _write(src.folder / VERIFY_FILE, src.verify)
     _copy_in(eval_path, src.folder, EVAL_FILE)
     _copy_in(bench_path, src.folder, BENCH_FILE)
-    write_file(src.folder / CARD_FILE, card.encode("utf-8"))
+    replace_file(src.folder / CARD_FILE, card.encode("utf-8"))
 
 
 def reload(folder: Path) -> CardSources:

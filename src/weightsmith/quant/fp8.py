@@ -18,6 +18,8 @@ import math
 import ml_dtypes
 import numpy as np
 
+from weightsmith.terminal import short_repr
+
 #: Rows x columns of weight one scale covers, recognised from the scale's shape (see `scale_block`).
 Block = tuple[int, int]
 #: The block HF fp8 and compressed-tensors FP8_BLOCK checkpoints use.
@@ -34,13 +36,8 @@ def parse_block(value: object) -> Block:
         or len(value) != 2
         or not all(type(v) is int and v > 0 for v in value)  # bool is not a block size
     ):
-        raise ValueError(f"is {_show(value)}, not a list of two positive integers (rows, cols)")
+        raise ValueError(f"is {short_repr(value)}, not a list of two positive integers (rows, cols)")
     return value[0], value[1]
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def scale_block(
