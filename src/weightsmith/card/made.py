@@ -61,15 +61,13 @@ def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
 
 
 def _scheme_lines(recipe: dict[str, Any], c: Citations) -> list[str]:
-    """One line per recipe rule, in the scheme's own words (manifests before version 2 have no rules)."""
-    rules = recipe.get("rules")
-    if not rules:
-        return [_scheme_line(recipe, c)]
+    """The scheme in its own words: one line, or one per recipe rule that quantized anything."""
+    rules = [(i, r) for i, r in enumerate(recipe.get("rules") or []) if r["quantized"]]
+    if len(rules) <= 1:
+        return [_scheme_line(recipe, rules[0] if rules else None, c)]
     lines = []
-    for i, rule in enumerate(rules):
+    for i, rule in rules:
         where = f"recipe.rules[{i}]"
-        if not rule["quantized"]:
-            continue
         targets = ", ".join(c.text(t, M, f"{where}.targets[{j}]") for j, t in enumerate(rule["targets"]))
         lines.append(
             f"- **Scheme** for {targets}: {c.text(rule['scheme'], M, where + '.scheme')} (config group "
@@ -80,16 +78,20 @@ def _scheme_lines(recipe: dict[str, Any], c: Citations) -> list[str]:
     return lines
 
 
-def _scheme_line(recipe: dict[str, Any], c: Citations) -> str:
+def _scheme_line(recipe: dict[str, Any], rule: tuple[int, dict[str, Any]] | None, c: Citations) -> str:
     bits = c.num(str(recipe["num_bits"]), M, "recipe.num_bits")
-    group = c.num(str(recipe["group_size"]), M, "recipe.group_size")
+    group = recipe.get("group_size")
+    grouped = f", group size {c.num(str(group), M, 'recipe.group_size')}" if group else ""
+    head = (
+        f"- **Scheme**: {c.text(recipe['scheme'], M, 'recipe.scheme')} (config group "
+        f"{c.text(recipe['config_group'], M, 'recipe.config_group')}, {bits}-bit{grouped})"
+    )
+    if rule is not None:  # manifests from version 2 on: the scheme's own words
+        i, r = rule
+        return f"{head}: {c.text(r['weights'], M, f'recipe.rules[{i}].weights')}."
     sym = "symmetric" if recipe["symmetric"] else "asymmetric (with a zero point)"
     kind = "FP4 (E2M1)" if recipe["scheme"].startswith("nvfp4") else "integer"
-    return (
-        f"- **Scheme**: {c.text(recipe['scheme'], M, 'recipe.scheme')} (config group "
-        f"{c.text(recipe['config_group'], M, 'recipe.config_group')}): {bits}-bit {kind} weights, {sym}, "
-        f"one scale per {group} input columns; activations stay 16-bit."
-    )
+    return f"{head}: {kind} weights, {sym}; activations stay 16-bit."
 
 
 def _ignore_reason(entry: str, preset: str | None, tied: bool) -> str:
