@@ -29,7 +29,15 @@ RAGGED_ROWS = dict(LLAMA_CONFIG, intermediate_size=200)
 
 def _ours(src: Path, out: Path, scheme: str, ignore: list[str] = IGNORE) -> Checkpoint:
     run_quantize(
-        src, out, scheme=scheme, group_size=None, ignore=ignore, preset=None, workers=2, force=False, show_progress=False
+        src,
+        out,
+        scheme=scheme,
+        group_size=None,
+        ignore=ignore,
+        preset=None,
+        workers=2,
+        force=False,
+        show_progress=False,
     )
     return Checkpoint.open(out)
 
@@ -113,3 +121,24 @@ def test_fp8_block_ragged_columns_match_compressed_tensors(tmp_path: Path) -> No
             want = expected[param].contiguous()
             assert got.dtype == want.dtype and got.shape == want.shape, param
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), param
+
+
+@pytest.mark.parametrize("scheme,group,fmt", SCHEMES)
+def test_fp8_inputs_match_model_free_ptq(tmp_path: Path, scheme: str, group: str, fmt: str) -> None:
+    """From an FP8 block checkpoint: the same bytes as llm-compressor after its own FP8 dequantizer."""
+    from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    bf16 = write_checkpoint(tmp_path / "bf16", llama_tensors(), shards=2)
+    fp8_dir = tmp_path / "fp8"
+    _reference(bf16, fp8_dir, preset_name_to_scheme("FP8_BLOCK", ["Linear"]))
+    converter = CompressedTensorsDequantizer(str(fp8_dir), ignore=["re:.*norm$"])
+    _reference(fp8_dir, tmp_path / "ref", group, converter=converter)
+    ours = _ours(fp8_dir, tmp_path / "ours", scheme)
+    ref = _load(tmp_path / "ref")
+    mine = _load(tmp_path / "ours")
+    assert set(mine) == set(ref)
+    for k in ref:
+        assert mine[k].dtype == ref[k].dtype and mine[k].shape == ref[k].shape, k
+        assert torch.equal(mine[k].view(torch.uint8), ref[k].view(torch.uint8)), k
+    assert ours.config["quantization_config"]["format"] == fmt
