@@ -10,8 +10,8 @@ dtype as torch does (float32 arithmetic, one rounding back):
 
 A block is one whole row (per channel), `group` consecutive columns of a row, or 128x128 rows x
 columns (FP8_BLOCK; blocks past the weight's edge are partial, as compressed-tensors' zero padding
-makes them). Dequantization is `q * scale`, rounded to the scale dtype. Vectorised numpy over a
-block of rows: each step is one array operation.
+makes them). Dequantization is `q * scale`, rounded to the scale dtype. The kernel is numba's, one
+compiled variant per (weight dtype, int or FP8), emulating torch's rounding with quant/floatbits.
 """
 
 from __future__ import annotations
@@ -20,75 +20,105 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+from numba import njit
+
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
+from weightsmith.quant.int4 import eps_of, group_range, kernel_input, mode_of
+from weightsmith.quant.nvfp4 import fp8_code
 
 INT, FLOAT = "int", "float"
-#: Half the quantized range, what the largest magnitude maps to: compressed-tensors' bit_range / 2.
-HALF_RANGE = {INT: np.float32(127.5), FLOAT: np.float32(448.0)}
-Q_RANGE = {INT: (np.float32(-128.0), np.float32(127.0)), FLOAT: (np.float32(-448.0), np.float32(448.0))}
 STORAGE = {INT: np.dtype(np.int8), FLOAT: np.dtype(ml_dtypes.float8_e4m3fn)}
-#: torch.finfo(dtype).eps per weight dtype: what compressed-tensors puts in place of a zero scale.
-EPS = {
-    np.dtype(ml_dtypes.bfloat16): np.float32(2.0**-7),
-    np.dtype(np.float16): np.float32(2.0**-10),
-    np.dtype(np.float32): np.float32(2.0**-23),
-}
 
 #: Rows x columns of weight one scale covers; None columns: the whole row.
 Block = tuple[int, int | None]
 
 
-def round_to(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float32 values rounded to `dtype` (to nearest, ties to even), as float32.
+@njit(inline="always", nogil=True)
+def _quantize_rows(x, mode, is_float, br, bc, q, scale):
+    """The kernel body; `mode` and `is_float` are compile-time constants in each caller."""
+    rows, cols = x.shape
+    half = np.float32(448.0) if is_float else np.float32(127.5)
+    qmin = np.float32(-448.0) if is_float else np.float32(-128.0)
+    qmax = np.float32(448.0) if is_float else np.float32(127.0)
+    for rb in range(scale.shape[0]):
+        r0, r1 = rb * br, min(rows, rb * br + br)
+        for cb in range(scale.shape[1]):
+            c0, c1 = cb * bc, min(cols, cb * bc + bc)
+            amax = np.float32(0.0)
+            for r in range(r0, r1):
+                lo, hi, bad = group_range(x, r, c0, c1 - c0, mode)
+                if bad >= 0:
+                    return r * cols + bad
+                amax = max(amax, -lo, hi)
+            s = round_to(mode, amax / half)
+            if s == 0:
+                s = eps_of(mode)
+            scale[rb, cb] = s
+            for r in range(r0, r1):
+                for c in range(c0, c1):
+                    t = min(max(round_to(mode, decode(mode, x[r, c]) / s), qmin), qmax)
+                    if is_float:  # the sign bit too: -0.0 is code 0x80, as torch casts it
+                        sign = np.uint8((np.float32(t).view(np.uint32) >> np.uint32(24)) & np.uint32(0x80))
+                        q[r, c] = np.uint8(fp8_code(abs(t))) | sign
+                    else:
+                        q[r, c] = np.uint8(np.int8(rint_small(t)))
+    return -1
 
-    bfloat16 by bit arithmetic (no NaN reaches it: rows with one are refused first), which is
-    several times faster than a cast through ml_dtypes.
-    """
-    if dtype == np.float32:
-        return v
-    if dtype == np.float16:
-        return v.astype(np.float16).astype(np.float32)
-    b = v.view(np.uint32)
-    b = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return b.view(np.float32)
+
+# One compiled kernel per (dtype, kind): with both known at compile time the rounding branches vanish.
+@njit(nogil=True, cache=True, error_model="numpy")
+def _bf16_int(x, br, bc, q, scale):
+    return _quantize_rows(x, MODE_BF16, False, br, bc, q, scale)
 
 
-def first_bad(x: np.ndarray) -> int:
-    """The flat index of the first NaN or Inf in `x`, or -1."""
-    bad = ~np.isfinite(x)
-    return int(np.argmax(bad)) if bad.any() else -1
+@njit(nogil=True, cache=True, error_model="numpy")
+def _bf16_float(x, br, bc, q, scale):
+    return _quantize_rows(x, MODE_BF16, True, br, bc, q, scale)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f16_int(x, br, bc, q, scale):
+    return _quantize_rows(x, MODE_F16, False, br, bc, q, scale)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f16_float(x, br, bc, q, scale):
+    return _quantize_rows(x, MODE_F16, True, br, bc, q, scale)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f32_int(x, br, bc, q, scale):
+    return _quantize_rows(x, MODE_F32, False, br, bc, q, scale)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f32_float(x, br, bc, q, scale):
+    return _quantize_rows(x, MODE_F32, True, br, bc, q, scale)
+
+
+_KERNELS = {
+    (MODE_BF16, INT): _bf16_int,
+    (MODE_BF16, FLOAT): _bf16_float,
+    (MODE_F16, INT): _f16_int,
+    (MODE_F16, FLOAT): _f16_float,
+    (MODE_F32, INT): _f32_int,
+    (MODE_F32, FLOAT): _f32_float,
+}
 
 
 def quantize_rows(x: np.ndarray, kind: str, block: Block) -> tuple[np.ndarray, np.ndarray, int]:
     """Quantize rows of `x` (bf16, fp16 or fp32) whose first row starts a block of rows.
 
     Returns (q [rows, cols] int8 or float8_e4m3fn, scale float32 [row blocks, column blocks] with
-    values exact in x's dtype, flat index of the first NaN/Inf or -1).
+    values exact in x's dtype, flat index of a NaN/Inf or -1). Releases the GIL.
     """
-    dtype = x.dtype
-    if dtype not in EPS:
-        raise TypeError(f"8-bit quantization takes bf16, fp16 or fp32 weights, not {dtype}")
-    xf = x.astype(np.float32)
-    bad = first_bad(xf)
-    if bad >= 0:
-        return np.empty(0, STORAGE[kind]), np.empty(0, np.float32), bad
-    rows, cols = xf.shape
+    mode = mode_of(x.dtype)
+    rows, cols = x.shape
     br, bc = block[0], block[1] or cols
-    nr, nc = -(-rows // br), -(-cols // bc)
-    if (nr * br, nc * bc) != (rows, cols):  # partial edge blocks: zeros change no maximum
-        padded = np.zeros((nr * br, nc * bc), np.float32)
-        padded[:rows, :cols] = xf
-    else:
-        padded = xf
-    blocks = padded.reshape(nr, br, nc, bc)
-    amax = np.abs(blocks).max(axis=(1, 3))
-    scale = round_to(amax / HALF_RANGE[kind], dtype)
-    scale[scale == 0] = EPS[dtype]
-    t = round_to(blocks / scale[:, None, :, None], dtype)
-    lo, hi = Q_RANGE[kind]
-    np.clip(t, lo, hi, out=t)
-    t = t.reshape(nr * br, nc * bc)[:rows, :cols]
-    q = np.rint(t).astype(np.int8) if kind == INT else t.astype(ml_dtypes.float8_e4m3fn)
-    return q, scale, -1
+    q = np.empty((rows, cols), np.uint8)
+    scale = np.empty((-(-rows // br), -(-cols // bc)), np.float32)
+    bad = _KERNELS[(mode, kind)](kernel_input(np.ascontiguousarray(x)), br, bc, q, scale)
+    return q.view(STORAGE[kind]), scale, bad
 
 
 def expand(scale: np.ndarray, shape: tuple[int, int], block: Block) -> np.ndarray:
