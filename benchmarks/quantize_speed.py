@@ -4,8 +4,8 @@ Builds a synthetic Llama-shaped BF16 checkpoint (default about 2 GiB, in 4 shard
 in alternating order and in fresh processes, `weightsmith quantize` and `model_free_ptq` with the
 same scheme (W4A16, group 128, or the preset of `--scheme NAME`) and ignore list. Prints medians
 of wall time end to end (process start, imports and all), weightsmith's own quantize time and
-throughput, peak RSS of each, and the ratio. `--grow 8` repeats weightsmith alone on an 8 GiB checkpoint to show that peak RSS stays
-flat as the model grows.
+throughput, peak RSS of each, and the ratio. `--grow 8` repeats weightsmith alone on an 8 GiB
+checkpoint to show that peak RSS stays flat as the model grows.
 
     python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search] [--nvfp4]
                                         [--scheme fp8-dynamic]
