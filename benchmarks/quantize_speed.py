@@ -2,12 +2,13 @@
 
 Builds a synthetic Llama-shaped BF16 checkpoint (default about 2 GiB, in 4 shards), then runs,
 in alternating order and in fresh processes, `weightsmith quantize` and `model_free_ptq` with the
-same scheme (W4A16, group 128) and ignore list. Prints medians of wall time end to end (process
-start, imports and all), weightsmith's own quantize time and throughput, peak RSS of each, and
-the ratio. `--grow 8` repeats weightsmith alone on an 8 GiB checkpoint to show that peak RSS stays
-flat as the model grows.
+same scheme (W4A16, group 128, or the preset of `--scheme NAME`) and ignore list. Prints medians
+of wall time end to end (process start, imports and all), weightsmith's own quantize time and
+throughput, peak RSS of each, and the ratio. `--grow 8` repeats weightsmith alone on an 8 GiB
+checkpoint to show that peak RSS stays flat as the model grows.
 
     python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search] [--nvfp4]
+                                        [--scheme fp8-dynamic]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from common import build, ours, reference
+from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
 RTN, REFERENCE, MSE, NVFP4 = (
     "weightsmith",
@@ -38,9 +40,11 @@ def main() -> None:
     ap.add_argument("--skip-reference", action="store_true")
     ap.add_argument("--search", action="store_true", help="also time --scale-search mse against plain RTN")
     ap.add_argument("--nvfp4", action="store_true", help="also time --scheme nvfp4a16, plain and with its search")
+    ap.add_argument("--scheme", choices=SCHEME_NAMES, default="w4a16", help="the scheme both sides run")
     args = ap.parse_args()
+    preset = make_scheme(args.scheme).config_group_name  # what model_free_ptq is asked for
     # our arms: the label the summary prints, and the options added to `weightsmith quantize`
-    arms = {RTN: ()}
+    arms = {RTN: ("--scheme", args.scheme)}
     if args.search:
         arms[MSE] = ("--scale-search", "mse")
     if args.nvfp4:
@@ -51,7 +55,7 @@ def main() -> None:
         tmp_path = Path(tmp)
         total = build(tmp_path / "src", args.gib)
         shards = len(list((tmp_path / "src").glob("*.safetensors")))
-        print(f"checkpoint: {total / 2**30:.2f} GiB BF16 tensors in {shards} shards")
+        print(f"checkpoint: {total / 2**30:.2f} GiB BF16 tensors in {shards} shards; scheme {preset}")
         order = [RTN, REFERENCE, *list(arms)[1:]]
         runs: dict[str, list[dict]] = {arm: [] for arm in order}
         for r in range(args.repeats):
@@ -59,7 +63,7 @@ def main() -> None:
                 if arm == REFERENCE:
                     if args.skip_reference:
                         continue
-                    runs[arm].append(reference(tmp_path / "src", tmp_path / "ref"))
+                    runs[arm].append(reference(tmp_path / "src", tmp_path / "ref", repr(preset)))
                 else:
                     runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers, *arms[arm]))
                 print(f"  run {r + 1} {arm}: {runs[arm][-1]}", flush=True)

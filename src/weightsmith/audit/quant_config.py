@@ -159,7 +159,8 @@ class QuantDeclaration:
         if self.method == HF_FP8:
             return {names.WEIGHT: "F8_E4M3", hf_fp8.scale_param(scheme.block): None}
         params = ct.FORMAT_PARAMS.get(scheme.format or "")
-        if params is None and scheme.format in (ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED) and scheme.num_bits == 8:
+        unpacked = scheme.format in ct.UNPACKED_FORMATS and (scheme.num_bits == 8 or scheme.weight_type == "int")
+        if params is None and unpacked:
             params = ct.EIGHT_BIT_PARAMS.get(scheme.weight_type or "")
         if params is None:
             return None
@@ -317,7 +318,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
             )
         )
     for scheme in schemes:
-        if scheme.format not in ct.FORMAT_PARAMS and scheme.format not in (ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED):
+        if scheme.format not in ct.FORMAT_PARAMS and scheme.format not in ct.UNPACKED_FORMATS:
             problems.append(
                 _info(
                     f"format {scheme.format!r} of group {scheme.name!r} is not one the doctor checks tensor by tensor"

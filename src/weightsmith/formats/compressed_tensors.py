@@ -12,6 +12,7 @@ QUANT_METHOD = "compressed-tensors"
 PACK_QUANTIZED = "pack-quantized"
 NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
 FLOAT_QUANTIZED = "float-quantized"
+INT_QUANTIZED = "int-quantized"
 NAIVE_QUANTIZED = "naive-quantized"
 #: The compressed-tensors release whose config schema we write (the one llm-compressor pins).
 SCHEMA_VERSION = "0.19.0"
@@ -27,8 +28,10 @@ FORMAT_PARAMS: dict[str, dict[str, str | None]] = {
     },
 }
 ASYM_PARAMS: dict[str, str] = {names.WEIGHT_ZERO_POINT: "I32"}
-#: 8-bit `float-quantized` (FP8) and `naive-quantized` (int8) weights, by `QuantizationArgs.type`
-#: (`compressors/naive_quantized`): the scale keeps the original weight's float dtype (None).
+#: Weights stored one value per byte, by `QuantizationArgs.type` (`compressors/naive_quantized`):
+#: `float-quantized` (FP8), `int-quantized` (int8, or int4 values in int8 as W4AFP8 writes them)
+#: and `naive-quantized`. The scale keeps the original weight's float dtype (None).
+UNPACKED_FORMATS = (FLOAT_QUANTIZED, INT_QUANTIZED, NAIVE_QUANTIZED)
 EIGHT_BIT_PARAMS: dict[str, dict[str, str | None]] = {
     "float": {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: None},
     "int": {names.WEIGHT: "I8", names.WEIGHT_SCALE: None},
@@ -58,7 +61,7 @@ def scale_dtypes(scale_dtype: object) -> frozenset[str]:
 def weight_args(
     num_bits: int,
     symmetric: bool,
-    group_size: int,
+    group_size: int | None,
     type_: str = "int",
     strategy: str = "group",
     scale_dtype: str | None = None,

@@ -142,6 +142,12 @@ class Scheme(ABC):
         """The dense weight a module stands for, from its on-disk parameters (as compressed-tensors gives it)."""
 
 
+#: compressed-tensors presets a user may name that cannot be made data-free, and why.
+CALIBRATED = {
+    "fp8": "static FP8 activation scales come from calibration data (use fp8-dynamic)",
+    "nvfp4": "NVFP4's activation global scales come from calibration data (use nvfp4a16)",
+}
+
 #: Command-line name -> the class that serves it, in registration order.
 REGISTRY: dict[str, type[Scheme]] = {}
 
@@ -158,6 +164,11 @@ def register(cls: type[Scheme]) -> type[Scheme]:
 def make_scheme(name: str, group_size: int | None = None, scale_search: str | None = None) -> Scheme:
     """The scheme a user named, or a one-line usage error."""
     cls = REGISTRY.get(name)
+    if cls is None and name in CALIBRATED:
+        raise WeightsmithError(
+            f"scheme {name!r} needs calibration data: {CALIBRATED[name]}; weightsmith quantizes data-free",
+            code="usage",
+        )
     if cls is None:
         raise WeightsmithError(f"unknown scheme {name!r} (choose from {', '.join(REGISTRY)})", code="usage")
     searches = dict.fromkeys(s for c in REGISTRY.values() for s in c.SEARCHES)

@@ -1,0 +1,102 @@
+"""W8A8 (alias INT8) and W8A16: int8 weights, compressed-tensors `int-quantized` and `pack-quantized`.
+
+W8A8 scales each output channel and quantizes activations per token at run time (no calibration).
+W8A16 is compressed-tensors' `_int_wnam(8)` preset: symmetric groups of 128 input columns,
+weight-only, stored as W4A16 is (`weight_packed` int32 holding four q+128 bytes, first column in
+the lowest byte; `weight_scale`; `weight_shape`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from weightsmith import names
+from weightsmith.errors import WeightsmithError
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.quant import eightbit
+from weightsmith.safetensors.writer import TensorSpec
+from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
+from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
+
+DEFAULT_GROUP = 128
+PER_WORD = 4  # int8 values per packed int32
+OFFSET = 128  # stored as q + 128, unsigned
+
+
+@register
+@dataclass(frozen=True)
+class W8A8(EightBit):
+    NAMES: ClassVar[tuple[str, ...]] = ("w8a8", "int8")
+    FORMAT: ClassVar[str] = ct.INT_QUANTIZED
+    KIND: ClassVar[str] = eightbit.INT
+
+    @classmethod
+    def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
+        refuse_options(name, group_size, scale_search)
+        return cls(name, 0)
+
+    def weight_args(self) -> dict:
+        return ct.weight_args(8, True, None, strategy="channel")
+
+    def input_args(self) -> dict:
+        return dynamic_activations(eightbit.INT, "token")
+
+
+@register
+@dataclass(frozen=True)
+class W8A16(EightBit):
+    NAMES: ClassVar[tuple[str, ...]] = ("w8a16",)
+    FORMAT: ClassVar[str] = ct.PACK_QUANTIZED
+    KIND: ClassVar[str] = eightbit.INT
+
+    @classmethod
+    def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
+        refuse_options(name, None, scale_search)
+        group_size = DEFAULT_GROUP if group_size is None else group_size
+        if group_size <= 0 or group_size % PER_WORD:
+            raise WeightsmithError(f"--group-size {group_size} must be a positive multiple of {PER_WORD}", code="usage")
+        return cls(name, group_size)
+
+    def unsupported(self, shape: tuple[int, ...]) -> str | None:
+        if shape[1] % self.group_size:
+            return f"input size {shape[1]} is not a multiple of the group size {self.group_size}"
+        return None
+
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        out, inp = shape
+        return [
+            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "I32", (out, inp // PER_WORD)),
+            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (out, inp // self.group_size)),
+            TensorSpec(f"{module}.{names.WEIGHT_SHAPE}", "I64", (2,)),
+        ]
+
+    def weight_args(self) -> dict:
+        return ct.weight_args(8, True, self.group_size)
+
+    def encode(
+        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
+    ) -> tuple[list[Write], int]:
+        writes, bad = super().encode(x, r0, shape, tensor_param, alloc)
+        if bad >= 0 or not writes:
+            return writes, bad
+        (_, q, offset), scale = writes
+        packed = (q.view(np.uint8) ^ np.uint8(OFFSET)).view(np.int32)  # q + 128 in two's complement
+        writes = [(names.WEIGHT_PACKED, packed, offset), scale]
+        if r0 == 0:
+            writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
+        return writes, -1
+
+    @classmethod
+    def recognizes(cls, fmt: str, weights: dict) -> bool:
+        return fmt == ct.PACK_QUANTIZED and weights.get("num_bits") == 8 and weights.get("strategy") == "group"
+
+    @classmethod
+    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+        rows, cols = (int(v) for v in params[names.WEIGHT_SHAPE])
+        raw = np.ascontiguousarray(params[names.WEIGHT_PACKED]).view(np.uint8).reshape(rows, -1)[:, :cols]
+        q = (raw ^ np.uint8(OFFSET)).view(np.int8)
+        weight = eightbit.EightBitWeight(q, params[names.WEIGHT_SCALE])
+        return eightbit.dequantize(weight, (1, int(weights["group_size"])))

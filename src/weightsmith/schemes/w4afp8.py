@@ -1,0 +1,70 @@
+"""W4AFP8: W4A16's int4 weights with FP8 activations quantized per token at run time.
+
+The weights are exactly W4A16's (the same kernel, groups of 128, symmetric), but compressed-tensors
+stores this preset `int-quantized`: one int4 value per int8 byte in `weight` [out, in], with
+`weight_scale` [out, in/group] and no `weight_shape`. So `encode` is W4A16's with the nibbles
+unpacked, and decoding is the unpacked int decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from weightsmith import names
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.quant import eightbit, int4
+from weightsmith.safetensors.writer import TensorSpec
+from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
+from weightsmith.schemes.eightbit import block_of, dynamic_activations
+from weightsmith.schemes.int4 import Int4
+
+
+@register
+@dataclass(frozen=True)
+class W4Afp8(Int4):
+    NAMES: ClassVar[tuple[str, ...]] = ("w4afp8",)
+    FORMAT: ClassVar[str] = ct.INT_QUANTIZED
+
+    @classmethod
+    def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
+        weights = Int4.make("w4a16", group_size, scale_search)  # the same options, checked the same way
+        return cls(name, weights.group_size, scale_search=weights.scale_search)
+
+    @property
+    def config_group_name(self) -> str:
+        return "W4AFP8"
+
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        out, inp = shape
+        return [
+            TensorSpec(f"{module}.{names.WEIGHT}", "I8", shape),
+            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (out, inp // self.group_size)),
+        ]
+
+    def input_args(self) -> dict:
+        return dynamic_activations(eightbit.FLOAT, "token")
+
+    def encode(
+        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
+    ) -> tuple[list[Write], int]:
+        writes, bad = super().encode(x, r0, shape, tensor_param, alloc)
+        cols = shape[1]
+        unpacked: list[Write] = []
+        for param, data, offset in writes:
+            if param == names.WEIGHT_PACKED:
+                unpacked.append((names.WEIGHT, int4.unpack_nibbles(data, cols, axis=1), r0 * cols))
+            elif param == names.WEIGHT_SCALE:
+                unpacked.append((param, data, offset))
+        return unpacked, bad
+
+    @classmethod
+    def recognizes(cls, fmt: str, weights: dict) -> bool:
+        return fmt in ct.UNPACKED_FORMATS and weights.get("type") == "int" and weights.get("num_bits") == 4
+
+    @classmethod
+    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+        q = params[names.WEIGHT]
+        return eightbit.dequantize(eightbit.EightBitWeight(q, params[names.WEIGHT_SCALE]), block_of(weights, q.shape))
