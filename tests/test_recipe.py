@@ -70,8 +70,7 @@ scheme = "nvfp4a16"
 
 [[rule]]
 targets = ["category:attention", "category:shared expert"]
-scheme = "w4a16"
-group_size = 64
+scheme = "fp8-dynamic"
 """
 
 
@@ -93,11 +92,11 @@ def test_laguna_layout_round_trips(source: Path, tmp_path: Path, capsys, monkeyp
     mixed = Checkpoint.open(tmp_path / "mixed")
     qc = mixed.quantization_config
     assert qc is not None and qc["format"] == "mixed-precision"
-    assert list(qc["config_groups"]) == ["NVFP4A16", "W4A16"]
+    assert list(qc["config_groups"]) == ["NVFP4A16", "FP8_DYNAMIC"]
     assert qc["config_groups"]["NVFP4A16"]["targets"] == [
         r"re:model\.layers\.\d+\.mlp\.experts\.\d+\.(down_proj|gate_proj|up_proj)$"
     ]
-    assert "Linear" not in qc["config_groups"]["W4A16"]["targets"]  # a class target would claim fused layers
+    assert "Linear" not in qc["config_groups"]["FP8_DYNAMIC"]["targets"]  # a class target would claim fused layers
 
     # compressed-tensors accepts the config, and the doctor (vLLM's order) resolves every module to its rule
     from compressed_tensors.quantization import QuantizationConfig
@@ -112,19 +111,19 @@ def test_laguna_layout_round_trips(source: Path, tmp_path: Path, capsys, monkeyp
         if ".experts." in module:
             assert got == "nvfp4-pack-quantized", module
         elif (".self_attn." in module and not module.endswith("g_proj")) or ".shared_expert." in module:
-            assert got == "pack-quantized", module
+            assert got == "float-quantized", module
         elif name.endswith("proj.weight") or module.endswith("mlp.gate"):
             assert got is None, module  # dense MLP, router, g_proj: kept BF16 and listed in ignore
     report = verify(tmp_path / "mixed", scan=True)
     assert report.clean, [f.line() for f in report.findings]
 
     # every quantized tensor is byte for byte what the one-scheme run of its rule writes
-    for scheme, extra in (("nvfp4a16", []), ("w4a16", ["--group-size", "64"])):
+    for scheme, extra in (("nvfp4a16", []), ("fp8-dynamic", [])):
         out = tmp_path / scheme
         code, _, err = run(capsys, monkeypatch, "quantize", source, out, "--scheme", scheme, *extra, "--no-hash")
         assert code == 0, err
         single = Checkpoint.open(out)
-        group = "NVFP4A16" if scheme == "nvfp4a16" else "W4A16"
+        group = "NVFP4A16" if scheme == "nvfp4a16" else "FP8_DYNAMIC"
         for name, ref in mixed.tensors.items():
             module = name.rsplit(".", 1)[0]
             if decl.scheme_for(module) is not decl.schemes[list(qc["config_groups"]).index(group)]:
@@ -138,7 +137,7 @@ def test_laguna_layout_round_trips(source: Path, tmp_path: Path, capsys, monkeyp
 
     manifest = json.loads((tmp_path / "mixed" / "weightsmith.json").read_text())
     rules = manifest["recipe"]["rules"]
-    assert [r["config_group"] for r in rules] == ["NVFP4A16", "W4A16"]
+    assert [r["config_group"] for r in rules] == ["NVFP4A16", "FP8_DYNAMIC"]
     assert rules[0]["quantized"] == 2 * EXPERTS * 3 and rules[1]["quantized"] == LAYERS * 4 + (LAYERS - 1) * 3
 
 
@@ -148,7 +147,7 @@ def test_dry_run_predicts_by_rule_and_category(source: Path, tmp_path: Path, cap
                          "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert set(doc["predicted"]["rule"]) == {"rule 1: nvfp4a16", "rule 2: w4a16", "kept"}
+    assert set(doc["predicted"]["rule"]) == {"rule 1: nvfp4a16", "rule 2: fp8-dynamic", "kept"}
     experts = doc["predicted"]["category"]["routed experts"]
     # FP4, one FP8 scale per 16 and a float32 global scale per weight
     assert experts["bytes_out"] * 8 / experts["params"] == pytest.approx(4.5 + 32 / (MOE_I * HIDDEN))

@@ -107,8 +107,18 @@ class Scheme(ABC):
         return f"{self.config_group_name} g{self.group_size}{search}"
 
     @abstractmethod
+    def stored_words(self) -> str:
+        """How the stored weights are described to a reader, e.g. `4-bit integer weights, symmetric, ...`."""
+
     def weights_words(self) -> str:
-        """How a model card describes the stored weights, e.g. `4-bit integer weights, symmetric, ...`."""
+        """The scheme in a model card's words: the stored weights, then what happens to activations."""
+        act = self.input_args()
+        if act is None:
+            return f"{self.stored_words()}; activations stay 16-bit"
+        bits, kind = act.get("num_bits"), act.get("type")
+        kind = "FP8" if (kind, bits) == ("float", 8) else f"{bits}-bit {'integers' if kind == 'int' else kind}"
+        per = f"group of {act['group_size']}" if act.get("strategy") == "group" else act.get("strategy")
+        return f"{self.stored_words()}; activations quantized to {kind} at run time, one scale per {per}"
 
     # --- the work ---
 

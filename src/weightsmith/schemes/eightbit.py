@@ -74,6 +74,12 @@ class EightBit(Scheme):
         layout = f"{rows}x{cols} blocks" if rows > 1 else f"g{cols}" if cols else "per channel"
         return f"{self.config_group_name} {layout}"
 
+    def stored_words(self) -> str:
+        kind = "8-bit FP8 (E4M3) weights" if self.KIND == eightbit.FLOAT else "8-bit integer weights, symmetric"
+        rows, cols = self.block
+        per = f"{rows}x{cols} block" if rows > 1 else f"{cols} input columns" if cols else "output channel"
+        return f"{kind}, one scale per {per}"
+
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return None  # every 2-D weight: edge blocks may be partial
 

@@ -69,9 +69,9 @@ class Int4(Scheme):
             specs.append(TensorSpec(f"{module}.{names.WEIGHT_ZERO_POINT}", "I32", (-(-out // int4.PACK), groups)))
         return specs
 
-    def weights_words(self) -> str:
+    def stored_words(self) -> str:
         sym = "symmetric" if self.symmetric else "asymmetric (with a zero point)"
-        return f"4-bit integer weights, {sym}, one scale per {self.group_size} input columns; activations stay 16-bit"
+        return f"4-bit integer weights, {sym}, one scale per {self.group_size} input columns"
 
     def weight_args(self) -> dict:
         args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)

@@ -54,10 +54,10 @@ class Nvfp4(Scheme):
             TensorSpec(f"{module}.{names.WEIGHT_GLOBAL_SCALE}", "F32", (1,)),
         ]
 
-    def weights_words(self) -> str:
+    def stored_words(self) -> str:
         return (
             f"4-bit FP4 (E2M1) weights, one FP8 (E4M3) scale per {self.group_size} input columns and a float32 "
-            "global scale per fused layer; activations stay 16-bit"
+            "global scale per fused layer"
         )
 
     def weight_args(self) -> dict:
