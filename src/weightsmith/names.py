@@ -195,6 +195,30 @@ def expert_layer(module: str) -> str | None:
     return module[: match.start()] + ".experts" if match else None
 
 
+#: The decoder layer a module sits in: `layers.N` in most checkpoints, `midlayer` in an EAGLE3 draft,
+#: which vLLM loads as `model.layers.{target's layer count}` (`llama_eagle3.py`, `load_weights`).
+_LAYER_PREFIX = re.compile(r"^(?:.*\.)?(?:layers\.\d+|midlayer)\.")
+
+
+def within_layer(module: str) -> str:
+    """A module's name inside its decoder layer (`self_attn.q_proj`), or the whole name outside any layer."""
+    return _LAYER_PREFIX.sub("", module, count=1)
+
+
+_SUFFIX_ENTRY = "re:(.*\\.)?"
+
+
+def suffix_entry(module: str) -> str:
+    r"""A `re:` ignore entry matching `module` under any prefix: `midlayer.mlp.down_proj` on disk and
+    `model.layers.32.mlp.down_proj` as vLLM builds it both match `re:(.*\.)?mlp\.down_proj$`."""
+    return f"{_SUFFIX_ENTRY}{re.escape(within_layer(module))}$"
+
+
+def is_suffix_entry(entry: str) -> bool:
+    """True for an entry of `suffix_entry`'s form."""
+    return entry.startswith(_SUFFIX_ENTRY) and entry.endswith("$")
+
+
 def is_embedding(module: str) -> bool:
     return bool(_EMBEDDING.search(module))
 

@@ -35,16 +35,37 @@ QUANTIZE, KEEP, DECODE, DROP = "quantize", "keep", "decode", "drop"
 
 @dataclass(frozen=True)
 class Preset:
-    """A named ignore list for a known case, with the reason shown in the plan."""
+    """A known case: what it keeps and why, shown in the plan and quoted by the card."""
 
     ignore: tuple[str, ...]
     why: str
+    #: Categories (`names.category`) the plan keeps by their nature anyway that this case requires
+    #: kept: their reason quotes `why`, so the plan says it is required, not merely the default.
+    requires_kept: tuple[str, ...] = ()
+    #: How the runtime renames this checkpoint's modules, when it does. vLLM matches `ignore` against
+    #: the names it builds, not the names on disk, so an exact on-disk name would match nothing there
+    #: and vLLM would expect that kept Linear quantized. Kept Linears are then listed by their name
+    #: within their layer (`names.suffix_entry`), which matches both spellings.
+    runtime_names: str | None = None
+
+    @property
+    def ignore_by_suffix(self) -> bool:
+        return self.runtime_names is not None
 
 
 PRESETS: dict[str, Preset] = {
     "dflash-draft": Preset(
         ("re:.*\\.(q|k|v|qkv)_proj$", "re:.*\\.g_proj$"),
         "vLLM's DFlash proposer reads qkv_proj.weight directly; the g_proj gate stays BF16",
+    ),
+    # vLLM vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM, LlamaModel, load_weights).
+    "eagle3-draft": Preset(
+        (),
+        "required for EAGLE3: vLLM builds the draft's embed_tokens (VocabParallelEmbedding) and lm_head "
+        "(ParallelLMHead) without its quant_config, so both stay BF16; fc and the midlayer's attention and MLP "
+        "are built with it and may be quantized",
+        requires_kept=("embeddings", "lm_head"),
+        runtime_names="vLLM loads midlayer.* as model.layers.{the target's layer count}.* and fc as model.fc",
     ),
 }
 
@@ -380,6 +401,8 @@ def build_plan(
             d.action, d.reason = DROP, "FP8 activation scale; the output quantizes weights only"
         else:
             why = _keep_reason(name, info.dtype.code, info.shape)
+            if why is not None and preset is not None and names.category(name) in PRESETS[preset].requires_kept:
+                why += f"; preset {preset}: {PRESETS[preset].why}"
             if why is None:
                 why = _ignored_by(module, user_ignore, preset_entries, preset, recipe)
             rule = recipe.rule_for(module) if why is None else None
@@ -396,11 +419,17 @@ def build_plan(
         decisions.append(d)
 
     _enforce_fused_agreement(decisions)
+    # The preset whose kept Linears are listed by their name within the layer, if any.
+    by_suffix = PRESETS[preset] if preset is not None and PRESETS[preset].ignore_by_suffix else None
+    if by_suffix is not None:
+        _keep_by_suffix(decisions)
     _refuse_split_layers(decisions)
 
     ignore_out = list(dict.fromkeys([*user_ignore, *recipe.ignore, *preset_entries]))
     # Kept modules are added as exact names, so only the given entries need matching: checking each
     # module against the growing list made a checkpoint of many kept Linears quadratic to plan.
+    # Under a preset that lists them by suffix, a given entry may match the name on disk but not
+    # the runtime's, so the suffix entry is always added.
     given, listed = tuple(ignore_out), set(ignore_out)
     for d in decisions:
         if d.action == QUANTIZE:
@@ -414,13 +443,18 @@ def build_plan(
                 d.outputs = [TensorSpec(d.name, "BF16", d.shape)]
             else:
                 d.outputs = [TensorSpec(d.name, d.dtype, d.shape)]
-            if (
-                _is_linear_like_weight(d)
-                and d.module not in listed
-                and not any(names.matches(e, d.module) for e in given)
-            ):
-                ignore_out.append(d.module)
-                listed.add(d.module)
+            if not _is_linear_like_weight(d):
+                continue
+            if by_suffix is not None:
+                entry = names.suffix_entry(d.module)
+                d.reason += f"; listed in ignore as {entry}, because {by_suffix.runtime_names}"
+            elif any(names.matches(e, d.module) for e in given):
+                continue
+            else:
+                entry = d.module
+            if entry not in listed:
+                ignore_out.append(entry)
+                listed.add(entry)
     _refuse_collisions(ckpt, decisions)
     # HF builds lm_head as an nn.Linear (even when tied), so a "Linear" target would claim it.
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")
@@ -466,6 +500,26 @@ def _enforce_fused_agreement(decisions: list[Decision]) -> None:
                 if d.action == QUANTIZE:
                     d.action = KEEP
                     d.reason = f"kept with {first} ({kept[0].reason}): vLLM loads {names.leaf(fused_name)} as one layer"
+
+
+def _keep_by_suffix(decisions: list[Decision]) -> None:
+    """Keep every Linear that a kept Linear's suffix entry also matches.
+
+    The entry names a module within its layer, so in a draft of several layers it matches that
+    module in each; vLLM would find each one ignored and refuse a quantized weight there.
+    """
+    kept: dict[str, Decision] = {}
+    for d in decisions:
+        if d.action == KEEP and _is_linear_like_weight(d):
+            kept.setdefault(names.suffix_entry(d.module), d)
+    for d in decisions:
+        if d.action != QUANTIZE:
+            continue
+        entry = next((e for e in kept if names.matches(e, d.module)), None)
+        if entry is not None:
+            first = kept[entry]
+            d.action, d.rule = KEEP, None
+            d.reason = f"kept with {first.module} ({first.reason}): one ignore entry lists both"
 
 
 def _refuse_split_layers(decisions: list[Decision]) -> None:

@@ -23,15 +23,24 @@ _NOT_TARGETED = {
 }
 
 
+#: Draft kinds named in `architectures` (e.g. `LlamaForCausalLMEagle3`), as the card writes them.
+_DRAFT_KINDS = ("EAGLE3", "EAGLE", "Medusa", "MTP")
+
+
 def draft_kind(config: dict[str, Any]) -> str | None:
     """The kind of speculative draft the config declares, or None for a standalone model."""
     if "dflash_config" in config:
         return "DFlash"
     arch = " ".join(config.get("architectures") or [])
-    for kind in ("Eagle3", "Eagle", "Medusa", "MTP"):
+    for kind in _DRAFT_KINDS:
         if kind.lower() in arch.lower():
             return kind
     return None
+
+
+def _article(kind: str) -> str:
+    """`A` or `An`, by how the kind is spoken (EAGLE, MTP: a vowel sound)."""
+    return "An" if kind[0] in "AEIOU" or kind == "MTP" else "A"
 
 
 def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
@@ -45,8 +54,9 @@ def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
     if kind is None:
         return [f"A {scheme} quantized checkpoint of {of} ({arch}), in compressed-tensors format, which vLLM loads."]
     lines = [
-        f"A {kind} speculative draft ({arch}), quantized with {scheme}. A draft is specific to the target model "
-        "it was trained against: it proposes tokens that only that target verifies, so serve it with that target."
+        f"{_article(kind)} {kind} speculative draft ({arch}), quantized with {scheme}. A draft is specific to the "
+        "target model it was trained against: it proposes tokens that only that target verifies, so serve it with "
+        "that target."
     ]
     layer_ids = (config.get("dflash_config") or {}).get("target_layer_ids")
     if layer_ids:
@@ -95,8 +105,11 @@ def _scheme_line(recipe: dict[str, Any], rule: tuple[int, dict[str, Any]] | None
 
 
 def _ignore_reason(entry: str, preset: str | None, tied: bool) -> str:
-    if preset in PRESETS and entry in PRESETS[preset].ignore:
-        return f"preset {preset}: {PRESETS[preset].why}"
+    known = PRESETS.get(preset) if preset else None
+    if known is not None and entry in known.ignore:
+        return f"preset {preset}: {known.why}"
+    if known is not None and known.ignore_by_suffix and names.is_suffix_entry(entry):
+        return f"a Linear listed by its name within the layer (preset {preset}), because {known.runtime_names}"
     if names.is_lm_head(entry):
         why = "vLLM's ParallelLMHead is not a Linear target"
         return why + ("; here it is tied to the embeddings, so no separate tensor is stored" if tied else "")
@@ -124,7 +137,9 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         f"{c.num(str(t['drop']), M, 'tensors.drop')} FP8 scales consumed.",
     ]
     if recipe.get("preset"):
-        lines.append(f"- **Preset**: {c.text(recipe['preset'], M, 'recipe.preset')}.")
+        known = PRESETS.get(recipe["preset"])
+        why = f": {known.why}" if known is not None else ""
+        lines.append(f"- **Preset**: {c.text(recipe['preset'], M, 'recipe.preset')}{why}.")
     tied = bool(src.config.get("tie_word_embeddings"))
     for i, entry in enumerate(recipe.get("ignore") or []):
         reason = _ignore_reason(entry, recipe.get("preset"), tied)
