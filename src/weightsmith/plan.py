@@ -6,7 +6,8 @@ are ignored (exact names or `re:` regexes, matched as vLLM matches them, against
 the fused names vLLM loads, such as `qkv_proj`), or their input size does not fit the group size.
 Shards of a fused layer (q/k/v, gate/up) are quantized together or kept together, because vLLM
 refuses a fused layer whose shards disagree. Every Linear-like module left unquantized goes into
-the config's `ignore`, because vLLM expects `weight_packed` for any targeted Linear it finds.
+the config's `ignore`, because vLLM expects `weight_packed` for any targeted Linear it finds;
+under a preset whose runtime renames the modules (EAGLE3), by its name within its layer.
 """
 
 from __future__ import annotations
