@@ -212,9 +212,9 @@ def _expected_shapes(
     fmt = scheme.format
     if decl.method == ct.QUANT_METHOD and fmt == ct.PACK_QUANTIZED:
         return _pack_quantized_shapes(scheme, module, reads, out, cols)
-    if (decl.method == ct.QUANT_METHOD and fmt == ct.NVFP4_PACK_QUANTIZED) or (
+    if (decl.method == ct.QUANT_METHOD and fmt in (ct.NVFP4_PACK_QUANTIZED, ct.MXFP4_PACK_QUANTIZED)) or (
         decl.method == MODELOPT and fmt == MODELOPT_NVFP4
-    ):
+    ):  # FP4 codes two to a byte
         group = scheme.group_size or MODELOPT_NVFP4_GROUP
         in_features = cols * 2
         shapes = {names.WEIGHT_SCALE: (out, math.ceil(in_features / group))}

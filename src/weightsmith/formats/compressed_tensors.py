@@ -11,6 +11,8 @@ from weightsmith import names
 QUANT_METHOD = "compressed-tensors"
 PACK_QUANTIZED = "pack-quantized"
 NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
+MXFP4_PACK_QUANTIZED = "mxfp4-pack-quantized"
+MXFP8_QUANTIZED = "mxfp8-quantized"
 FLOAT_QUANTIZED = "float-quantized"
 INT_QUANTIZED = "int-quantized"
 NAIVE_QUANTIZED = "naive-quantized"
@@ -26,6 +28,9 @@ FORMAT_PARAMS: dict[str, dict[str, str | None]] = {
         names.WEIGHT_SCALE: "F8_E4M3",
         names.WEIGHT_GLOBAL_SCALE: "F32",
     },
+    # MX: E8M0 scales stored as uint8 biased exponents, no global scale
+    MXFP4_PACK_QUANTIZED: {names.WEIGHT_PACKED: "U8", names.WEIGHT_SCALE: "U8"},
+    MXFP8_QUANTIZED: {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: "U8"},
 }
 ASYM_PARAMS: dict[str, str] = {names.WEIGHT_ZERO_POINT: "I32"}
 #: Weights stored one value per byte, by `QuantizationArgs.type` (`compressors/naive_quantized`):

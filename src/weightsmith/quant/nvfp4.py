@@ -10,7 +10,8 @@ run by llm-compressor's `model_free_ptq` on CPU):
   q            = fp4_e2m1(clamp(x / (block_scale / global_scale), -6, 6))    in float32
 
 E2M1 rounding is to nearest, ties to even: 0, 0.5, 1, 1.5, 2, 3, 4, 6. Storage: `weight_packed` uint8,
-element 2k in the low nibble, each nibble a sign bit (bit 3, set for negative zero too) and a
+element 2k in the low nibble, each nibble a sign bit (bit 3, set for a negative quotient, even one
+that rounds to 0, but not for a quotient of -0.0: `cast_to_fp4` multiplies by `torch.sign`) and a
 magnitude index; `weight_scale` float8_e4m3fn; `weight_global_scale` float32 [1], a divisor.
 Dequantization: `q * (block_scale / global_scale)`.
 
@@ -88,8 +89,12 @@ def e2m1_value(index: np.int64) -> np.float32:
 
 @njit(inline="always", nogil=True)
 def fp4_nibble(t: np.float32) -> np.uint32:
-    """The stored nibble of a clamped quotient: magnitude index, and bit 3 for its sign (negative zero too)."""
-    sign = np.uint32(np.float32(t).view(np.uint32) >> np.uint32(31))
+    """The stored nibble of a clamped quotient: magnitude index, and bit 3 if it is below zero.
+
+    compressed-tensors rounds `|t| * sign(t)`: a small negative quotient becomes -0 (bit 3 set),
+    but -0.0 itself (a weight stored as -0.0) has sign 0 and becomes +0.
+    """
+    sign = np.uint32(t < np.float32(0.0))
     return np.uint32(fp4_index(t)) | np.uint32(sign << np.uint32(3))
 
 

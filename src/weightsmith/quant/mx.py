@@ -1,0 +1,137 @@
+"""MX (OCP microscaling) weights: FP4 (E2M1) or FP8 (E4M3) elements in groups of 32 sharing a power of two.
+
+compressed-tensors `mxfp4-pack-quantized` (MXFP4A16, MXFP4) and `mxfp8-quantized` (MXFP8A16, MXFP8).
+Formula (compressed-tensors `calculate_qparams` -> `generate_mx_scales`, `_quantize`,
+`compress_mx_scale`, as llm-compressor's `model_free_ptq` runs them on CPU, all in the weight dtype):
+
+  amax   = max |x| over 32 input columns
+  p2     = amax with its mantissa rounded to a power of two: the float's bits plus half of the
+           mantissa's top bit-but-one (bf16: +32), then masked to sign and exponent; amax >= 1.75 * 2**k
+           goes up to 2**(k+1), a subnormal amax drops to 0 unless the carry reaches 2**-126
+  e      = clamp(127 + floor(log2 p2) - offset, 0, 255)     offset floor(log2 max): FP4 2 (max 6),
+                                                            FP8 8 (max 448); p2 = 0 gives e = 0
+  scale  = 2**(e - 127) in the weight dtype (0 after fp16 underflow becomes 1, uint8's "eps")
+  q      = fp4_e2m1(clamp(x / scale, -6, 6))  or  fp8_e4m3(clamp(x / scale, -448, 448))
+
+Storage: the scale as its biased exponent `127 + floor(log2 scale)` (uint8; an infinite scale,
+from an amax of at least 1.75 * 2**127, is written as 127: torch converts inf to int32 as
+INT_MIN). FP4 codes pack two to a byte as NVFP4's do (quant/nvfp4.py); FP8 codes are float8_e4m3fn.
+Dequantization: `q * 2**(byte - 127)`.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from numba import njit
+
+from weightsmith.quant.floatbits import MODE_F16, f16_round, round_to
+from weightsmith.quant.int4 import kernel_input, load_group, mode_of
+from weightsmith.quant.nvfp4 import FP4_MAX, FP8_MAX, fp4_nibble, fp8_code, unpack
+
+GROUP = 32
+#: floor(log2(largest element)) per element width: what maps a group's amax into range.
+OFFSET = {4: 2, 8: 8}
+#: What compress_mx_scale stores for an infinite scale (torch's inf -> int32 is INT_MIN; + 127, low byte).
+INF_SCALE_BYTE = 127
+
+
+@njit(inline="always", nogil=True)
+def biased_exponent(amax: np.float32, mode: int) -> np.int64:
+    """127 + floor(log2(compressed-tensors' `round_to_power_2`(amax))): -1 for 0, 255 for inf.
+
+    `amax` is non-negative and exact in the weight dtype. On float32 bits, adding 2**21 and masking
+    the mantissa is bf16's `+32` and fp32's `+2**21` alike (a bf16 value has no low bits). fp16
+    differs at both ends of its narrow range: its bits get 2**8 added.
+    """
+    if mode == MODE_F16 and amax < np.float32(2.0**-14):  # subnormal m * 2**-24: carries at m >= 768
+        return np.int64(127 - 14) if amax >= np.float32(0.75 * 2.0**-14) else np.int64(-1)
+    if mode == MODE_F16 and amax >= np.float32(1.75 * 2.0**15):  # the carry leaves fp16's range
+        return np.int64(255)
+    magnitude = np.uint32(np.float32(amax).view(np.uint32) & np.uint32(0x7FFFFFFF))  # amax may be -0.0
+    b = np.uint32((magnitude + np.uint32(1 << 21)) >> np.uint32(23))
+    return np.int64(b) if b > 0 else np.int64(-1)
+
+
+@njit(inline="always", nogil=True)
+def group_scale(amax: np.float32, mode: int, offset: int) -> np.float32:
+    """The divisor compressed-tensors quantizes a group with: 2**(e - 127) in the weight dtype."""
+    k = biased_exponent(amax, mode)
+    e = np.int64(0) if k < 0 else (np.int64(255) if k == 255 else min(max(k - offset, 0), 255))
+    # e << 23 is 2**(e - 127) for 1 <= e <= 254 and inf for 255; e = 0 is the subnormal 2**-127
+    s = np.uint32((e << 23) if e > 0 else (1 << 22)).view(np.float32)
+    if mode == MODE_F16:
+        s = np.float32(np.inf) if s >= np.float32(2.0**16) else f16_round(s)
+    return s if s != 0 else np.float32(1.0)
+
+
+@njit(inline="always", nogil=True)
+def scale_byte(s: np.float32) -> np.uint8:
+    """`compress_mx_scale` of a group scale: 127 + floor(log2 s), a power of two, inf as torch writes it."""
+    if s == np.inf:
+        return np.uint8(INF_SCALE_BYTE)
+    return np.uint8(np.float32(s).view(np.uint32) >> np.uint32(23))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _quantize_rows(x, mode, bits, out, scale_bytes):
+    rows, cols = x.shape
+    vals = np.empty(GROUP, np.float32)
+    offset = 2 if bits == 4 else 8
+    top = np.float32(FP4_MAX if bits == 4 else FP8_MAX)
+    for r in range(rows):
+        for g in range(cols // GROUP):
+            c0 = g * GROUP
+            lo, hi, bad = load_group(x, r, c0, GROUP, mode, vals)
+            if bad >= 0:
+                return r * cols + bad
+            s = group_scale(max(-lo, hi), mode, offset)
+            scale_bytes[r, g] = scale_byte(s)
+            if bits == 4:
+                for i in range(0, GROUP, 2):
+                    a = fp4_nibble(min(max(round_to(mode, vals[i] / s), -top), top))
+                    b = fp4_nibble(min(max(round_to(mode, vals[i + 1] / s), -top), top))
+                    out[r, (c0 + i) // 2] = np.uint8(a | (b << np.uint32(4)))
+            else:
+                for i in range(GROUP):
+                    t = min(max(round_to(mode, vals[i] / s), -top), top)
+                    sign = np.uint32(np.float32(t).view(np.uint32) >> np.uint32(31))
+                    out[r, c0 + i] = np.uint8(fp8_code(abs(t)) | (sign << np.uint32(7)))
+    return -1
+
+
+def supports(cols: int) -> str | None:
+    """Why a [*, cols] weight cannot take an MX scheme, or None if it can."""
+    if cols % GROUP:
+        return f"input size {cols} is not a multiple of the MX group size {GROUP}"
+    return None
+
+
+def quantize_rows(x: np.ndarray, mode: int, bits: int, out: np.ndarray, scale_bytes: np.ndarray) -> int:
+    """Quantize rows (bf16/fp16 bits as uint16, or float32) to `bits`-wide MX elements.
+
+    out: uint8 [rows, cols/2] packed FP4 or [rows, cols] float8_e4m3fn codes; scale_bytes: uint8
+    [rows, cols/32]. Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
+    """
+    return _quantize_rows(x, mode, bits, out, scale_bytes)
+
+
+def quantize(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize a whole 2-D weight: (packed FP4 uint8 or float8_e4m3fn codes, E8M0 scale bytes)."""
+    rows, cols = w.shape
+    why = supports(cols)
+    if why:
+        raise ValueError(why)
+    out = np.empty((rows, cols // 2 if bits == 4 else cols), np.uint8)
+    scale = np.empty((rows, cols // GROUP), np.uint8)
+    bad = quantize_rows(kernel_input(np.ascontiguousarray(w)), mode_of(w.dtype), bits, out, scale)
+    if bad >= 0:
+        raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
+    return (out if bits == 4 else out.view(ml_dtypes.float8_e4m3fn)), scale
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
+    """`q * 2**(byte - 127)`, as compressed-tensors' decompressors do: the scale in BF16, product in `dtype`."""
+    values = unpack(q) if q.dtype == np.uint8 else q.astype(np.float32)  # uint8: packed FP4
+    mult = np.exp2(scale.astype(np.float32) - 127).astype(ml_dtypes.bfloat16).astype(np.float32)
+    return (values * np.repeat(mult, GROUP, axis=1)).astype(dtype)

@@ -1,0 +1,112 @@
+"""MX (OCP microscaling) schemes: FP4 or FP8 weights in groups of 32 sharing an E8M0 power of two.
+
+MXFP4A16 / MXFP4 write `mxfp4-pack-quantized` (`weight_packed` two E2M1 codes a byte) and
+MXFP8A16 / MXFP8 `mxfp8-quantized` (`weight` float8_e4m3fn); both store `weight_scale` as uint8
+biased exponents. MXFP4 and MXFP8 write the same weights as their A16 twins and declare dynamic
+group-32 activations of the same element type in the config group. Each group's scale depends on
+that group alone (compressed-tensors `group` strategy: no global scale), so there is no first pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from weightsmith import names
+from weightsmith.errors import WeightsmithError
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.quant import int4, mx
+from weightsmith.safetensors.writer import TensorSpec
+from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
+
+#: compressed-tensors writes the E8M0 exponents with this `scale_dtype`.
+SCALE_DTYPE = "torch.uint8"
+
+
+@dataclass(frozen=True)
+class _Mx(Scheme):
+    """What MXFP4 and MXFP8 share: everything but the element width (`num_bits`) and the format."""
+
+    BITS: ClassVar[int]
+
+    @classmethod
+    def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
+        if group_size not in (None, mx.GROUP):
+            raise WeightsmithError(f"{name} has a fixed group size of {mx.GROUP}", code="usage")
+        if scale_search is not None:
+            raise WeightsmithError(f"{name} takes no --scale-search: its scales are powers of two", code="usage")
+        return cls(name, mx.GROUP, num_bits=cls.BITS)
+
+    @property
+    def config_group_name(self) -> str:
+        return self.name.upper()
+
+    def unsupported(self, shape: tuple[int, ...]) -> str | None:
+        return mx.supports(shape[1])
+
+    def stored_words(self) -> str:
+        element = "4-bit FP4 (E2M1)" if self.num_bits == 4 else "FP8 (E4M3)"
+        return f"{element} weights, one power-of-two (E8M0) scale per {mx.GROUP} input columns"
+
+    def _args(self, dynamic: bool) -> dict:
+        args = ct.weight_args(self.num_bits, True, mx.GROUP, type_="float", scale_dtype=SCALE_DTYPE)
+        args["dynamic"] = dynamic
+        return args
+
+    def weight_args(self) -> dict:
+        return self._args(dynamic=False)
+
+    def input_args(self) -> dict | None:
+        return None if self.name.endswith("a16") else self._args(dynamic=True)
+
+    def encode(
+        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
+    ) -> tuple[list[Write], int]:
+        n, cols = x.shape
+        width = cols // 2 if self.num_bits == 4 else cols
+        out = alloc("codes", (n, width), np.uint8)
+        scale = alloc("scale", (n, cols // mx.GROUP), np.uint8)
+        bad = mx.quantize_rows(int4.kernel_input(x), int4.mode_of(x.dtype), self.num_bits, out, scale)
+        param = names.WEIGHT_PACKED if self.num_bits == 4 else names.WEIGHT
+        return [(param, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
+
+    @classmethod
+    def recognizes(cls, fmt: str, weights: dict) -> bool:
+        return fmt == cls.FORMAT
+
+    @classmethod
+    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+        codes = params[names.WEIGHT_PACKED] if cls.BITS == 4 else params[names.WEIGHT]
+        return mx.dequantize(codes, params[names.WEIGHT_SCALE])
+
+
+@register
+@dataclass(frozen=True)
+class Mxfp4(_Mx):
+    NAMES: ClassVar[tuple[str, ...]] = ("mxfp4a16", "mxfp4")
+    FORMAT: ClassVar[str] = ct.MXFP4_PACK_QUANTIZED
+    BITS: ClassVar[int] = 4
+
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        out, inp = shape
+        return [
+            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "U8", (out, inp // 2)),
+            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "U8", (out, inp // mx.GROUP)),
+        ]
+
+
+@register
+@dataclass(frozen=True)
+class Mxfp8(_Mx):
+    NAMES: ClassVar[tuple[str, ...]] = ("mxfp8a16", "mxfp8")
+    FORMAT: ClassVar[str] = ct.MXFP8_QUANTIZED
+    BITS: ClassVar[int] = 8
+
+    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
+        out, inp = shape
+        return [
+            TensorSpec(f"{module}.{names.WEIGHT}", "F8_E4M3", (out, inp)),
+            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "U8", (out, inp // mx.GROUP)),
+        ]
