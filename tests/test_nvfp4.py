@@ -169,3 +169,21 @@ def test_branch_free_rounding_matches_compressed_tensors_cast_to_fp4() -> None:
     reference = fp4_utils.cast_to_fp4(torch.from_numpy(ts.copy())).abs().numpy()
     ours = np.array([value(index(t)) for t in ts], np.float32)
     assert np.array_equal(ours, reference)
+
+
+def test_negative_zero_packs_as_compressed_tensors() -> None:
+    """A -0.0 weight packs as +0 (`cast_to_fp4` multiplies by sign(-0.0) = 0); a tiny negative as -0."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from llmcompressor.entrypoints.model_free.converter import compress_module
+    from llmcompressor.entrypoints.model_free.lifecycle import calibrate_weight, initialize_quantized_linear
+
+    w = (np.random.default_rng(2).standard_normal((4, 32)) * 0.02).astype(np.float32)
+    w[0, :16], w[1, 3], w[2, 5] = -0.0, -0.0, -1e-9
+    w = w.astype(ml_dtypes.bfloat16)
+    weight = torch.from_numpy(w.view(np.uint16)).view(torch.bfloat16)
+    module = initialize_quantized_linear(weight, preset_name_to_scheme("NVFP4A16", ["Linear"]), "cpu")
+    calibrate_weight(module)
+    compress_module(module)
+    packed = nvfp4.quantize(w).packed
+    assert np.array_equal(module.state_dict()["weight_packed"].numpy(), packed)
+    assert packed[0, 0] == 0 and packed[2, 2] >> 4 == 8
