@@ -31,7 +31,7 @@ from weightsmith.quant.nvfp4 import FP4_MAX, FP8_MAX, fp4_nibble, fp8_code, unpa
 
 GROUP = 32
 #: floor(log2(largest element)) per element width: what maps a group's amax into range.
-OFFSET = {4: 2, 8: 8}
+OFFSET_FP4, OFFSET_FP8 = 2, 8
 #: What compress_mx_scale stores for an infinite scale (torch's inf -> int32 is INT_MIN; + 127, low byte).
 INF_SCALE_BYTE = 127
 
@@ -77,7 +77,8 @@ def scale_byte(s: np.float32) -> np.uint8:
 def _quantize_rows(x, mode, bits, out, scale_bytes):
     rows, cols = x.shape
     vals = np.empty(GROUP, np.float32)
-    offset = 2 if bits == 4 else 8
+    codes = np.empty(GROUP, np.uint32)
+    offset = OFFSET_FP4 if bits == 4 else OFFSET_FP8
     top = np.float32(FP4_MAX if bits == 4 else FP8_MAX)
     for r in range(rows):
         for g in range(cols // GROUP):
@@ -87,14 +88,15 @@ def _quantize_rows(x, mode, bits, out, scale_bytes):
                 return r * cols + bad
             s = group_scale(max(-lo, hi), mode, offset)
             scale_bytes[r, g] = scale_byte(s)
+            inv = np.float32(1.0) / s  # a power of two (or 0 for an infinite scale): x * inv is x / s exactly
             if bits == 4:
+                for i in range(GROUP):
+                    codes[i] = fp4_nibble(min(max(round_to(mode, vals[i] * inv), -top), top))
                 for i in range(0, GROUP, 2):
-                    a = fp4_nibble(min(max(round_to(mode, vals[i] / s), -top), top))
-                    b = fp4_nibble(min(max(round_to(mode, vals[i + 1] / s), -top), top))
-                    out[r, (c0 + i) // 2] = np.uint8(a | (b << np.uint32(4)))
+                    out[r, (c0 + i) // 2] = np.uint8(codes[i] | (codes[i + 1] << np.uint32(4)))
             else:
                 for i in range(GROUP):
-                    t = min(max(round_to(mode, vals[i] / s), -top), top)
+                    t = min(max(round_to(mode, vals[i] * inv), -top), top)
                     sign = np.uint32(np.float32(t).view(np.uint32) >> np.uint32(31))
                     out[r, c0 + i] = np.uint8(fp8_code(abs(t)) | (sign << np.uint32(7)))
     return -1
