@@ -25,8 +25,8 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.quant.floatbits import MODE_F16, f16_round, round_to
-from weightsmith.quant.int4 import kernel_input, load_group, mode_of
+from weightsmith.quant.floatbits import MODE_F16, decode, f16_round, round_to
+from weightsmith.quant.int4 import kernel_input, mode_of
 from weightsmith.quant.nvfp4 import FP4_MAX, FP8_MAX, fp4_nibble, fp8_code, unpack
 
 GROUP = 32
@@ -34,6 +34,7 @@ GROUP = 32
 OFFSET_FP4, OFFSET_FP8 = 2, 8
 #: What compress_mx_scale stores for an infinite scale (torch's inf -> int32 is INT_MIN; + 127, low byte).
 INF_SCALE_BYTE = 127
+_MAGNITUDE, _INF_BITS = np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
 
 
 @njit(inline="always", nogil=True)
@@ -48,8 +49,7 @@ def biased_exponent(amax: np.float32, mode: int) -> np.int64:
         return np.int64(127 - 14) if amax >= np.float32(0.75 * 2.0**-14) else np.int64(-1)
     if mode == MODE_F16 and amax >= np.float32(1.75 * 2.0**15):  # the carry leaves fp16's range
         return np.int64(255)
-    magnitude = np.uint32(np.float32(amax).view(np.uint32) & np.uint32(0x7FFFFFFF))  # amax may be -0.0
-    b = np.uint32((magnitude + np.uint32(1 << 21)) >> np.uint32(23))
+    b = np.uint32((np.float32(amax).view(np.uint32) + np.uint32(1 << 21)) >> np.uint32(23))
     return np.int64(b) if b > 0 else np.int64(-1)
 
 
@@ -75,28 +75,37 @@ def scale_byte(s: np.float32) -> np.uint8:
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _quantize_rows(x, mode, bits, out, scale_bytes):
+    """A row is decoded whole, then each group's amax is an integer maximum of its magnitude bits
+    (the order of finite floats' magnitudes is that of their bits; NaN and Inf have the largest)."""
     rows, cols = x.shape
-    vals = np.empty(GROUP, np.float32)
+    vals = np.empty(cols, np.float32)
+    mags = vals.view(np.uint32)
     codes = np.empty(GROUP, np.uint32)
     offset = OFFSET_FP4 if bits == 4 else OFFSET_FP8
     top = np.float32(FP4_MAX if bits == 4 else FP8_MAX)
     for r in range(rows):
+        for c in range(cols):
+            vals[c] = decode(mode, x[r, c])
         for g in range(cols // GROUP):
             c0 = g * GROUP
-            lo, hi, bad = load_group(x, r, c0, GROUP, mode, vals)
-            if bad >= 0:
-                return r * cols + bad
-            s = group_scale(max(-lo, hi), mode, offset)
+            m = np.uint32(0)
+            for i in range(GROUP):
+                m = max(m, np.uint32(mags[c0 + i] & _MAGNITUDE))
+            if m >= _INF_BITS:
+                for i in range(GROUP):
+                    if np.uint32(mags[c0 + i] & _MAGNITUDE) >= _INF_BITS:
+                        return r * cols + c0 + i
+            s = group_scale(np.uint32(m).view(np.float32), mode, offset)
             scale_bytes[r, g] = scale_byte(s)
-            inv = np.float32(1.0) / s  # a power of two (or 0 for an infinite scale): x * inv is x / s exactly
+            inv = np.float32(1.0) / s  # a power of two (0 for an infinite scale): x * inv is x / s exactly
             if bits == 4:
                 for i in range(GROUP):
-                    codes[i] = fp4_nibble(min(max(round_to(mode, vals[i] * inv), -top), top))
+                    codes[i] = fp4_nibble(min(max(round_to(mode, vals[c0 + i] * inv), -top), top))
                 for i in range(0, GROUP, 2):
                     out[r, (c0 + i) // 2] = np.uint8(codes[i] | (codes[i + 1] << np.uint32(4)))
             else:
                 for i in range(GROUP):
-                    t = min(max(round_to(mode, vals[i] * inv), -top), top)
+                    t = min(max(round_to(mode, vals[c0 + i] * inv), -top), top)
                     sign = np.uint32(np.float32(t).view(np.uint32) >> np.uint32(31))
                     out[r, c0 + i] = np.uint8(fp8_code(abs(t)) | (sign << np.uint32(7)))
     return -1
