@@ -154,3 +154,19 @@ def test_scheme_rules() -> None:
     assert make_scheme("mxfp4a16").input_args() is None
     assert make_scheme("mxfp8").input_args()["dynamic"] is True
     assert make_scheme("mxfp8").describe() == "MXFP8 g32"
+
+
+def test_verify_flags_a_wrong_scale_dtype_and_shape(tmp_path, capsys, monkeypatch) -> None:
+    from safetensors.torch import load_file, save_file
+
+    src = write_checkpoint(tmp_path / "src", llama_tensors())
+    assert run(capsys, monkeypatch, "quantize", src, tmp_path / "out", "--scheme", "mxfp4")[0] == 0
+    shard = tmp_path / "out" / "model.safetensors"
+    t = load_file(str(shard))
+    t["model.layers.0.mlp.up_proj.weight_scale"] = torch.zeros((512, 16), dtype=torch.uint8)
+    t["model.layers.0.mlp.gate_proj.weight_scale"] = t["model.layers.0.mlp.gate_proj.weight_scale"].float()
+    save_file(t, str(shard), metadata={"format": "pt"})
+    code, out, err = run(capsys, monkeypatch, "verify", tmp_path / "out")
+    assert code != 0
+    assert "'model.layers.0.mlp.gate_proj.weight_scale': is F32" in out + err
+    assert "'model.layers.0.mlp.up_proj.weight_scale': has shape [512, 16]" in out + err
