@@ -116,9 +116,10 @@ class Scheme(ABC):
         if act is None:
             return f"{self.stored_words()}; activations stay 16-bit"
         bits, kind = act.get("num_bits"), act.get("type")
-        kind = "FP8" if (kind, bits) == ("float", 8) else f"{bits}-bit {'integers' if kind == 'int' else kind}"
+        kind = {("float", 8): "FP8 (E4M3)", ("float", 4): "FP4 (E2M1)"}.get((kind, bits), f"{bits}-bit integers")
+        scale = "power-of-two (E8M0) scale" if act.get("scale_dtype") == "torch.uint8" else "scale"
         per = f"group of {act['group_size']}" if act.get("strategy") == "group" else act.get("strategy")
-        return f"{self.stored_words()}; activations quantized to {kind} at run time, one scale per {per}"
+        return f"{self.stored_words()}; activations quantized to {kind} at run time, one {scale} per {per}"
 
     # --- the work ---
 
