@@ -24,13 +24,32 @@ from numba import njit
 
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
 from weightsmith.quant.int4 import eps_of, group_range, kernel_input, mode_of
-from weightsmith.quant.nvfp4 import fp8_code
 
 INT, FLOAT = "int", "float"
 STORAGE = {INT: np.dtype(np.int8), FLOAT: np.dtype(ml_dtypes.float8_e4m3fn)}
 
 #: Rows x columns of weight one scale covers; None columns: the whole row.
 Block = tuple[int, int | None]
+
+
+@njit(inline="always", nogil=True)
+def e4m3(t: np.float32) -> np.uint8:
+    """The float8_e4m3fn code of `t` in [-448, 448], rounded to nearest, ties to even, as torch casts.
+
+    No branch, so that the element loop vectorises: both the normal and the subnormal code are
+    computed and one is selected. Normal: round the float32 bits to 3 mantissa bits (ties to even)
+    and rebias the exponent (127 -> 7, hence 120 * 8 off the exponent-and-mantissa field).
+    Subnormal (below 2**-6): a multiple of 2**-9, rounded half to even by `rint_small`. The sign
+    bit is kept, so -0.0 is code 0x80 as in torch.
+    """
+    b = np.float32(t).view(np.uint32)
+    mag = np.uint32(b & np.uint32(0x7FFFFFFF))
+    field = np.uint32((mag + np.uint32(0x7FFFF) + ((mag >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20))
+    normal = min(np.uint32(field - np.uint32(120 * 8)), np.uint32(0x7E))  # wraps below 2**-6: not selected
+    a = mag.view(np.float32)
+    sub = np.uint32(np.int32(rint_small(a * np.float32(512.0))))
+    code = sub if a < np.float32(2.0**-6) else normal
+    return np.uint8(code | ((b >> np.uint32(24)) & np.uint32(0x80)))
 
 
 @njit(inline="always", nogil=True)
@@ -55,13 +74,10 @@ def _quantize_rows(x, mode, is_float, br, bc, q, scale):
                 s = eps_of(mode)
             scale[rb, cb] = s
             for r in range(r0, r1):
-                for c in range(c0, c1):
-                    t = min(max(round_to(mode, decode(mode, x[r, c]) / s), qmin), qmax)
-                    if is_float:  # the sign bit too: -0.0 is code 0x80, as torch casts it
-                        sign = np.uint8((np.float32(t).view(np.uint32) >> np.uint32(24)) & np.uint32(0x80))
-                        q[r, c] = np.uint8(fp8_code(abs(t))) | sign
-                    else:
-                        q[r, c] = np.uint8(np.int8(rint_small(t)))
+                xr, qr = x[r, c0:c1], q[r, c0:c1]  # 1-D views: the element loop vectorises
+                for c in range(c1 - c0):
+                    t = min(max(round_to(mode, decode(mode, xr[c]) / s), qmin), qmax)
+                    qr[c] = e4m3(t) if is_float else np.uint8(np.int8(rint_small(t)))
     return -1
 
 
