@@ -7,6 +7,7 @@ imports nothing heavy itself, so the whole start-up sits inside the handler.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 
@@ -18,6 +19,15 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         raise SystemExit(130) from None
+    finally:
+        ending()
+
+
+def ending() -> None:
+    """Called as the process ends: freezes the gc, so that interpreter shutdown does not walk every
+    object numba loaded (0.1-0.2 s of a 1.5 s quantize; the OS frees the memory either way).
+    Not in `cli.main`, which tests call in-process."""
+    gc.freeze()
 
 
 if __name__ == "__main__":

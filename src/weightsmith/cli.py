@@ -74,4 +74,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from weightsmith.__main__ import ending
+
+    try:
+        main()
+    finally:
+        ending()

@@ -149,7 +149,8 @@ class _Runner:
             if d.action == QUANTIZE:
                 firsts.setdefault(_scheme(d), d)
         for scheme, first in firsts.items():
-            x = np.zeros((max(8, scheme.ROW_MULTIPLE), scheme.group_size), self._kernel_dtype(first))
+            # (at least 8 columns: a per-channel scheme has group size 0, and an empty block loads nothing)
+            x = np.zeros((max(8, scheme.ROW_MULTIPLE), max(8, scheme.group_size)), self._kernel_dtype(first))
             param = None
             if scheme.first_pass is not None:
                 state, _ = scheme.observe(x, 0, x.shape, None)

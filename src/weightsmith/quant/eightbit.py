@@ -23,8 +23,7 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
-from weightsmith.quant.int4 import eps_of, group_range, kernel_input, mode_of
-from weightsmith.quant.nvfp4 import fp8_code
+from weightsmith.quant.int4 import eps_of, from_stored_bits, kernel_input, mode_of, stored_bits
 
 INT, FLOAT = "int", "float"
 STORAGE = {INT: np.dtype(np.int8), FLOAT: np.dtype(ml_dtypes.float8_e4m3fn)}
@@ -34,34 +33,100 @@ Block = tuple[int, int | None]
 
 
 @njit(inline="always", nogil=True)
+def e4m3(t: np.float32) -> np.uint8:
+    """The float8_e4m3fn code of `t` in [-448, 448], rounded to nearest, ties to even, as torch casts.
+
+    No branch, so that the element loop vectorises: both codes below are computed and one is kept.
+    Normal (from 2**-6): round the float32 bits to 3 mantissa bits, ties to even, and rebias the
+    exponent (127 -> 7: 120 * 8 off the exponent-and-mantissa field); |t| <= 448 never rounds past
+    code 0x7E. Subnormal: adding 2**14 leaves a float32 whose last bit is worth 2**-9, E4M3's
+    subnormal step, so the addition rounds |t| to it (ties to even) and the bits above 2**14's are
+    the code. The sign bit is kept, so -0.0 is code 0x80 as in torch.
+    """
+    b = np.float32(t).view(np.uint32)
+    mag = np.uint32(b & np.uint32(0x7FFFFFFF))
+    field = (mag + np.uint32(0x7FFFF) + ((mag >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)
+    normal = np.uint32(field - np.uint32(120 * 8))  # wraps below 2**-6, where it is not kept
+    sub = np.uint32(np.float32(mag.view(np.float32) + _TWO_POW_14).view(np.uint32) - _TWO_POW_14_BITS)
+    code = normal if mag >= _MIN_NORMAL_BITS else sub
+    return np.uint8(code | ((b >> np.uint32(24)) & np.uint32(0x80)))
+
+
+_TWO_POW_14 = np.float32(2.0**14)
+_TWO_POW_14_BITS = np.uint32(0x46800000)
+_MIN_NORMAL_BITS = np.uint32(0x3C800000)  # 2**-6, E4M3's smallest normal
+
+
+@njit(inline="always", nogil=True)
+def _magnitude_bits(mode) -> np.uint32:
+    """The bits of a stored element other than its sign."""
+    return np.uint32(0x7FFFFFFF) if mode == MODE_F32 else np.uint32(0x7FFF)
+
+
+@njit(inline="always", nogil=True)
+def _max_magnitude(xr, mode) -> np.uint32:
+    """The largest magnitude in a 1-D run of stored elements, as bits (sign cleared).
+
+    For floats the order of magnitudes is the order of their bits without the sign, so this is an
+    integer maximum that vectorises; a NaN or Inf has the largest bits of all. (A 1-D view indexed
+    from 0 matters: an offset index that might be negative keeps the loop from vectorising.)
+    """
+    m = np.uint32(0)
+    for i in range(xr.size):
+        m = max(m, np.uint32(stored_bits(mode, xr[i]) & _magnitude_bits(mode)))
+    return m
+
+
+@njit(inline="always", nogil=True)
+def _code(mode, is_float, raw, s):
+    """One stored element quantized with scale `s`: torch's `x / scale` in the weight dtype, clamped, cast."""
+    if is_float:
+        t = min(max(round_to(mode, decode(mode, raw) / s), np.float32(-448.0)), np.float32(448.0))
+        return e4m3(t)
+    t = min(max(round_to(mode, decode(mode, raw) / s), np.float32(-128.0)), np.float32(127.0))
+    return np.uint8(np.int8(rint_small(t)))
+
+
+@njit(inline="always", nogil=True)
 def _quantize_rows(x, mode, is_float, br, bc, q, scale):
-    """The kernel body; `mode` and `is_float` are compile-time constants in each caller."""
+    """The kernel body; `mode` and `is_float` are compile-time constants in each caller.
+
+    Per block of `br` rows: the maxima of all its column blocks, row by row in memory order; then
+    the elements, along whole rows (one scale, or each element's from `srow`), so loops vectorise.
+    """
     rows, cols = x.shape
     half = np.float32(448.0) if is_float else np.float32(127.5)
-    qmin = np.float32(-448.0) if is_float else np.float32(-128.0)
-    qmax = np.float32(448.0) if is_float else np.float32(127.0)
+    inf = np.uint32(0x7F800000) if mode == MODE_F32 else np.uint32(0x7C00) if mode == MODE_F16 else np.uint32(0x7F80)
+    blocks = scale.shape[1]
+    maxima = np.empty(blocks, np.uint32)
+    srow = np.empty(cols if blocks > 1 else 0, np.float32)
     for rb in range(scale.shape[0]):
         r0, r1 = rb * br, min(rows, rb * br + br)
-        for cb in range(scale.shape[1]):
-            c0, c1 = cb * bc, min(cols, cb * bc + bc)
-            amax = np.float32(0.0)
+        maxima[:] = 0
+        for r in range(r0, r1):
+            for cb in range(blocks):
+                maxima[cb] = max(maxima[cb], _max_magnitude(x[r, cb * bc : min(cols, cb * bc + bc)], mode))
+        if maxima.max() >= inf:  # report the first NaN or Inf in reading order
             for r in range(r0, r1):
-                lo, hi, bad = group_range(x, r, c0, c1 - c0, mode)
-                if bad >= 0:
-                    return r * cols + bad
-                amax = max(amax, -lo, hi)
-            s = round_to(mode, amax / half)
+                for c in range(cols):
+                    if np.uint32(stored_bits(mode, x[r, c]) & _magnitude_bits(mode)) >= inf:
+                        return r * cols + c
+        for cb in range(blocks):
+            s = round_to(mode, from_stored_bits(mode, maxima[cb]) / half)
             if s == 0:
                 s = eps_of(mode)
             scale[rb, cb] = s
-            for r in range(r0, r1):
-                for c in range(c0, c1):
-                    t = min(max(round_to(mode, decode(mode, x[r, c]) / s), qmin), qmax)
-                    if is_float:  # the sign bit too: -0.0 is code 0x80, as torch casts it
-                        sign = np.uint8((np.float32(t).view(np.uint32) >> np.uint32(24)) & np.uint32(0x80))
-                        q[r, c] = np.uint8(fp8_code(abs(t))) | sign
-                    else:
-                        q[r, c] = np.uint8(np.int8(rint_small(t)))
+            if blocks > 1:
+                srow[cb * bc : min(cols, cb * bc + bc)] = s
+        for r in range(r0, r1):
+            xr, qr = x[r], q[r]
+            if blocks == 1:
+                s = scale[rb, 0]
+                for c in range(cols):
+                    qr[c] = _code(mode, is_float, xr[c], s)
+            else:
+                for c in range(cols):
+                    qr[c] = _code(mode, is_float, xr[c], srow[c])
     return -1
 
 

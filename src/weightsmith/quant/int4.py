@@ -33,7 +33,7 @@ MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfl
 
 
 @njit(inline="always", nogil=True)
-def _bits(mode, raw):
+def stored_bits(mode, raw):
     """The stored bits of one element (16-bit floats arrive as their bits already)."""
     if mode == MODE_F32:
         return np.float32(raw).view(np.uint32)
@@ -41,7 +41,7 @@ def _bits(mode, raw):
 
 
 @njit(inline="always", nogil=True)
-def _from_bits(mode, b):
+def from_stored_bits(mode, b):
     if mode == MODE_F32:
         return np.uint32(b).view(np.float32)
     return decode(mode, b)
@@ -65,17 +65,17 @@ def group_range(x, r, c0, group, mode):
     neg = np.uint32(0)
     pos = np.uint32(0)
     for i in range(group):
-        b = _bits(mode, x[r, c0 + i])
+        b = stored_bits(mode, x[r, c0 + i])
         mag = np.uint32(b & np.uint32(sign - np.uint32(1)))
         negative = np.uint32(np.uint32(0) - np.uint32(b >> shift))  # all ones for a negative value
         neg = max(neg, np.uint32(mag & negative))
         pos = max(pos, np.uint32(mag & ~negative))
     if max(neg, pos) >= inf:
         for i in range(group):
-            if np.uint32(_bits(mode, x[r, c0 + i]) & np.uint32(sign - np.uint32(1))) >= inf:
+            if np.uint32(stored_bits(mode, x[r, c0 + i]) & np.uint32(sign - np.uint32(1))) >= inf:
                 return np.float32(0.0), np.float32(0.0), c0 + i
-    lo = -_from_bits(mode, neg) if neg else np.float32(0.0)
-    return lo, _from_bits(mode, pos), -1
+    lo = -from_stored_bits(mode, neg) if neg else np.float32(0.0)
+    return lo, from_stored_bits(mode, pos), -1
 
 
 @njit(inline="always", nogil=True)
@@ -254,6 +254,23 @@ def unpack_nibbles(packed: np.ndarray, n: int, axis: int) -> np.ndarray:
     nib = np.stack([(w >> np.uint32(4 * j)) & np.uint32(0xF) for j in range(PACK)], axis=-1)
     q = nib.reshape(*w.shape[:-1], -1)[..., :n].astype(np.int8) - OFFSET
     return np.moveaxis(q, -1, axis)
+
+
+@njit(nogil=True, cache=True)
+def _unpack_rows(packed, out):
+    rows, words = packed.shape
+    for r in range(rows):
+        pr, qr = packed[r], out[r]
+        for w in range(words):
+            for j in range(PACK):
+                qr[PACK * w + j] = np.int8(np.int32((pr[w] >> np.uint32(4 * j)) & np.uint32(0xF)) - OFFSET)
+
+
+def unpack_rows(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`unpack_nibbles(packed, cols, axis=1)` into `out` (int8 [rows, 8 * words]), compiled: the
+    numpy version takes longer than quantizing (W4AFP8 stores one int4 value per byte)."""
+    _unpack_rows(np.ascontiguousarray(packed).view(np.uint32), out)
+    return out
 
 
 @dataclass(frozen=True)

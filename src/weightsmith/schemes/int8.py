@@ -83,7 +83,9 @@ class W8A16(EightBit):
         if bad >= 0 or not writes:
             return writes, bad
         (_, q, offset), scale = writes
-        packed = (q.view(np.uint8) ^ np.uint8(OFFSET)).view(np.int32)  # q + 128 in two's complement
+        raw = q.view(np.uint8)
+        raw ^= np.uint8(OFFSET)  # q + 128 in two's complement, in place: q is this call's own array
+        packed = raw.view(np.int32)
         writes = [(names.WEIGHT_PACKED, packed, offset), scale]
         if r0 == 0:
             writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))

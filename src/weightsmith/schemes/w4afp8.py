@@ -55,7 +55,8 @@ class W4Afp8(Int4):
         unpacked: list[Write] = []
         for param, data, offset in writes:
             if param == names.WEIGHT_PACKED:
-                unpacked.append((names.WEIGHT, int4.unpack_nibbles(data, cols, axis=1), r0 * cols))
+                q = int4.unpack_rows(data, alloc("unpacked", (len(data), cols), np.int8))
+                unpacked.append((names.WEIGHT, q, r0 * cols))
             elif param == names.WEIGHT_SCALE:
                 unpacked.append((param, data, offset))
         return unpacked, bad
