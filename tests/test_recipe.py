@@ -179,6 +179,7 @@ def test_a_recipe_that_splits_one_vllm_layer_is_refused(source: Path, tmp_path: 
         ("[[rule]]\ntargets = ['re:([']\nscheme = 'w4a16'\n", "not a valid regular expression"),
         ("[[rule]]\ntargets = []\nscheme = 'w4a16'\n", "targets"),
         ("[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16'\ngroup_size = 1e9\n", "group_size must be an integer"),
+        ("[[rule]]\ntargets = ['Linear']\nscheme = 'fp8-dynamic'\ngroup_size = 64\n", "takes no group_size"),
         ("colour = 'blue'\n[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16'\n", "unknown key 'colour'"),
         ("ignore = 'lm_head'\n", "ignore must be a list"),
         ("title = 'no rules'\n", "unknown key 'title'"),

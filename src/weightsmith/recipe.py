@@ -174,5 +174,7 @@ def _rule(doc: object, index: int, path: Path) -> Rule:
     try:
         scheme = make_scheme(scheme_name, group_size, search)
     except WeightsmithError as exc:
-        raise WeightsmithError(f"{where}: {exc.message}", file=path, code="recipe.invalid") from None
+        # the schemes word their option errors for the command line; a recipe spells the options as keys
+        message = exc.message.replace("--group-size", "group_size").replace("--scale-search", "scale_search")
+        raise WeightsmithError(f"{where}: {message}", file=path, code="recipe.invalid") from None
     return Rule(tuple(targets), scheme)
