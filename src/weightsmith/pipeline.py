@@ -241,7 +241,7 @@ class _Runner:
                 f"has a NaN or Inf at row {r}, column {c}; cannot quantize it",
                 file=self.plan.source.path(d.shard),
                 tensor=d.name,
-                code="value.non-finite",
+                code="values.non-finite",
             )
 
     def _quantize_whole(self, d: Decision, info: TensorInfo, reader: ShardReader, writer: ShardWriter) -> None:
