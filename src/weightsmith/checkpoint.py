@@ -327,6 +327,10 @@ class Checkpoint:
         """
         return self.root / shard
 
+    def file_of(self, tensor: str) -> Path:
+        """The file that holds `tensor` (for messages that name where a tensor lives)."""
+        return self.path(self.tensors[tensor].shard)
+
     @property
     def quantization_config(self) -> dict | None:
         qc = self.config.get("quantization_config")

@@ -96,7 +96,7 @@ class SourceFormat:
         if ref is None:
             raise CheckpointError(
                 f"is FP8 but its scale {scale} is missing",
-                file=ckpt.path(ckpt.tensors[weight].shard),
+                file=ckpt.file_of(weight),
                 tensor=weight,
                 code="source.fp8-scale",
             )

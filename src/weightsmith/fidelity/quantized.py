@@ -123,7 +123,7 @@ def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
         if group_name is None:
             raise CheckpointError(
                 f"is stored quantized but no config group in {CONFIG_FILE} targets {module}",
-                file=ckpt.path(ckpt.tensors[marker].shard),
+                file=ckpt.file_of(marker),
                 tensor=marker,
                 code="eval.untargeted",
             )
@@ -133,7 +133,7 @@ def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
             if param not in held:
                 raise CheckpointError(
                     f"is missing: {fmt} needs it to dequantize {module}",
-                    file=ckpt.path(ckpt.tensors[marker].shard),
+                    file=ckpt.file_of(marker),
                     tensor=f"{module}.{param}",
                     code="eval.missing-param",
                 )

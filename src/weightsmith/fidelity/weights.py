@@ -138,7 +138,7 @@ def _dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:
         marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
         raise CheckpointError(
             f"cannot be dequantized as {qm.format} ({type(exc).__name__}: {exc})",
-            file=reader.ckpt.path(reader.ckpt.tensors[marker].shard),
+            file=reader.ckpt.file_of(marker),
             tensor=marker,
             code="eval.dequantize",
         ) from None
@@ -163,7 +163,7 @@ def _check_declared_shape(qm: QuantizedModule, original: OriginalWeights, reader
     if not np.issubdtype(values.dtype, np.integer):
         raise CheckpointError(
             f"is {values.dtype}, not integers: it cannot declare {qm.module}'s shape",
-            file=reader.ckpt.path(reader.ckpt.tensors[name].shard),
+            file=reader.ckpt.file_of(name),
             tensor=name,
             code="eval.shape-mismatch",
         )
@@ -171,7 +171,7 @@ def _check_declared_shape(qm: QuantizedModule, original: OriginalWeights, reader
     if declared != list(expected):
         raise CheckpointError(
             f"declares shape {declared} but ORIG's {qm.module}.weight is {list(expected)}",
-            file=reader.ckpt.path(reader.ckpt.tensors[name].shard),
+            file=reader.ckpt.file_of(name),
             tensor=name,
             code="eval.shape-mismatch",
         )
@@ -190,7 +190,7 @@ def _non_finite(
         name = f"{qm.module}.{names.WEIGHT}"
         return CheckpointError(
             "holds NaN or infinite values: no weight error can be measured against it",
-            file=original.ckpt.path(original.ckpt.tensors[name].shard),
+            file=original.ckpt.file_of(name),
             tensor=name,
             code="eval.non-finite",
         )
@@ -203,14 +203,14 @@ def _non_finite(
             return CheckpointError(
                 f"holds {bad:,} NaN or infinite value(s) of {values.size:,}, so {qm.module} dequantizes to "
                 "non-finite weights",
-                file=reader.ckpt.path(reader.ckpt.tensors[name].shard),
+                file=reader.ckpt.file_of(name),
                 tensor=name,
                 code="eval.non-finite",
             )
     marker = qm.params.get(names.WEIGHT_SCALE) or qm.params[names.WEIGHT_PACKED]
     return CheckpointError(
         f"gives non-finite weights when {qm.module} is dequantized (a scale too large for the weight's dtype)",
-        file=reader.ckpt.path(reader.ckpt.tensors[marker].shard),
+        file=reader.ckpt.file_of(marker),
         tensor=marker,
         code="eval.non-finite",
     )
@@ -224,7 +224,7 @@ def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReade
         marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
         raise CheckpointError(
             f"dequantizes to shape {list(dequant.shape)} but ORIG's {qm.module}.weight is {list(expected)}",
-            file=reader.ckpt.path(reader.ckpt.tensors[marker].shard),
+            file=reader.ckpt.file_of(marker),
             tensor=marker,
             code="eval.shape-mismatch",
         )
