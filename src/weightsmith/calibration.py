@@ -1,0 +1,210 @@
+"""Calibration statistics on disk: what `weightsmith calibrate` measures and what its consumers read.
+
+One safetensors file, every value an F32 scalar (shape `[]`):
+- `<attention module>.key_absmax`, `<attention module>.value_absmax`: the largest |K| (after the
+  rotary embedding) and |V| as they enter the KV cache, which is what vLLM's FP8 cache divides by
+  `k_scale`/`v_scale`;
+- `<linear module>.input_absmax`: the largest |x| entering that Linear (W4A4's `input_global_scale`,
+  static FP8's `input_scale`).
+Module names are the model's own (`model.layers.3.self_attn`, `model.layers.3.mlp.down_proj`), so a
+consumer finds a checkpoint's tensors from them. `__metadata__` carries the provenance: which
+model (a fingerprint of its files), how many tokens of which text, and whether the activations were
+the original model's or the quantized one's. A stats file is a file someone handed us, so `read`
+checks every name and value as it would a checkpoint's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from weightsmith.checkpoint import Checkpoint
+from weightsmith.errors import CheckpointError, OutputError
+from weightsmith.safetensors.header import read_header
+from weightsmith.safetensors.reader import ShardReader
+from weightsmith.safetensors.writer import ShardWriter, TensorSpec
+
+#: The `format` metadata value; a reader refuses any other.
+FORMAT = "weightsmith.calibration/1"
+KEY_ABSMAX = "key_absmax"
+VALUE_ABSMAX = "value_absmax"
+INPUT_ABSMAX = "input_absmax"
+SUFFIXES = (KEY_ABSMAX, VALUE_ABSMAX, INPUT_ABSMAX)
+#: Below this many calibration tokens a maximum is not stable enough to publish: warn with the count.
+MIN_TOKENS = 4096
+#: Where activations were taken: on the original model, or on the quantized model as it is served.
+ACTIVATIONS = ("original", "quantized")
+#: Bytes read from each end of each shard's data for the fingerprint (beside its whole header).
+FINGERPRINT_SAMPLE = 1 << 20
+
+_MODULE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where the numbers came from; written as `__metadata__` strings and checked on read."""
+
+    model_fingerprint: str  # `fingerprint()` of the checkpoint whose activations were measured
+    tokens: int  # calibration tokens run through the model
+    sequences: int
+    seq_len: int
+    text: str  # what the text was: a file name or a built-in corpus name
+    text_sha256: str
+    activations: str  # one of ACTIVATIONS
+
+
+@dataclass
+class CalibrationStats:
+    """Per attention module (K, V) maxima and per Linear input maxima, with their provenance."""
+
+    provenance: Provenance
+    kv: dict[str, tuple[float, float]] = field(default_factory=dict)  # attention module -> (|K| max, |V| max)
+    inputs: dict[str, float] = field(default_factory=dict)  # Linear module -> |x| max
+
+
+def fingerprint(ckpt: Checkpoint) -> str:
+    """A digest that tells one model's files from another's without reading them whole.
+
+    Each shard's header (names, dtypes, shapes, offsets) and up to 1 MiB from each end of its
+    data: two fine-tunes of one architecture share headers but not bytes, and hashing a 200 GB
+    checkpoint in full would cost what a calibration run does.
+    """
+    digest = hashlib.sha256()
+    for shard in sorted(ckpt.headers):
+        path = ckpt.path(shard)
+        header = ckpt.headers[shard]
+        with ShardReader(path, header) as reader:
+            start = header.data_start
+            size = header.file_size - start
+            spans = [(0, min(size, FINGERPRINT_SAMPLE))]
+            if size > FINGERPRINT_SAMPLE:
+                tail = max(FINGERPRINT_SAMPLE, size - FINGERPRINT_SAMPLE)
+                spans.append((tail, size - tail))
+            digest.update(shard.encode() + b"\0" + os.pread(reader.fd, start, 0))
+            for offset, n in spans:
+                digest.update(os.pread(reader.fd, n, start + offset))
+    return "sha256:" + digest.hexdigest()
+
+
+def write(path: str | os.PathLike[str], stats: CalibrationStats, *, replace: bool = False) -> None:
+    """Write `stats` to `path` whole or not at all: a new file beside it, synced, then renamed.
+
+    An existing file is refused unless `replace`: it may be another model's statistics.
+    """
+    path = Path(path)
+    if os.path.lexists(path) and not replace:
+        raise OutputError("already exists (pass --force to replace it)", file=path, code="output.exists")
+    values: dict[str, float] = {}
+    for module, (k, v) in stats.kv.items():
+        values[f"{module}.{KEY_ABSMAX}"] = k
+        values[f"{module}.{VALUE_ABSMAX}"] = v
+    for module, x in stats.inputs.items():
+        values[f"{module}.{INPUT_ABSMAX}"] = x
+    for name, value in values.items():
+        _check_value(path, name, value)
+    metadata = {"format": FORMAT, **{k: str(v) for k, v in asdict(stats.provenance).items()}}
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    partial.unlink(missing_ok=True)  # left by a killed run that had our pid
+    try:
+        specs = [TensorSpec(name, "F32", ()) for name in values]
+        with ShardWriter(path.parent, partial.name, specs, metadata) as writer:
+            for name, value in values.items():
+                writer.write(name, np.array(value, dtype=np.float32))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def read(path: str | os.PathLike[str]) -> CalibrationStats:
+    """The statistics in `path`, every name, dtype, shape, value and metadata field checked."""
+    path = Path(path)
+    header = read_header(path)
+    meta = header.metadata or {}
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(
+            f"is not a calibration file (metadata format {meta.get('format')!r}, expected {FORMAT!r})",
+            file=path,
+            code="calibration.format",
+        )
+    provenance = _provenance(path, meta)
+    stats = CalibrationStats(provenance)
+    kv: dict[str, dict[str, float]] = {}
+    with ShardReader(path, header) as reader:
+        for name, info in header.tensors.items():
+            module, _, suffix = name.rpartition(".")
+            if suffix not in SUFFIXES or not _MODULE.fullmatch(module):
+                raise CheckpointError(
+                    f"is not a module name followed by one of {', '.join(SUFFIXES)}",
+                    file=path,
+                    tensor=name,
+                    code="calibration.name",
+                )
+            if info.dtype.code != "F32" or tuple(info.shape) not in ((), (1,)):
+                raise CheckpointError(
+                    f"is {info.dtype.code} {list(info.shape)}, expected an F32 scalar",
+                    file=path,
+                    tensor=name,
+                    code="calibration.shape",
+                )
+            value = float(reader.read(name).reshape(-1)[0])
+            _check_value(path, name, value)
+            if suffix == INPUT_ABSMAX:
+                stats.inputs[module] = value
+            else:
+                kv.setdefault(module, {})[suffix] = value
+    for module, pair in kv.items():
+        if len(pair) != 2:
+            missing = VALUE_ABSMAX if KEY_ABSMAX in pair else KEY_ABSMAX
+            raise CheckpointError(
+                f"has no {missing} beside it", file=path, tensor=f"{module}.{next(iter(pair))}", code="calibration.kv"
+            )
+        stats.kv[module] = (pair[KEY_ABSMAX], pair[VALUE_ABSMAX])
+    return stats
+
+
+def check_model(path: str | os.PathLike[str], stats: CalibrationStats, ckpt: Checkpoint) -> None:
+    """Refuse statistics measured on another model than `ckpt`."""
+    found = fingerprint(ckpt)
+    if stats.provenance.model_fingerprint != found:
+        raise CheckpointError(
+            f"was measured on another model ({stats.provenance.model_fingerprint[:19]}..., "
+            f"{ckpt.root} is {found[:19]}...)",
+            file=path,
+            code="calibration.model",
+        )
+
+
+def _check_value(path: Path, name: str, value: float) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise CheckpointError(
+            f"holds {value}, not a finite non-negative maximum", file=path, tensor=name, code="calibration.value"
+        )
+
+
+def _provenance(path: Path, meta: dict[str, str]) -> Provenance:
+    fields: dict[str, object] = {}
+    for name, kind in Provenance.__annotations__.items():
+        text = meta.get(name)
+        if text is None:
+            raise CheckpointError(f"metadata lacks {name!r}", file=path, code="calibration.metadata")
+        if kind == "int":
+            if not text.isdigit() or len(text) > 18:
+                raise CheckpointError(
+                    f"metadata {name!r} is {text[:40]!r}, not a count", file=path, code="calibration.metadata"
+                )
+            fields[name] = int(text)
+        else:
+            fields[name] = text
+    if fields["activations"] not in ACTIVATIONS:
+        raise CheckpointError(
+            f"metadata 'activations' is {str(fields['activations'])[:40]!r}, expected one of {ACTIVATIONS}",
+            file=path,
+            code="calibration.metadata",
+        )
+    return Provenance(**fields)  # type: ignore[arg-type]
