@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from tests.synth import llama_tensors, write_checkpoint
+
 from weightsmith import calibration
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
