@@ -123,3 +123,34 @@ def test_quantize_returns_the_typed_manifest(quantized: Path) -> None:
     assert result.manifest == load_manifest(result.output / MANIFEST_FILE)
     first = load_manifest(quantized / MANIFEST_FILE)
     assert dataclasses.replace(result.manifest, created_utc=first.created_utc) == first
+
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def _embedded_manifests(doc: object) -> list[dict]:
+    """Every manifest inside a JSON document (`quantize --json` output kept in a report)."""
+    if isinstance(doc, dict):
+        own = [doc] if "manifest_version" in doc else []
+        return own + [m for v in doc.values() for m in _embedded_manifests(v)]
+    if isinstance(doc, list):
+        return [m for v in doc for m in _embedded_manifests(v)]
+    return []
+
+
+def test_the_version_1_manifests_kept_in_the_docs_are_read() -> None:
+    """Files a version-1 run really wrote: the example card's, and each recipe's in the fidelity report."""
+    example = load_manifest(DOCS / "examples" / "smollm2-135m-w4a16" / MANIFEST_FILE)
+    assert example.manifest_version == 1 and example.recipe.rules is None and example.recipe.ignore == ["lm_head"]
+    kept = _embedded_manifests(json.loads((DOCS / "fidelity-smollm2.json").read_text()))
+    read = [Manifest.from_json(doc, "docs/fidelity-smollm2.json") for doc in kept]
+    assert len(read) >= 6 and {m.manifest_version for m in read} == {1}
+    assert {m.recipe.scale_search for m in read} == {None, "mse", "memoryless_mse"}
+
+
+def test_the_example_card_checks_against_its_version_1_manifest(tmp_path: Path, capsys, monkeypatch) -> None:
+    folder = tmp_path / "example"
+    shutil.copytree(DOCS / "examples" / "smollm2-135m-w4a16", folder)
+    code, out, err = run(capsys, monkeypatch, "card", folder, "--check")
+    assert code == 0, err
+    assert out.rstrip().endswith("cited numbers, ok"), out
