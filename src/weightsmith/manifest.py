@@ -16,6 +16,7 @@ and names the first one that is wrong, in one line.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -134,7 +135,11 @@ class Manifest:
     skipped_files: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON values in the written order; fields that are written only when set are left out."""
+        """Plain JSON values in the written order; fields that are written only when set are left out.
+
+        This is always the current layout: a version-1 manifest read in and written out again keeps
+        its `manifest_version` and shows the fields it lacked as null.
+        """
         out: dict[str, Any] = jsonable(self)
         for key in ("calibration", "skipped_files"):
             if not out[key]:
@@ -215,6 +220,12 @@ def _fits(tp: Any, value: Any) -> bool:
     return isinstance(value, tp)
 
 
+@functools.cache
+def _hints(tp: type) -> dict[str, Any]:
+    """A record's field types (resolved once: a manifest may list thousands of source files)."""
+    return typing.get_type_hints(tp)
+
+
 def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
@@ -230,7 +241,7 @@ def _read(tp: Any, value: Any, where: str, file: str | Path) -> Any:
     if chosen is None:
         raise _error(file, f"{where or 'the top level'} is {_kind(value)}, not {_expected(tp)}")
     if dataclasses.is_dataclass(chosen):
-        hints = typing.get_type_hints(chosen)
+        hints = _hints(chosen)
         given = {}
         for f in dataclasses.fields(chosen):
             if f.name in value:
@@ -303,9 +314,14 @@ def _rules(plan: Plan) -> list[RuleRecord]:
 
 
 def build_manifest(
-    plan: Plan, written: Checkpoint, source_hashes: dict[str, str], skipped: dict[str, str] | None = None
+    plan: Plan,
+    written: Checkpoint,
+    source_hashes: dict[str, str],
+    skipped: dict[str, str] | None = None,
+    calibration: CalibrationRecord | None = None,
 ) -> Manifest:
-    """The manifest of one run: the plan, the checkpoint it wrote, and the source files' hashes."""
+    """The manifest of one run: the plan, the checkpoint it wrote, the source files' hashes, and
+    (for a calibrated scheme) where its statistics came from."""
     src = plan.source
     params = sum(math.prod(d.shape) for d in plan.decisions if d.action != "drop")
     before, after = src.tensor_bytes, written.tensor_bytes
@@ -348,5 +364,6 @@ def build_manifest(
                 if cat_before.get(cat) or cat_after.get(cat)
             },
         ),
+        calibration=calibration,
         skipped_files=dict(skipped or {}),
     )
