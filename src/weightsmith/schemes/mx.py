@@ -18,7 +18,6 @@ from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import int4, mx
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 
 #: compressed-tensors writes the E8M0 exponents with this `scale_dtype`.
@@ -45,10 +44,6 @@ class _Mx(Scheme):
 
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return mx.supports(shape[1])
-
-    def stored_words(self) -> str:
-        element = "4-bit FP4 (E2M1)" if self.num_bits == 4 else "FP8 (E4M3)"
-        return f"{element} weights, one power-of-two (E8M0) scale per {mx.GROUP} input columns"
 
     def _args(self, dynamic: bool) -> dict:
         args = ct.weight_args(self.num_bits, True, mx.GROUP, type_="float", scale_dtype=SCALE_DTYPE)
@@ -89,13 +84,6 @@ class Mxfp4(_Mx):
     FORMAT: ClassVar[str] = ct.MXFP4_PACK_QUANTIZED
     BITS: ClassVar[int] = 4
 
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "U8", (out, inp // 2)),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "U8", (out, inp // mx.GROUP)),
-        ]
-
 
 @register
 @dataclass(frozen=True)
@@ -103,10 +91,3 @@ class Mxfp8(_Mx):
     NAMES: ClassVar[tuple[str, ...]] = ("mxfp8a16", "mxfp8")
     FORMAT: ClassVar[str] = ct.MXFP8_QUANTIZED
     BITS: ClassVar[int] = 8
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT}", "F8_E4M3", (out, inp)),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "U8", (out, inp // mx.GROUP)),
-        ]
