@@ -11,8 +11,10 @@ must be caught, so the check is known to bite.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -83,6 +85,31 @@ def test_writer_verify_and_eval_agree(tmp_path: Path, name: str, shape: tuple[in
     params = {p: _array(s, shape) for p, s in ((s.name.rsplit(".", 1)[1], s) for s in specs)}
     assert set(found.params) == set(params)
     assert schemes.decode(found.format or "", found.weights, params).shape == shape
+
+
+@pytest.mark.parametrize(("name", "shape"), CASES, ids=[f"{n}-{o}x{i}" for n, (o, i) in CASES])
+def test_encode_fills_exactly_the_layout(name: str, shape: tuple[int, int]) -> None:
+    """Row blocks cut as the pipeline cuts them write every byte of every planned tensor once, and nothing else."""
+    scheme = schemes.make_scheme(name)
+    if scheme.unsupported(shape):
+        pytest.skip(f"{name} cannot take {shape}: {scheme.unsupported(shape)}")
+    w = np.random.default_rng(0).standard_normal(shape).astype(ml_dtypes.bfloat16)
+    specs = {s.name.rsplit(".", 1)[1]: s for s in scheme.outputs("m", shape, "BF16")}
+    tensor_param = None
+    if scheme.first_pass is not None:
+        state, bad = scheme.observe(w, 0, shape, None)
+        assert bad == -1
+        tensor_param = scheme.conclude({"m": state})["m"]
+    written = {p: np.zeros(s.nbytes, np.int32) for p, s in specs.items()}
+    step = math.lcm(8, scheme.ROW_MULTIPLE)
+    for r0 in range(0, shape[0], step):
+        writes, bad = scheme.encode(w[r0 : r0 + step], r0, shape, tensor_param)
+        assert bad == -1
+        for param, data, offset in writes:
+            n = np.ascontiguousarray(data).nbytes
+            assert param in specs and offset + n <= specs[param].nbytes, (param, offset, n)
+            written[param][offset : offset + n] += 1
+    assert {p: bool((c == 1).all()) for p, c in written.items()} == dict.fromkeys(specs, True)
 
 
 @pytest.mark.parametrize("name", schemes.SCHEME_NAMES)
