@@ -17,6 +17,7 @@ import numpy as np
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats import layouts
 from weightsmith.quant import int4, mx
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 
@@ -64,8 +65,7 @@ class _Mx(Scheme):
         out = alloc("codes", (n, width), np.uint8)
         scale = alloc("scale", (n, cols // mx.GROUP), np.uint8)
         bad = mx.quantize_rows(int4.kernel_input(x), int4.mode_of(x.dtype), self.num_bits, out, scale)
-        param = names.WEIGHT_PACKED if self.num_bits == 4 else names.WEIGHT
-        return [(param, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
+        return [(self.layout.codes, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
 
     @classmethod
     def recognizes(cls, fmt: str, weights: dict) -> bool:
@@ -73,8 +73,9 @@ class _Mx(Scheme):
 
     @classmethod
     def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
-        codes = params[names.WEIGHT_PACKED] if cls.BITS == 4 else params[names.WEIGHT]
-        return mx.dequantize(codes, params[names.WEIGHT_SCALE])
+        layout = layouts.of_group(cls.FORMAT, weights)
+        assert layout is not None  # every MX format has one
+        return mx.dequantize(params[layout.codes], params[layout.scale])
 
 
 @register
