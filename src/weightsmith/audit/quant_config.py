@@ -18,13 +18,9 @@ from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import hf_fp8
-from weightsmith.formats.modelopt import (
-    HF_QUANT_CONFIG_FILE,
-    MODELOPT_NVFP4,
-    MODELOPT_NVFP4_REQUIRED_KEYS,
-    MODELOPT_PARAMS,
-)
+from weightsmith.formats import hf_fp8, layouts, modelopt
+from weightsmith.formats.layouts import Layout
+from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS
 from weightsmith.names import Pattern
 from weightsmith.quant.fp8 import parse_block
 from weightsmith.terminal import short_repr
@@ -63,9 +59,13 @@ class Scheme:
     symmetric: bool = True
     #: Dtypes a scale stored "in the original dtype" may have (the formats say which).
     scale_dtypes: frozenset[str] = ct.ORIGINAL_FLOATS
-    #: Activations quantized with static scales stored in the checkpoint.
-    static_input: bool = False
+    #: The parameter holding the activations' calibrated scale, when they keep one (`layouts.input_scale`).
+    input_scale: str | None = None
     block: tuple[int, int] | None = None
+
+    @property
+    def args(self) -> layouts.Args:
+        return layouts.Args(self.num_bits, self.weight_type, self.strategy, self.group_size, self.block, self.symmetric)
 
 
 class _Matcher:
@@ -152,24 +152,14 @@ class QuantDeclaration:
         fused = _FUSED_LEAF.get(leaf)
         return fused is not None and self._ignore(f"{parent}.{fused}" if parent else fused)
 
-    def expected_params(self, scheme: Scheme) -> dict[str, str | None] | None:
-        """Parameter -> dtype a module stored under `scheme` must have (None: one of `scheme.scale_dtypes`)."""
+    def layout(self, scheme: Scheme) -> Layout | None:
+        """The tensors a module stored under `scheme` must have (a `FLOAT_SCALE` dtype: one of
+        `scheme.scale_dtypes`), or None for a format no layout describes."""
         if self.method == MODELOPT:
-            return MODELOPT_PARAMS.get(scheme.format or "")
+            return modelopt.LAYOUTS.get(scheme.format or "")
         if self.method == HF_FP8:
-            return {names.WEIGHT: "F8_E4M3", hf_fp8.scale_param(scheme.block): None}
-        params = ct.FORMAT_PARAMS.get(scheme.format or "")
-        unpacked = scheme.format in ct.UNPACKED_FORMATS and (scheme.num_bits == 8 or scheme.weight_type == "int")
-        if params is None and unpacked:
-            params = ct.EIGHT_BIT_PARAMS.get(scheme.weight_type or "")
-        if params is None:
-            return None
-        params = dict(params)
-        if scheme.format == ct.PACK_QUANTIZED and not scheme.symmetric:
-            params.update(ct.ASYM_PARAMS)
-        if scheme.static_input:
-            params[names.INPUT_GLOBAL_SCALE if scheme.format == ct.NVFP4_PACK_QUANTIZED else names.INPUT_SCALE] = "F32"
-        return params
+            return hf_fp8.layout(scheme.block)
+        return layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
 
 
 def read_declaration(config: dict | None, hf_quant_config: dict | None) -> QuantDeclaration | None:
@@ -293,7 +283,6 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
                 block = parse_block(weights["block_structure"])
             except ValueError as exc:
                 problems.append(_invalid(f"{where}.weights.block_structure {exc}", CONFIG_FILE))
-        inputs = group.get("input_activations")
         schemes.append(
             Scheme(
                 str(name),
@@ -305,7 +294,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
                 strategy=args["strategy"],
                 symmetric=args["symmetric"] is not False,
                 scale_dtypes=ct.scale_dtypes(args["scale_dtype"]),
-                static_input=isinstance(inputs, dict) and inputs.get("dynamic") is False,
+                input_scale=layouts.input_scale(group.get("input_activations")),
                 block=block,
             )
         )
@@ -318,7 +307,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
             )
         )
     for scheme in schemes:
-        if scheme.format not in ct.FORMAT_PARAMS and scheme.format not in ct.UNPACKED_FORMATS:
+        if scheme.format not in layouts.FORMATS:
             problems.append(
                 _info(
                     f"format {scheme.format!r} of group {scheme.name!r} is not one the doctor checks tensor by tensor"
@@ -396,7 +385,7 @@ def _modelopt_native(doc: dict) -> QuantDeclaration:
 def _modelopt(
     algo: str, source: str, ignore: object, kv: str | None, kv_source: str | None, problems: list[Finding]
 ) -> QuantDeclaration:
-    if algo not in MODELOPT_PARAMS:
+    if algo not in modelopt.LAYOUTS:
         problems.append(_info(f"ModelOpt quant_algo {algo!r} is not one the doctor checks tensor by tensor"))
     return QuantDeclaration(
         MODELOPT,

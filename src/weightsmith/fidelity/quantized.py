@@ -15,6 +15,7 @@ from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, Checkpoint
 from weightsmith.errors import CheckpointError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats import layouts
 from weightsmith.names import entry_regex, matches
 
 #: Parameters of a module that belong to its quantized weight (passed to the dequantizer).
@@ -88,10 +89,9 @@ def _group_for(module: str, target_group: dict[str, str]) -> str | None:
 
 
 def _required_params(fmt: str | None, weights: dict) -> list[str]:
-    required = list(ct.FORMAT_PARAMS.get(fmt or "", {}))
-    if fmt == ct.PACK_QUANTIZED and weights.get("symmetric") is False:
-        required += list(ct.ASYM_PARAMS)
-    return required
+    """The weight's tensors in its format's layout (activation scales are not needed to dequantize)."""
+    layout = layouts.of_group(fmt, weights)
+    return list(layout.dtypes(inputs=False)) if layout is not None else []
 
 
 def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
