@@ -1,0 +1,197 @@
+"""Which entry of an ordered target or ignore list claims a module: vLLM's rules, written once.
+
+vLLM (`compressed_tensors/utils.py`: `find_matched_target`, `should_ignore_layer`) resolves a
+layer it builds in three steps: the first target, in config order, that equals the layer's name
+or `re.match`es it; else the first class target (`"Linear"`: vLLM tests whether the target is a
+substring of the layer's class name, and every Linear class ends in `Linear`); else, for a fused
+layer (`qkv_proj`), the target of its first shard, provided every shard matches one. A fused
+layer is ignored when its own name is listed exactly, otherwise when its shards are (they must
+agree). `config_groups` become one target -> group map in group order, so a target two groups
+name keeps its first position and the later group's scheme.
+
+compressed-tensors, which produced the checkpoint (`match_targets` in `utils/match.py`), ranks a
+module's matching targets differently: exact names first, then regexes in alphabetical order of
+their text, then class names, and it sees the shards, never the fused layer. `Groups.conflicts`
+lists the modules where the two pick different groups: the weights were quantized with one scheme
+and vLLM would load them with the other.
+
+Every regex is compiled and matched by `names.Pattern`: a bad one is one line naming it, a slow
+one is stopped at the time limit. ModelOpt's `exclude_modules` are fnmatch wildcards, matched
+against the whole name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from weightsmith import names
+from weightsmith.errors import WeightsmithError
+from weightsmith.names import Pattern, entry_regex
+
+REGEX = "re:"
+#: The class target compressed-tensors and vLLM write for every Linear layer.
+LINEAR = "Linear"
+
+
+def fused_layer(module: str) -> str | None:
+    """The fused layer vLLM builds from this shard (`qkv_proj` for `q_proj`), or None.
+
+    Routed experts are not Linear layers in vLLM but one FusedMoE layer, resolved by their own
+    names, so their gate/up pair is not fused here.
+    """
+    fused = names.fused_partners(module)
+    if fused is None or names.expert_layer(module) is not None:
+        return None
+    return fused[0]
+
+
+class Targets:
+    """Ordered entries: exact module names, `re:` regexes, class names (`Linear`), or fnmatch wildcards.
+
+    Compiled once; a thousand exact names cost one set lookup per module.
+    """
+
+    def __init__(
+        self,
+        entries: Iterable[str],
+        origin: str,
+        file: str | Path | None = None,
+        *,
+        wildcards: bool = False,
+        strict: bool = True,
+    ) -> None:
+        """`origin` names the list in messages (`--ignore`, `config group 'W4A16' target`).
+
+        `wildcards`: every entry is an fnmatch wildcard (ModelOpt). `strict=False` leaves out an
+        entry that does not compile and lists it in `broken` instead of raising.
+        """
+        self.entries = tuple(entries)
+        self.broken: list[str] = []
+        self._exact: dict[str, int] = {}
+        self._patterns: list[tuple[int, Pattern]] = []
+        self._linear: int | None = None
+        for i, entry in enumerate(self.entries):
+            try:
+                if wildcards:
+                    self._patterns.append((i, Pattern(fnmatch.translate(entry), f"{origin} {entry!r}", file)))
+                elif entry.startswith(REGEX):
+                    self._patterns.append((i, entry_regex(entry, origin, file)))
+                else:
+                    self._exact.setdefault(entry, i)
+                    if self._linear is None and entry.lower() == LINEAR.lower():
+                        self._linear = i
+            except WeightsmithError:
+                if strict:
+                    raise
+                self.broken.append(entry)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def first(self, *modules: str) -> str | None:
+        """The earliest entry that equals or `re.match`es any of `modules` by name (vLLM's `_find_first_match`)."""
+        best = min((self._exact[m] for m in modules if m in self._exact), default=len(self.entries))
+        for i, pattern in self._patterns:
+            if i >= best:
+                break
+            if any(pattern.match(m) for m in modules):
+                return self.entries[i]
+        return self.entries[best] if best < len(self.entries) else None
+
+    def matches(self, *modules: str) -> bool:
+        """Whether any entry claims any of `modules` by name."""
+        return self.first(*modules) is not None
+
+    def listed(self, module: str) -> bool:
+        """Whether `module` is listed exactly."""
+        return module in self._exact
+
+    def linear(self, lm_head: bool = False) -> str | None:
+        """The first class target that claims a Linear layer; vLLM's `ParallelLMHead` is not one."""
+        return None if lm_head or self._linear is None else self.entries[self._linear]
+
+    def resolve(self, module: str, lm_head: bool | None = None) -> str | None:
+        """The target vLLM picks for the layer it builds from `module` (vLLM's `find_matched_target`).
+
+        By name first (the fused layer's name for a shard), then by class, then, for a fused
+        layer, through its shards. `lm_head` may be passed when the caller already knows.
+        """
+        fused = fused_layer(module)
+        head = names.is_lm_head(module) if lm_head is None else lm_head
+        found = self.first(fused or module) or self.linear(head)
+        if found is None and fused is not None:
+            shards = [self.first(s) for s in names.fused_partners(module)[1]]  # type: ignore[index]
+            found = shards[0] if all(shards) else None
+        return found
+
+    def ignores(self, module: str) -> bool:
+        """Whether vLLM skips the layer `module` belongs to (vLLM's `should_ignore_layer`).
+
+        A fused layer is skipped when listed exactly; otherwise each shard by its own name (vLLM
+        refuses a fused layer whose shards disagree, which the storage checks report).
+        """
+        fused = fused_layer(module)
+        return (fused is not None and self.listed(fused)) or self.matches(module)
+
+    def compressed_tensors_order(self, module: str, linear: bool = True) -> str | None:
+        """The target compressed-tensors picks for `module` (`match_targets`): exact, regexes by text, class.
+
+        `linear`: whether the module is an `nn.Linear` in transformers (lm_head is).
+        """
+        if module in self._exact:
+            return module
+        for i, pattern in sorted(self._patterns, key=lambda p: self.entries[p[0]]):
+            if pattern.match(module):
+                return self.entries[i]
+        return LINEAR if linear and LINEAR in self._exact else None
+
+
+class Groups:
+    """The `config_groups` of a quantization config as vLLM reads them: one target -> group map, in order."""
+
+    def __init__(
+        self, groups: Mapping[str, Iterable[str]], file: str | Path | None = None, *, strict: bool = True
+    ) -> None:
+        """A bad regex raises a line naming its group, or with `strict=False` is left out and listed in `broken`."""
+        self.group_of: dict[str, str] = {}
+        self._broken: list[str] = []
+        for group, targets in groups.items():
+            for target in targets:
+                if target.startswith(REGEX):
+                    try:
+                        entry_regex(target, f"config group {group!r} target", file)
+                    except WeightsmithError:
+                        if strict:
+                            raise
+                        self._broken.append(target)
+                        continue
+                self.group_of[target] = group  # a later group wins a shared target, at its first position
+        self.targets = Targets(self.group_of, "config group target", file)
+
+    @property
+    def broken(self) -> list[str]:
+        return self._broken
+
+    def group(self, module: str, lm_head: bool | None = None) -> str | None:
+        """The group vLLM loads `module` with, or None when no target claims it."""
+        target = self.targets.resolve(module, lm_head)
+        return None if target is None else self.group_of[target]
+
+    def compressed_tensors_group(self, module: str) -> str | None:
+        """The group compressed-tensors quantized `module` with, by its own precedence."""
+        target = self.targets.compressed_tensors_order(module)
+        return None if target is None else self.group_of[target]
+
+    def conflicts(self, modules: Iterable[str], ignore: Targets | None = None) -> list[tuple[str, str, str]]:
+        """(module, vLLM's group, compressed-tensors' group) wherever both claim a module vLLM does not
+        ignore, with different groups. A module only one of them claims is a coverage question, not this."""
+        found = []
+        for module in modules:
+            if ignore is not None and ignore.ignores(module):
+                continue
+            ours, theirs = self.group(module), self.compressed_tensors_group(module)
+            if ours is not None and theirs is not None and ours != theirs:
+                found.append((module, ours, theirs))
+        return found
