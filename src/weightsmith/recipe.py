@@ -101,9 +101,7 @@ def load_recipe(path: Path) -> Recipe:
         raise WeightsmithError(f"is not valid TOML ({exc})", file=path, code="recipe.invalid") from None
     _known(doc, _TOP_KEYS, "top level", path)
     ignore = _strings(doc.get("ignore", []), "ignore", path)
-    for entry in ignore:
-        if entry.startswith("re:"):
-            names.entry_regex(entry, "ignore", file=path)
+    Targets(ignore, "ignore", path)  # a bad regex is refused here, naming the file
     rules_doc = doc.get("rule")
     if not isinstance(rules_doc, list) or not rules_doc:
         raise WeightsmithError("needs at least one [[rule]] table", file=path, code="recipe.invalid")
@@ -149,10 +147,9 @@ def _rule(doc: object, index: int, path: Path) -> Rule:
     targets = _strings(doc.get("targets"), f"{where}: targets", path)
     if not targets:
         raise WeightsmithError(f"{where}: targets is empty", file=path, code="recipe.invalid")
+    Targets(targets, f"{where}: target", path)  # a bad regex is refused here, naming the rule
     for target in targets:
-        if target.startswith("re:"):
-            names.entry_regex(target, f"{where}: target", file=path)
-        elif target.startswith(CATEGORY) and target[len(CATEGORY) :] not in TARGET_CATEGORIES:
+        if target.startswith(CATEGORY) and target[len(CATEGORY) :] not in TARGET_CATEGORIES:
             raise WeightsmithError(
                 f"{where}: unknown category {target!r} (known: {', '.join(TARGET_CATEGORIES)})",
                 file=path,

@@ -271,8 +271,8 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
     if unresolved:
         problems.append(
             _info(
-                f"targets {unresolved} are class names other than Linear, which tensor names cannot reveal; "
-                "modules they cover were treated as not targeted"
+                f"targets {unresolved} may be class names other than Linear, which tensor names cannot reveal; "
+                "each was matched as an exact module name only"
             )
         )
     for scheme in schemes:
