@@ -157,3 +157,30 @@ def test_verify_is_quiet_when_one_group_names_each_module(tmp_path: Path) -> Non
 def test_names_matches_agrees_with_targets() -> None:
     for entry, module in ((r"re:.*\.mlp", f"{MLP}.up_proj"), ("lm_head", "lm_head"), ("re:mlp", MLP)):
         assert names.matches(entry, module) == Targets([entry], "test").matches(module)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],  # every pattern tried in one alternation
+        [r"re:(?i)MODEL\.LAYERS\.1\..*"],  # a global flag: one by one
+        [r"re:(model)\.\1"],  # a backreference: one by one
+    ],
+)
+def test_many_patterns_resolve_as_trying_them_one_by_one(extra: list[str]) -> None:
+    entries = [
+        r"re:.*\.(q|k)_proj$",
+        r"re:model\.(?P<x>layers)\.\d+\.mlp\.experts\.1\..*",
+        f"{MLP}.down_proj",
+        r"re:(.*\.)?o_proj",
+        r"re:.*\.experts\.(\d+)\.(up|gate)_proj$",
+        *extra,
+        r"re:model\.layers\.[01]\.",
+    ]
+    t = Targets(entries, "test")
+    for module in [*_modules(3), "lm_head", "model.layers.1.x", "MODEL.layers.1.y"]:
+        expected = next((e for e in entries if names.matches(e, module)), None)
+        assert t.first(module) == expected, module
+        by_text = sorted(e for e in entries if e.startswith("re:") and names.matches(e, module))
+        exact = module if module in entries else None
+        assert t.compressed_tensors_order(module, linear=False) == (exact or (by_text[0] if by_text else None)), module

@@ -297,7 +297,7 @@ class Pattern:
 
     def __init__(self, text: str, what: str, file: str | Path | None = None) -> None:
         """`what` names the pattern in messages: where it was given, and as the user wrote it."""
-        self.what, self.file = what, file
+        self.text, self.what, self.file = text, what, file
         try:
             re.compile(text)
             self._compiled = regex.compile(text)

@@ -23,16 +23,23 @@ against the whole name.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import regex
+
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
-from weightsmith.names import Pattern, entry_regex
+from weightsmith.names import MATCH_TIMEOUT_S, Pattern, entry_regex
 
 REGEX = "re:"
 #: The class target compressed-tensors and vLLM write for every Linear layer.
 LINEAR = "Linear"
+#: What a pattern may not hold to be tried inside one alternation with others: a backreference
+#: (numbering shifts) or a global inline flag (it would apply to every alternative).
+_UNCOMBINABLE = re.compile(r"\\[1-9]|\\g<|\(\?P=|\(\?[aiLmsux]+\)|wsmatch")
+_GROUP = "wsmatch"
 
 
 def fused_layer(module: str) -> str | None:
@@ -86,6 +93,9 @@ class Targets:
                 if strict:
                     raise
                 self.broken.append(entry)
+        self._combined = _combine(self._patterns)
+        #: The patterns in compressed-tensors' order (by their text), made when first asked.
+        self._by_text: tuple[list[tuple[int, Pattern]], regex.Pattern | None] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -93,11 +103,10 @@ class Targets:
     def first(self, *modules: str) -> str | None:
         """The earliest entry that equals or `re.match`es any of `modules` by name (vLLM's `_find_first_match`)."""
         best = min((self._exact[m] for m in modules if m in self._exact), default=len(self.entries))
-        for i, pattern in self._patterns:
-            if i >= best:
-                break
-            if any(pattern.match(m) for m in modules):
-                return self.entries[i]
+        for module in modules:
+            hit = _first_match(self._patterns, self._combined, module)
+            if hit is not None and hit < best:
+                best = hit
         return self.entries[best] if best < len(self.entries) else None
 
     def matches(self, *modules: str) -> bool:
@@ -142,10 +151,44 @@ class Targets:
         """
         if module in self._exact:
             return module
-        for i, pattern in sorted(self._patterns, key=lambda p: self.entries[p[0]]):
-            if pattern.match(module):
-                return self.entries[i]
+        if self._by_text is None:
+            by_text = sorted(self._patterns, key=lambda p: self.entries[p[0]])
+            self._by_text = (by_text, _combine(by_text))
+        hit = _first_match(*self._by_text, module)
+        if hit is not None:
+            return self.entries[hit]
         return LINEAR if linear and LINEAR in self._exact else None
+
+
+def _combine(patterns: list[tuple[int, Pattern]]) -> regex.Pattern | None:
+    """All patterns as one alternation, each alternative a group named after its entry's index.
+
+    Matching a module against a hundred patterns one by one costs a hundred calls; this costs one,
+    and an alternation takes its first alternative that matches, as trying them in order would.
+    None when there are fewer than two, or when combining could change what one of them means.
+    """
+    if len(patterns) < 2 or any(_UNCOMBINABLE.search(p.text) for _, p in patterns):
+        return None
+    try:
+        return regex.compile("|".join(f"(?P<{_GROUP}{i}>{p.text})" for i, p in patterns))
+    except (regex.error, *names.REGEX_ERRORS):
+        return None  # too large to compile as one: match them one by one
+
+
+def _first_match(patterns: list[tuple[int, Pattern]], combined: regex.Pattern | None, module: str) -> int | None:
+    """The entry index of the first of `patterns` (in their order) that matches `module`, or None.
+
+    The combined alternation when there is one; each pattern in turn otherwise, or when the
+    combined match runs out of time, so that the line names the pattern that is slow.
+    """
+    if combined is not None:
+        try:
+            hit = combined.match(module, timeout=MATCH_TIMEOUT_S)
+        except TimeoutError:
+            pass
+        else:
+            return None if hit is None else int(hit.lastgroup[len(_GROUP) :])
+    return next((i for i, p in patterns if p.match(module)), None)
 
 
 class Groups:
