@@ -128,9 +128,12 @@ def test_our_mixed_configs_resolve_alike_under_both_precedences() -> None:
     groups = Groups({g: body["targets"] for g, body in qc["config_groups"].items()})
     assert groups.conflicts(modules) == []
     group_of_rule = dict(zip(rules, qc["config_groups"], strict=True))
+    # llm-compressor's model_free_ptq: the first group, in order, with any target that names the module
+    by_group = {g: Targets(body["targets"], "test") for g, body in qc["config_groups"].items()}
     for module in modules:
         assert groups.group(module) == group_of_rule[quantized[module]], module
         assert groups.compressed_tensors_group(module) == group_of_rule[quantized[module]], module
+        assert next(g for g, t in by_group.items() if t.matches(module)) == group_of_rule[quantized[module]], module
 
 
 def test_verify_warns_where_the_two_precedences_disagree(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ compressed-tensors, which produced the checkpoint (`match_targets` in `utils/mat
 module's matching targets differently: exact names first, then regexes in alphabetical order of
 their text, then class names, and it sees the shards, never the fused layer. `Groups.conflicts`
 lists the modules where the two pick different groups: the weights were quantized with one scheme
-and vLLM would load them with the other.
+and vLLM would load them with the other. (llm-compressor's `model_free_ptq` has a third order: the
+first group with any target naming the module, `Linear` naming every one; the configs `quantize`
+writes name each module in one group only, so all three agree on them.)
 
 Every regex is compiled and matched by `names.Pattern`: a bad one is one line naming it, a slow
 one is stopped at the time limit. ModelOpt's `exclude_modules` are fnmatch wildcards, matched

@@ -3,8 +3,9 @@
 A module counts as quantized when the checkpoint stores quantization parameters for its weight
 (`weight_packed`, or a `weight_scale`); the tensors say which modules, the config says how. Its
 config group is the one vLLM loads it with (`targets.Groups`): the first target in config order
-that names it, then the class name `Linear`, then a fused layer's shards. `verify` warns where
-compressed-tensors, which quantized it, would have picked another group.
+that names it, then the class name `Linear` (every module stored quantized is Linear-like),
+then a fused layer's shards. `verify` warns where compressed-tensors, which quantized it, would
+have picked another group.
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
         if not any(m in held for m in MARKERS):
             continue
         marker = held.get(names.WEIGHT_PACKED) or held[names.WEIGHT_SCALE]
-        group_name = resolver.group(module)
+        # only Linear-like weights carry these parameters, so the class target covers lm_head too
+        # (verify reports a quantized lm_head vLLM would not load quantized)
+        group_name = resolver.group(module, lm_head=False)
         if group_name is None:
             raise CheckpointError(
                 f"is stored quantized but no config group in {CONFIG_FILE} targets {module}",
