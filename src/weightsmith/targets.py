@@ -17,7 +17,7 @@ and vLLM would load them with the other. (llm-compressor's `model_free_ptq` has 
 first group with any target naming the module, `Linear` naming every one; the configs `quantize`
 writes name each module in one group only, so all three agree on them.)
 
-Every regex is compiled and matched by `names.Pattern`: a bad one is one line naming it, a slow
+Every regex is compiled and matched by `Pattern`: a bad one is one line naming it, a slow
 one is stopped at the time limit. ModelOpt's `exclude_modules` are fnmatch wildcards, matched
 against the whole name.
 """
@@ -25,6 +25,7 @@ against the whole name.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,11 +34,60 @@ import regex
 
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
-from weightsmith.names import MATCH_TIMEOUT_S, Pattern, entry_regex
 
 REGEX = "re:"
 #: The class target compressed-tensors and vLLM write for every Linear layer.
 LINEAR = "Linear"
+#: What `re.compile` raises for a pattern it cannot build, not only `re.error`.
+REGEX_ERRORS = (re.error, OverflowError, RecursionError)
+#: How long one match of a supplied pattern may run. Real patterns match a module name in
+#: microseconds; one that backtracks catastrophically (`re:(a|aa)+$` against a long name) would
+#: otherwise hang the command for hours.
+MATCH_TIMEOUT_S = 1.0
+
+
+class Pattern:
+    """A regular expression a user or a checkpoint supplied: Python's syntax, a bounded match.
+
+    Validity is judged by Python's `re`, as vLLM judges it; matching runs on the `regex` library,
+    which reads the same syntax and can stop a match at a time limit, which `re` cannot.
+    """
+
+    def __init__(self, text: str, what: str, file: str | Path | None = None) -> None:
+        """`what` names the pattern in messages: where it was given, and as the user wrote it."""
+        self.text, self.what, self.file = text, what, file
+        try:
+            re.compile(text)
+            self._compiled = regex.compile(text)
+        except (*REGEX_ERRORS, regex.error) as exc:
+            raise WeightsmithError(
+                f"{what} is not a valid regular expression ({exc})", file=file, code="usage"
+            ) from None
+
+    def match(self, name: str) -> bool:
+        """Whether the pattern matches at the start of `name` (`re.match`), within the time limit."""
+        try:
+            return self._compiled.match(name, timeout=MATCH_TIMEOUT_S) is not None
+        except TimeoutError:
+            raise WeightsmithError(
+                f"{self.what} took over {MATCH_TIMEOUT_S:g} s to match one name "
+                f"({len(name)} characters): it backtracks catastrophically; simplify it",
+                file=self.file,
+                code="usage",
+            ) from None
+
+
+@functools.lru_cache(maxsize=4096)
+def entry_regex(entry: str, origin: str, file: str | Path | None = None) -> Pattern:
+    """The pattern of a `re:` entry, or one line naming the entry and where it came from.
+
+    Every `re:` pattern a user or a checkpoint supplies is compiled here, so a bad one (`re:([`,
+    a repeat count too large, nesting too deep) is never a traceback and a slow one never a hang.
+    `origin` says where it was given: `--ignore`, `--select`, `quantization_config targets`.
+    """
+    return Pattern(entry[len(REGEX) :], f"{origin} {entry!r}", file)
+
+
 #: What a pattern may not hold to be tried inside one alternation with others: a backreference
 #: (numbering shifts) or a global inline flag (it would apply to every alternative).
 _UNCOMBINABLE = re.compile(r"\\[1-9]|\\g<|\(\?P=|\(\?[aiLmsux]+\)|wsmatch")
@@ -173,7 +223,7 @@ def _combine(patterns: list[tuple[int, Pattern]]) -> regex.Pattern | None:
         return None
     try:
         return regex.compile("|".join(f"(?P<{_GROUP}{i}>{p.text})" for i, p in patterns))
-    except (regex.error, *names.REGEX_ERRORS):
+    except (regex.error, *REGEX_ERRORS):
         return None  # too large to compile as one: match them one by one
 
 
