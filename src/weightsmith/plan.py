@@ -30,6 +30,7 @@ from weightsmith.quant.fp8 import Block
 from weightsmith.recipe import Recipe, Rule
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes import Scheme
+from weightsmith.targets import Targets
 
 QUANTIZE, KEEP, DECODE, DROP = "quantize", "keep", "decode", "drop"
 
@@ -177,13 +178,6 @@ def detect_source_format(ckpt: Checkpoint) -> SourceFormat:
     )
 
 
-def compile_ignore(entries: list[str]) -> None:
-    """Reject malformed regexes up front, naming the entry."""
-    for e in entries:
-        if e.startswith("re:"):
-            names.entry_regex(e, "--ignore")
-
-
 @dataclass(slots=True)
 class Decision:
     """What becomes of one source tensor (slots: a checkpoint may hold hundreds of thousands)."""
@@ -244,7 +238,8 @@ class Plan:
         out = []
         for i, rule in enumerate(self.recipe.rules):
             for target in rule.targets:
-                if not any(Rule((target,), rule.scheme).matches(m) for m in modules):
+                alone = Rule((target,), rule.scheme)
+                if not any(alone.matches(m) for m in modules):
                     out.append((i + 1, target))
         return out
 
@@ -381,12 +376,18 @@ def build_plan(
     """
     recipe = scheme if isinstance(scheme, Recipe) else Recipe.single(scheme)
     user_ignore = list(ignore or [])
-    compile_ignore(user_ignore)
     preset_entries: tuple[str, ...] = ()
     if preset is not None:
         if preset not in PRESETS:
             raise WeightsmithError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})", code="usage")
         preset_entries = PRESETS[preset].ignore
+    # every entry compiled up front: a malformed regex is refused before anything is planned
+    keepers = _Keepers(
+        Targets(user_ignore, "--ignore"),
+        Targets(recipe.ignore, "ignore", recipe.file),
+        Targets(preset_entries, f"preset {preset}"),
+        preset,
+    )
     fmt = detect_source_format(ckpt)
     fp8_weights = _fp8_weights(ckpt, fmt)
     consumed = {f"{names.split(w)[0]}.{fmt.scale_param}": w for w in fp8_weights}  # scale -> its weight
@@ -405,7 +406,7 @@ def build_plan(
             if why is not None and preset is not None and names.category(name) in PRESETS[preset].requires_kept:
                 why += f"; preset {preset}: {PRESETS[preset].why}"
             if why is None:
-                why = _ignored_by(module, user_ignore, preset_entries, preset, recipe)
+                why = keepers.reason(module)
             rule = recipe.rule_for(module) if why is None else None
             if why is None and rule is None:
                 why = "no recipe rule targets it"
@@ -431,7 +432,7 @@ def build_plan(
     # module against the growing list made a checkpoint of many kept Linears quadratic to plan.
     # Under a preset that lists them by suffix, a given entry may match the name on disk but not
     # the runtime's, so the suffix entry is always added.
-    given, listed = tuple(ignore_out), set(ignore_out)
+    given, listed = Targets(ignore_out, "ignore"), set(ignore_out)
     for d in decisions:
         if d.action == QUANTIZE:
             out, inp = d.shape
@@ -449,7 +450,7 @@ def build_plan(
             if by_suffix is not None:
                 entry = names.suffix_entry(d.module)
                 d.reason += f"; listed in ignore as {entry}, because {by_suffix.runtime_names}"
-            elif any(names.matches(e, d.module) for e in given):
+            elif given.matches(d.module):
                 continue
             else:
                 entry = d.module
@@ -459,30 +460,31 @@ def build_plan(
     _refuse_collisions(ckpt, decisions)
     # HF builds lm_head as an nn.Linear (even when tied), so a "Linear" target would claim it.
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")
-    if has_head and not any(names.matches(e, "lm_head") for e in ignore_out):
+    if has_head and not Targets(ignore_out, "ignore").matches("lm_head"):
         ignore_out.append("lm_head")
     return Plan(ckpt, recipe, fmt, decisions, ignore_out, preset)
 
 
-def _ignored_by(
-    module: str, user: list[str], preset_entries: tuple[str, ...], preset: str | None, recipe: Recipe
-) -> str | None:
-    """The ignore entry that keeps `module` (directly or through its fused name), as a reason."""
-    candidates = [module]
-    fused = names.fused_partners(module)
-    if fused is not None:
-        candidates.append(fused[0])
-    for entry in user:
-        if any(names.matches(entry, c) for c in candidates):
+@dataclass(frozen=True)
+class _Keepers:
+    """The ignore lists a plan honours, in the order their reasons are given: `--ignore`, the recipe's, the preset's."""
+
+    user: Targets
+    recipe: Targets
+    preset_entries: Targets
+    preset: str | None
+
+    def reason(self, module: str) -> str | None:
+        """The entry that keeps `module` (directly or through its fused name), as a reason."""
+        fused = names.fused_partners(module)
+        candidates = (module, fused[0]) if fused is not None else (module,)
+        if (entry := self.user.first(*candidates)) is not None:
             return f"--ignore {entry}"
-    for entry in recipe.ignore:
-        if any(names.matches(entry, c) for c in candidates):
+        if (entry := self.recipe.first(*candidates)) is not None:
             return f"recipe ignore {entry}"
-    for entry in preset_entries:
-        if any(names.matches(entry, c) for c in candidates):
-            assert preset is not None
-            return f"preset {preset}: {PRESETS[preset].why}"
-    return None
+        if self.preset is not None and self.preset_entries.matches(*candidates):
+            return f"preset {self.preset}: {PRESETS[self.preset].why}"
+        return None
 
 
 def _enforce_fused_agreement(decisions: list[Decision]) -> None:
@@ -513,10 +515,11 @@ def _keep_by_suffix(decisions: list[Decision]) -> None:
     for d in decisions:
         if d.action == KEEP and _is_linear_like_weight(d):
             kept.setdefault(names.suffix_entry(d.module), d)
+    suffixes = Targets(kept, "ignore")
     for d in decisions:
         if d.action != QUANTIZE:
             continue
-        entry = next((e for e in kept if names.matches(e, d.module)), None)
+        entry = suffixes.first(d.module)
         if entry is not None:
             first = kept[entry]
             d.action, d.rule = KEEP, None

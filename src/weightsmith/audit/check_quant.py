@@ -39,6 +39,7 @@ def check_quantization(
     for module in linear:
         found += _module_findings(decl, module, reads)
     found += _fused_findings(decl, linear, reads)
+    found += _precedence_findings(decl, linear)
     formats = ", ".join(sorted({s.format for s in decl.schemes if s.format})) or "no weight format"
     return found, f"{len(linear):,} Linear-like modules against {decl.method} {formats} ({decl.source})"
 
@@ -228,6 +229,33 @@ def _pack_quantized_shapes(
         bits = layout.code_bits
         problems.append((layout.codes, f"has {cols} int32 columns but {in_features} inputs at {bits} bits need {need}"))
     return expected, problems
+
+
+def _precedence_findings(decl: QuantDeclaration, linear: list[Module]) -> list[Finding]:
+    """One warning per pair of groups that vLLM and compressed-tensors resolve some modules to differently.
+
+    compressed-tensors quantized each module with the group its precedence picks (exact names
+    before regexes); vLLM loads it with the first target in config order. Where they differ, the
+    weights were written for one scheme and are read as another.
+    """
+    by_module = {m.name: m for m in linear}
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for module, ours, theirs in decl.precedence_conflicts(list(by_module)):
+        pairs.setdefault((ours, theirs), []).append(module)
+    found = []
+    for (ours, theirs), modules in pairs.items():
+        more = f" (and {len(modules) - 1:,} more modules)" if len(modules) > 1 else ""
+        found.append(
+            _finding(
+                by_module[modules[0]],
+                "quant.group-precedence",
+                WARNING,
+                f"is resolved to config group {ours!r} by vLLM (first matching target in config order) but to "
+                f"{theirs!r} by compressed-tensors (exact names before regexes){more}; name each module in one "
+                "group only",
+            )
+        )
+    return found
 
 
 def _fused_findings(decl: QuantDeclaration, linear: list[Module], reads: SmallReads) -> list[Finding]:
