@@ -38,7 +38,7 @@ def draft_kind(config: dict[str, Any]) -> str | None:
     return None
 
 
-def _article(kind: str) -> str:
+def article(kind: str) -> str:
     """`A` or `An`, by how the kind is spoken (EAGLE, MTP: a vowel sound)."""
     return "An" if kind[0] in "AEIOU" or kind == "MTP" else "A"
 
@@ -54,7 +54,7 @@ def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
     if kind is None:
         return [f"A {scheme} quantized checkpoint of {of} ({arch}), in compressed-tensors format, which vLLM loads."]
     lines = [
-        f"{_article(kind)} {kind} speculative draft ({arch}), quantized with {scheme}. A draft is specific to the "
+        f"{article(kind)} {kind} speculative draft ({arch}), quantized with {scheme}. A draft is specific to the "
         "target model it was trained against: it proposes tokens that only that target verifies, so serve it with "
         "that target."
     ]
