@@ -66,9 +66,9 @@ def _verdict(cmp: PairedComparison, c: Citations) -> str:
         return f"{head} {effect}, a difference shown: it {words} the baseline, beyond the noise floor."
     if cmp.verdict == NOT_SHOWN:
         effect = "" if cmp.effect is None else f" (effect {c.num(format(cmp.effect, '+.1%'), B, f + '.effect')})"
-        why = "inside the noise floor or its interval"
-        return f"{head} **no ordering shown**{effect}: {why}; this run does not rank them."
-    return f"{head} not compared ({cmp.reason or cmp.verdict})."
+        why = f": {c.text(cmp.reason, B, f + '.reason')}" if cmp.reason else ""
+        return f"{head} **no ordering shown**{effect}{why}. This run does not rank them."
+    return f"{head} not compared ({c.text(cmp.reason or cmp.verdict, B, f + '.reason')})."
 
 
 def _fidelity(src: CardSources, c: Citations) -> list[str]:
