@@ -170,7 +170,8 @@ def test_draft_with_nothing_naming_its_target_says_so(
     assert code == 0, err
     card = (out / "README.md").read_text()
     assert "**The target cannot be told from this folder**" in card
-    assert _block(card)[1] == """vllm serve $TARGET --speculative-config '{"method": "dflash", "model": "./draft-w4a16"}'"""
+    spec = """'{"method": "dflash", "model": "./draft-w4a16"}'"""
+    assert _block(card)[1] == f"vllm serve $TARGET --speculative-config {spec}"
     assert "`num_speculative_tokens` is left to you: no benchmark was given" in card
     assert "no serving benchmark was given, so this card claims nothing about speed" in card
     assert "no `weightsmith eval` was given" in card
