@@ -88,14 +88,17 @@ def check_card(folder: Path) -> CheckResult:
     cited = find_cited(text)
     if not cited:
         raise WeightsmithError("cites no numbers; was it written by `weightsmith card`?", file=card)
-    meta = front.read_metadata(text)
+    meta = front.read_metadata(text, card)
     base, license_id = meta.get("base_model"), meta.get("license")
+    repo = published_repo(text)
     src = reload(folder)
-    markdown, now = render_card(
-        src, base if isinstance(base, str) else None, license_id if isinstance(license_id, str) else None,
-        published_repo(text),
-    )  # fmt: skip
     result = CheckResult(len(cited), provenance=src.provenance)
+    if repo is not None and not front.is_repo_id(repo):
+        result.mismatches.append(f"{CARD_FILE}: `hf download` names {repo!r}, which is not a Hub repository id")
+        repo = None
+    markdown, now = render_card(
+        src, base if isinstance(base, str) else None, license_id if isinstance(license_id, str) else None, repo
+    )
     for item in cited:
         expected = now.by_source.get(item.source)
         if expected is None:

@@ -9,6 +9,7 @@ it, with what the sources give now.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from weightsmith.card import made
@@ -27,6 +28,15 @@ def _hub() -> Any:
             code="card.no-huggingface-hub",
         ) from None
     return huggingface_hub
+
+
+def is_repo_id(value: str) -> bool:
+    """True for an ORG/NAME the Hub accepts."""
+    try:
+        check_repo_id(value, "repo")
+    except WeightsmithError:
+        return False
+    return True
 
 
 def check_repo_id(value: str, option: str) -> str:
@@ -74,16 +84,17 @@ def front_matter(meta: dict[str, Any]) -> list[str]:
     return [*lines, "---"]
 
 
-def read_metadata(markdown: str) -> dict[str, Any]:
-    """The card's metadata as `huggingface_hub.ModelCard` reads it (offline; YAML errors are one line)."""
+def read_metadata(markdown: str, file: str | Path = CARD_FILE) -> dict[str, Any]:
+    """The card's metadata as `huggingface_hub.ModelCard` reads it, {} without front matter (offline;
+    a block that does not parse is one line naming `file`)."""
     hub = _hub()
     if not markdown.startswith("---"):
-        raise WeightsmithError("has no front matter (a `---` block at the top)", file=CARD_FILE, code="card.front")
+        return {}
     try:
         card = hub.ModelCard(markdown, ignore_metadata_errors=False)
     except Exception as exc:  # the parser raises YAML's and its own errors; any of them means unreadable
         detail = " ".join(str(exc).split())[:200]
-        raise WeightsmithError(f"front matter is not readable: {detail}", file=CARD_FILE, code="card.front") from None
+        raise WeightsmithError(f"front matter is not readable: {detail}", file=file, code="card.front") from None
     return card.data.to_dict()
 
 
