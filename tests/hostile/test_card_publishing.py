@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from hostile.harness import Sandbox, run_inprocess
 from synth import llama_tensors, write_checkpoint
+from weightsmith.bench.paths import PathMap, local_paths
 from weightsmith.cli_quantize import run_quantize
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
@@ -91,3 +93,11 @@ def test_check_on_a_download_line_that_names_no_repo_reports_it(
     assert result.code == 1 and "Traceback" not in result.err
     assert "which is not a Hub repository id" in result.out
     sandbox.assert_untouched()
+
+
+@pytest.mark.parametrize("line", ["/" + "a" * 200_000, "+/" * 100_000, "x" * 200_000 + "/site-packages"])
+def test_looking_for_local_paths_is_linear(line: str) -> None:
+    started = time.perf_counter()
+    local_paths(line)
+    PathMap([("/home/u", "$MODEL")]).text(line)
+    assert time.perf_counter() - started < 5

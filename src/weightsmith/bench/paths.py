@@ -31,11 +31,12 @@ SPEC_CONFIG_FLAG = "--speculative-config"
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 _STOP = r"\s`'\"<>|,;()\[\]{}"
 #: A local absolute path inside free text: a Unix path of at least two parts, a home-relative or a
-#: Windows path, or anything inside a Python environment's package folder. A URL's `//` (after a
-#: `:`) and a ratio such as `tok/s` (after a letter) are not paths.
+#: Windows path, or a word holding a Python environment's package folder. A URL's `//` (after a `:`)
+#: and a ratio such as `tok/s` (after a letter) are not paths. Each match may only start where a word
+#: or a path starts (the lookbehinds), so a line of any length is scanned in linear time.
 LOCAL_PATH = re.compile(
     rf"(?<![\w:/.\\-])(?:~/|/(?=[^{_STOP}/]+/)|[A-Za-z]:\\)[^{_STOP}]+"
-    rf"|[^{_STOP}]*[/\\](?:site|dist)-packages[/\\][^{_STOP}]*"
+    rf"|(?<![^{_STOP}])[^{_STOP}]*?[/\\](?:site|dist)-packages[/\\][^{_STOP}]*"
 )
 
 
@@ -77,9 +78,10 @@ class PathMap:
             self.roots.append((str(root).rstrip("/\\") or "/", shown))
 
     def path(self, p: str) -> str:
-        """`p` as the results file records it: under a root, relative to it; else its file name."""
+        """`p` as the results file records it: under a root, relative to it; else its file name (a
+        relative path inside a package folder too)."""
         if not is_local_absolute(p):
-            return p
+            return file_name(p) if re.search(r"[/\\](?:site|dist)-packages[/\\]", p) else p
         for root, shown in sorted(self.roots, key=lambda r: -len(r[0])):
             if p.rstrip("/\\") == root:
                 return shown or "."
@@ -97,8 +99,7 @@ class PathMap:
         """Free text with every known root and every other local path rewritten as `path` does."""
         for root, shown in sorted(self.roots, key=lambda r: -len(r[0])):
             s = re.sub(re.escape(root) + r"(?=$|[/\\" + _STOP + "])", shown or ".", s)
-        return LOCAL_PATH.sub(lambda m: self.path(m.group(0)) if is_local_absolute(m.group(0)) else file_name(
-            m.group(0)), s)  # fmt: skip
+        return LOCAL_PATH.sub(lambda m: self.path(m.group(0)), s)
 
 
 def _roles(command: list[str]) -> dict[str, str]:
