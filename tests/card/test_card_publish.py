@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -316,4 +317,14 @@ def test_front_matter_and_repo_ids_the_hub_would_misread_are_one_line_errors(
     out = _copy(plain, tmp_path)
     code, _, err = run(capsys, monkeypatch, "card", out, *args)
     assert code == 2 and says in one_error_line(err), err
+    assert not (out / "README.md").exists()
+
+
+def test_without_huggingface_hub_the_card_says_which_extra_to_install(
+    plain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _copy(plain, tmp_path)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` raises ImportError
+    code, _, err = run(capsys, monkeypatch, "card", out)
+    assert code == 2 and "pip install 'weightsmith[card]'" in one_error_line(err)
     assert not (out / "README.md").exists()
