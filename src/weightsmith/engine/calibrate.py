@@ -12,11 +12,8 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine import recorders
-from weightsmith.engine.loading import Loader
-from weightsmith.engine.skeleton import build
-from weightsmith.engine.source import TensorSource
+from weightsmith.engine.loading import opened
 from weightsmith.engine.stream import layer_arguments
 from weightsmith.engine.texts import calibration_text
 from weightsmith.errors import WeightsmithError
@@ -37,9 +34,8 @@ def measure(
 
     if not token_ids or any(len(ids) == 0 for ids in token_ids):
         raise WeightsmithError("no calibration tokens to run", file=ckpt_dir, code="usage")
-    skeleton = build(Path(ckpt_dir), trust_remote_code=trust_remote_code)
-    with TensorSource(Checkpoint.open(ckpt_dir)) as source:
-        loader = Loader(skeleton, source)
+    with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader:
+        skeleton = loader.skeleton
         cache = recorders.kv_cache(skeleton.config)
         sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
         hidden, calls = layer_arguments(loader, sequences, cache)
@@ -83,7 +79,6 @@ def calibration_tokens(
     ids = _tokenize(tokenizer, sample.text, tokens)
     sequences = [ids[s : s + seq_len] for s in range(0, len(ids), seq_len)]
     return sequences, sample.source, hashlib.sha256(sample.text.encode()).hexdigest()
-
 
 
 def _tokenize(tokenizer: object, text: str, tokens: int) -> list[int]:

@@ -9,8 +9,11 @@ part's tensors. So whatever the loader does to a whole checkpoint, it does here 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.skeleton import Skeleton
 from weightsmith.engine.source import TensorSource
 from weightsmith.errors import CheckpointError
@@ -107,3 +110,13 @@ class Loader:
                     module._parameters[name] = torch.nn.Parameter(
                         torch.empty_like(param, device="meta"), requires_grad=False
                     )
+
+
+@contextmanager
+def opened(ckpt_dir: Path, *, trust_remote_code: bool = False) -> Iterator[Loader]:
+    """The checkpoint's model on the meta device with its loader: everything checked, nothing read."""
+    from weightsmith.engine.skeleton import build
+
+    ckpt = Checkpoint.open(ckpt_dir)
+    with TensorSource(ckpt) as source:
+        yield Loader(build(Path(ckpt_dir), trust_remote_code=trust_remote_code), source)

@@ -11,7 +11,7 @@ with its recorded arguments on each sequence's hidden states, and freed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +45,11 @@ def replaced_layers(layers: Any, forward: Callable[[int, Any, tuple, dict], Any]
             del layer.forward
 
 
-def layer_arguments(loader: Loader, sequences: list[Any], cache: Any) -> tuple[list[Any], list[list[Call]]]:
+def layer_arguments(loader: Loader, sequences: list[Any], cache: Any = None) -> tuple[list[Any], list[list[Call]]]:
     """(embedded hidden states per sequence, the call of each layer per sequence).
 
-    `cache` goes in as `past_key_values`, so the layers later call its `update` with their K and V.
+    `cache` goes in as `past_key_values`, so the layers later call its `update` with their K and V;
+    without one the layers run without a cache.
     """
     import torch
 
@@ -70,10 +71,8 @@ def layer_arguments(loader: Loader, sequences: list[Any], cache: Any) -> tuple[l
     try:
         with torch.no_grad(), replaced_layers(skeleton.layers, record):
             for ids in sequences:
-                try:
-                    base(input_ids=ids, past_key_values=cache, use_cache=True)
-                except _Stop:
-                    pass
+                with suppress(_Stop):
+                    base(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
     finally:
         loader.free(TOP)
     return hidden, calls
