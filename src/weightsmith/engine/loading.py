@@ -42,9 +42,11 @@ class Loader:
         self.units: dict[int, list[str]] = {}
         targets: dict[str, str] = {}
         for name in source.names:
-            target, _ = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
+            target, converter = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
             if target not in expected:
                 continue  # a tensor the model has no place for (transformers ignores it too)
+            if converter is None and name in source.ckpt.tensors and name not in source.quantized:
+                _check_shape(source, name, tuple(expected[target].shape), skeleton.architecture)
             match = layer.match(target)
             self.units.setdefault(int(match.group(1)) if match else TOP, []).append(name)
             targets.setdefault(target, name)
@@ -110,6 +112,18 @@ class Loader:
                     module._parameters[name] = torch.nn.Parameter(
                         torch.empty_like(param, device="meta"), requires_grad=False
                     )
+
+
+def _check_shape(source: TensorSource, name: str, wanted: tuple[int, ...], architecture: str) -> None:
+    """A tensor loaded as it is must have its parameter's shape: found now, not hours into a run."""
+    found = tuple(source.ckpt.tensors[name].info.shape)
+    if found != wanted:
+        raise CheckpointError(
+            f"has shape {list(found)} but {architecture} needs {list(wanted)}",
+            file=source.ckpt.file_of(name),
+            tensor=name,
+            code="engine.shape",
+        )
 
 
 @contextmanager
