@@ -74,6 +74,8 @@ def test_every_family_equals_the_whole_model(family: str, tmp_path: Path, tokens
     kv, inputs = measure(folder, tokens)
     ref_kv, ref_inputs = reference_stats(folder, tokens)
     assert len(kv) == 3 and inputs
+    if family == "qwen2_moe":  # every expert routed to at least once has its three inputs
+        assert "model.layers.2.mlp.experts.3.down_proj" in inputs
     assert_same(kv, ref_kv)
     assert_same(inputs, ref_inputs)
 

@@ -63,9 +63,16 @@ def reference_stats(
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     inputs: dict[str, float] = {}
     cache = recorders.kv_cache(model.config)
+    hooks = [
+        module.register_forward_pre_hook(_experts_reference(name, inputs))
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "gate_up_proj", None), torch.nn.Parameter)
+    ]
     with torch.no_grad(), recorders.input_maxima(model, "", inputs):
         for ids in sequences:
             model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    for hook in hooks:
+        hook.remove()
     names = [n for n, m in model.named_modules() if isinstance(getattr(m, "layer_idx", None), int)]
     kv = {}
     for name in names:
@@ -74,3 +81,24 @@ def reference_stats(
             kv.setdefault(name, cache.maxima[index])
     inputs = {k.lstrip("."): v for k, v in inputs.items() if k.lstrip(".") != "lm_head"}
     return kv, recorders.share_fused(inputs)
+
+
+def _experts_reference(path: str, into: dict[str, float]):
+    """A pre-hook computing each expert's inputs from the routing, as Qwen2-MoE's experts compute them:
+    gate/up read the tokens routed to the expert, down reads act(gate) * up of those tokens."""
+
+    def hook(module, args) -> None:
+        hidden, top_k_index = args[0], args[1]
+        gate_up, down = module.gate_up_proj, module.down_proj
+        for e in range(gate_up.shape[0]):
+            x = hidden[(top_k_index == e).any(-1)]
+            if not len(x):
+                continue
+            gate, up = (x @ gate_up[e].T).chunk(2, dim=-1)
+            h = module.act_fn(gate) * up
+            for name, value in (("gate_proj", x), ("up_proj", x), ("down_proj", h)):
+                key = f"{path}.{e}.{name}"
+                into[key] = max(into.get(key, 0.0), float(value.abs().max()))
+        assert down.shape[0] == gate_up.shape[0]
+
+    return hook

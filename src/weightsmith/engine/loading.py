@@ -40,6 +40,8 @@ class Loader:
         non_persistent = {name for name, _ in model.named_non_persistent_buffers()}
         layer = re.compile(re.escape(skeleton.layers_path) + r"\.(\d+)\.")
         self.units: dict[int, list[str]] = {}
+        #: parameter -> the checkpoint tensors a converter merges into it (MoE experts), in order
+        self.merged: dict[str, list[str]] = {}
         targets: dict[str, str] = {}
         for name in source.names:
             target, converter = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
@@ -47,6 +49,8 @@ class Loader:
                 continue  # a tensor the model has no place for (transformers ignores it too)
             if converter is None and name in source.ckpt.tensors and name not in source.quantized:
                 _check_shape(source, name, tuple(expected[target].shape), skeleton.architecture)
+            if converter is not None:
+                self.merged.setdefault(target, []).append(name)
             match = layer.match(target)
             self.units.setdefault(int(match.group(1)) if match else TOP, []).append(name)
             targets.setdefault(target, name)
