@@ -149,3 +149,23 @@ def test_calibration_tokens_from_a_file(smollm2: Path, tmp_path: Path) -> None:
 
     assert sha == hashlib.sha256(text.read_bytes()).hexdigest()
     assert calibration.MIN_TOKENS > 100
+
+
+@pytest.mark.parametrize("style", ["hf-fp8", "ct-fp8"])
+def test_fp8_original_runs_decoded(style: str, tmp_path: Path) -> None:
+    """An FP8 original runs as `quantize` decodes it: the same statistics as a BF16 checkpoint
+    holding the decoded weights, and its activations are the original's."""
+    from fidelity.eval_checkpoints import write_fp8
+    from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+    from weightsmith.engine.loading import opened
+
+    config = LLAMA_CONFIG  # every weight a whole number of 128x128 blocks, as write_fp8 needs
+    tensors = llama_tensors(config, seed=2)
+    decoded = write_fp8(tmp_path / style, tensors, config, style)
+    dense = write_checkpoint(tmp_path / "decoded", tensors | decoded, config)
+    sequences = [[3, 141, 59, 26, 53, 58, 97, 93, 238, 46, 264, 33]]
+    kv, inputs = measure(tmp_path / style, sequences)
+    ref_kv, ref_inputs = measure(dense, sequences)
+    assert kv == ref_kv and inputs == ref_inputs
+    with opened(tmp_path / style) as loader:
+        assert loader.source.activations == "original"

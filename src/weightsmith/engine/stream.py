@@ -4,8 +4,9 @@ The arguments a layer is called with (attention masks, one per layer type as Gem
 rotary position embeddings, position ids, the cache) are whatever the base model's own forward
 computes. We record them without knowing any of them: every layer's `forward` is replaced by a
 recorder that keeps its arguments and returns the hidden states unchanged, and the base model runs
-once per sequence with only the top-level weights real. Then each layer in turn is loaded, called
-with its recorded arguments on each sequence's hidden states, and freed.
+once per sequence with only the top-level weights real (not the head: nothing runs it). Then each
+layer in turn is loaded, called with its recorded arguments on each sequence's hidden states, and
+freed.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def layer_arguments(loader: Loader, sequences: list[Any], cache: Any = None) -> 
             raise _Stop
         return states
 
-    loader.load(TOP)
+    loader.load(TOP, head=False)
     try:
         with torch.no_grad(), replaced_layers(skeleton.layers, record):
             for ids in sequences:
