@@ -73,7 +73,12 @@ def calibration_tokens(
     ckpt_dir: Path, text: str | None, builtin: str | None, tokens: int, seq_len: int
 ) -> tuple[list[list[int]], str, str]:
     """(sequences of token ids, text label, text sha256): the first `tokens` tokens of the text in
-    sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer."""
+    sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer.
+
+    `text` is the path of a UTF-8 file (`--text`), `builtin` a built-in corpus name (`--builtin`);
+    neither: the built-in `code`. No special tokens are added: the sequences are cut from one
+    stream of text, and a BOS in front of each would be a token the text does not have.
+    """
     if tokens < 1 or seq_len < 1:
         raise WeightsmithError(f"--tokens ({tokens}) and --seq-len ({seq_len}) must be positive", code="usage")
     sample = calibration_text(text, builtin, tokens)
