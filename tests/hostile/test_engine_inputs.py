@@ -115,3 +115,20 @@ def test_shard_left_out_of_the_index_names_a_tensor_it_held(sandbox: Sandbox, ca
     line = result.error_line
     assert "is missing" in line and any(f"tensor '{n}'" in line for n in held), line
     sandbox.assert_untouched()
+
+
+def test_remote_code_is_not_run_without_trust(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    """A checkpoint shipping its own model code: without --trust-remote-code the engine builds
+    transformers' own class for its model_type and never imports the shipped code."""
+    canary = sandbox.root / "canary"
+    evil = f"from pathlib import Path\nPath({str(canary)!r}).write_text('remote code ran')\n"
+    config = dict(TINY, auto_map={"AutoConfig": "modeling_evil.EvilConfig",
+                                  "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"})  # fmt: skip
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), config)
+    (src / "modeling_evil.py").write_text(evil)
+    out = sandbox.root / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2 and "tokenizer" in result.error_line  # it got as far as tokenising
+    assert not canary.exists()
+    sandbox.assert_untouched()
