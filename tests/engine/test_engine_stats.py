@@ -169,3 +169,29 @@ def test_fp8_original_runs_decoded(style: str, tmp_path: Path) -> None:
     assert kv == ref_kv and inputs == ref_inputs
     with opened(tmp_path / style) as loader:
         assert loader.source.activations == "original"
+
+
+def test_quantized_moe_experts_are_dequantized_then_merged(tmp_path: Path, tokens: list[list[int]]) -> None:
+    """A W4A16 Qwen2-MoE: each expert's weight is dequantized, then transformers' conversion merges
+    the experts, exactly as for a dense checkpoint holding the dequantized weights."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from fidelity.eval_checkpoints import quantize
+    from weightsmith.checkpoint import Checkpoint
+    from weightsmith.engine.source import TensorSource
+
+    src = save_tiny(tmp_path / "moe", "qwen2_moe")
+    quant = quantize(src, tmp_path / "w4", group=32)
+    dense = tmp_path / "dequantized"
+    dense.mkdir()
+    with TensorSource(Checkpoint.open(quant)) as source:
+        save_file({name: source.tensor(name).numpy() for name in source.names}, str(dense / "model.safetensors"))
+    config = json.loads((quant / "config.json").read_text())
+    del config["quantization_config"]
+    (dense / "config.json").write_text(json.dumps(config))
+    kv, inputs = measure(quant, tokens)
+    assert "model.layers.1.mlp.experts.2.down_proj" in inputs
+    assert (kv, inputs) == measure(dense, tokens)
+    assert inputs != measure(src, tokens)[1]
