@@ -1,0 +1,96 @@
+"""Calibration statistics from a layer-streamed run: what `weightsmith calibrate` writes.
+
+`measure` runs the checkpoint one decoder layer at a time (`stream`) and records, per attention
+module, |K| max and |V| max as the KV cache receives them, and per Linear the largest |input|
+(`recorders`). Activations are those of the checkpoint given: an original's, or a quantized
+checkpoint's as served (its layers dequantized as they are read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from weightsmith.checkpoint import Checkpoint
+from weightsmith.engine import recorders
+from weightsmith.engine.loading import Loader
+from weightsmith.engine.skeleton import build
+from weightsmith.engine.source import TensorSource
+from weightsmith.engine.stream import layer_arguments
+from weightsmith.engine.texts import calibration_text
+from weightsmith.errors import WeightsmithError
+from weightsmith.fidelity.logits import load_tokenizer
+
+Progress = Callable[[str], None]
+
+
+def measure(
+    ckpt_dir: Path,
+    token_ids: list[list[int]],
+    *,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """(kv maxima per attention module, input maxima per Linear module) for these sequences, layer by layer."""
+    import torch
+
+    if not token_ids or any(len(ids) == 0 for ids in token_ids):
+        raise WeightsmithError("no calibration tokens to run", file=ckpt_dir, code="usage")
+    skeleton = build(Path(ckpt_dir), trust_remote_code=trust_remote_code)
+    with TensorSource(Checkpoint.open(ckpt_dir)) as source:
+        loader = Loader(skeleton, source)
+        cache = recorders.kv_cache(skeleton.config)
+        sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
+        hidden, calls = layer_arguments(loader, sequences, cache)
+        inputs: dict[str, float] = {}
+        kv: dict[str, tuple[float, float]] = {}
+        count = len(skeleton.layers)
+        for index in range(count):
+            path = skeleton.layer_path(index)
+            layer = skeleton.layers[index]
+            attention = recorders.attention_modules(layer, path)
+            loader.load(index)
+            try:
+                with torch.no_grad(), recorders.input_maxima(layer, path, inputs):
+                    for s, call in enumerate(calls[index]):
+                        out = layer(hidden[s], *call.args, **call.kwargs)
+                        hidden[s] = out[0] if isinstance(out, tuple) else out
+            finally:
+                loader.free(index)
+            for layer_idx, module in attention.items():
+                if layer_idx in cache.maxima:
+                    kv[module] = cache.maxima[layer_idx]
+            if progress is not None:
+                progress(f"layer {index + 1}/{count}")
+    return kv, recorders.share_fused(inputs)
+
+
+def calibration_tokens(
+    ckpt_dir: Path, text: str | None, builtin: str | None, tokens: int, seq_len: int
+) -> tuple[list[list[int]], str, str]:
+    """(sequences of token ids, text label, text sha256): the first `tokens` tokens of the text in
+    sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer."""
+    if tokens < 1 or seq_len < 1:
+        raise WeightsmithError(f"--tokens ({tokens}) and --seq-len ({seq_len}) must be positive", code="usage")
+    sample = calibration_text(text, builtin, tokens)
+    try:
+        tokenizer = load_tokenizer(ckpt_dir)
+    except Exception as exc:  # transformers raises many types for a folder without a tokenizer
+        raise WeightsmithError(
+            f"has no tokenizer transformers can load ({type(exc).__name__})", file=ckpt_dir, code="engine.tokenizer"
+        ) from None
+    ids = _tokenize(tokenizer, sample.text, tokens)
+    sequences = [ids[s : s + seq_len] for s in range(0, len(ids), seq_len)]
+    return sequences, sample.source, hashlib.sha256(sample.text.encode()).hexdigest()
+
+
+
+def _tokenize(tokenizer: object, text: str, tokens: int) -> list[int]:
+    """The first `tokens` tokens of `text`, tokenising only as much of it as that takes."""
+    chars = tokens * 16
+    while True:
+        ids = tokenizer(text[:chars], add_special_tokens=False).input_ids  # type: ignore[operator]
+        if len(ids) > tokens or chars >= len(text):
+            return ids[:tokens]
+        chars *= 4

@@ -1,0 +1,109 @@
+"""Parts of a meta-device model made real from a checkpoint, and freed again.
+
+Checkpoint names are mapped to the model's parameter names by transformers' own conversion
+mapping (`get_model_conversion_mapping`: renames, MoE experts merged into 3-D parameters, ...),
+and a part is loaded by transformers' own `convert_and_load_state_dict_in_model` given only that
+part's tensors. So whatever the loader does to a whole checkpoint, it does here to one layer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from weightsmith.engine.skeleton import Skeleton
+from weightsmith.engine.source import TensorSource
+from weightsmith.errors import CheckpointError
+
+#: The unit of parameters outside every decoder layer (embeddings, final norm, head).
+TOP = -1
+
+
+class Loader:
+    """Which checkpoint tensors make which part of the model, and loading them into it."""
+
+    def __init__(self, skeleton: Skeleton, source: TensorSource) -> None:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        self.skeleton = skeleton
+        self.source = source
+        model = skeleton.model
+        self.mapping = get_model_conversion_mapping(model)
+        renamings = [t for t in self.mapping if isinstance(t, WeightRenaming)]
+        converters = [t for t in self.mapping if isinstance(t, WeightConverter)]
+        expected = model.state_dict()
+        self.tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+        non_persistent = {name for name, _ in model.named_non_persistent_buffers()}
+        layer = re.compile(re.escape(skeleton.layers_path) + r"\.(\d+)\.")
+        self.units: dict[int, list[str]] = {}
+        targets: dict[str, str] = {}
+        for name in source.names:
+            target, _ = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
+            if target not in expected:
+                continue  # a tensor the model has no place for (transformers ignores it too)
+            match = layer.match(target)
+            self.units.setdefault(int(match.group(1)) if match else TOP, []).append(name)
+            targets.setdefault(target, name)
+        missing = [k for k in expected if k not in targets and k not in self.tied and k not in non_persistent]
+        if missing:
+            raise CheckpointError(
+                f"is missing: the engine cannot build {skeleton.architecture} without it"
+                + (f" ({len(missing) - 1} more missing)" if len(missing) > 1 else ""),
+                file=source.ckpt.root,
+                tensor=missing[0],
+                code="engine.missing-tensor",
+            )
+
+    def load(self, unit: int) -> None:
+        """Make the unit's parameters real (float32, CPU), through transformers' loader."""
+        import torch
+        from transformers.core_model_loading import convert_and_load_state_dict_in_model
+        from transformers.modeling_utils import LoadStateDictConfig
+        from transformers.utils import logging
+
+        model = self.skeleton.model
+        state = {name: self.source.tensor(name) for name in self.units.get(unit, [])}
+        config = LoadStateDictConfig(dtype=torch.float32, device_map={"": "cpu"}, weight_mapping=self.mapping)
+        shown = logging.is_progress_bar_enabled()
+        logging.disable_progress_bar()  # one bar per layer would fill the terminal
+        try:
+            info, _ = convert_and_load_state_dict_in_model(model, state, config)
+        finally:
+            if shown:
+                logging.enable_progress_bar()
+        del state
+        if info.mismatched_keys:
+            name, found, wanted = sorted(info.mismatched_keys)[0]
+            raise CheckpointError(
+                f"has shape {list(found)} but {self.skeleton.architecture} needs {list(wanted)}",
+                file=self.source.ckpt.root,
+                tensor=name,
+                code="engine.shape",
+            )
+        if info.conversion_errors:
+            name, why = next(iter(info.conversion_errors.items()))
+            raise CheckpointError(
+                f"cannot be converted by transformers ({str(why).strip().splitlines()[0][:200]})",
+                file=self.source.ckpt.root,
+                tensor=name,
+                code="engine.convert",
+            )
+        if unit == TOP and self.tied:
+            model.tie_weights()
+
+    def free(self, unit: int) -> None:
+        """Send the unit's parameters back to the meta device (buffers stay: they are not weights)."""
+        import torch
+
+        inside = self.skeleton.layers_path + "."
+        if unit == TOP:
+            modules = [m for path, m in self.skeleton.model.named_modules() if not path.startswith(inside)]
+        else:
+            modules = list(self.skeleton.layers[unit].modules())
+        for module in modules:
+            for name, param in list(module._parameters.items()):
+                if param is not None and param.device.type != "meta":
+                    module._parameters[name] = torch.nn.Parameter(
+                        torch.empty_like(param, device="meta"), requires_grad=False
+                    )
