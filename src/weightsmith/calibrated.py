@@ -80,15 +80,18 @@ def attention_modules(tensor_names: list[str]) -> list[str]:
     return sorted(found, key=lambda a: (len(a), a))
 
 
-def kv_scales(cal: Calibration, attention: list[str]) -> dict[str, np.ndarray]:
-    """FP8 KV-cache scales by tensor name: `max / 448` in float32, shape [1] as llm-compressor writes them."""
+def kv_scales(kv: dict[str, tuple[float, float]], attention: list[str], where: Path) -> dict[str, np.ndarray]:
+    """FP8 KV-cache scales by tensor name: `max / 448` in float32, shape [1] as llm-compressor writes them.
+
+    `kv` holds the (|K|, |V|) maxima by attention module, measured on `where` (named in errors).
+    """
     out = {}
     for module in attention:
-        pair = cal.stats.kv.get(module)
+        pair = kv.get(module)
         if pair is None:
             raise CheckpointError(
-                f"has no KV maximum for attention layer {module} (--kv-cache needs one per layer)",
-                file=cal.path,
+                f"has no KV maximum for attention layer {module} (a KV-cache scale is needed for each)",
+                file=where,
                 tensor=f"{module}.{calibration.KEY_ABSMAX}",
                 code="calibration.missing",
             )
@@ -100,7 +103,8 @@ def kv_scales(cal: Calibration, attention: list[str]) -> dict[str, np.ndarray]:
 def kv_cache_scheme(fmt: str) -> dict:
     """The `kv_cache_scheme` compressed-tensors writes for a static per-tensor FP8 cache (every field)."""
     assert fmt in KV_CACHE_FORMATS, fmt
-    return ct.weight_args(8, True, None, type_="float", strategy="tensor")
+    # observer: the scales are the maximum over every calibration token, as llm-compressor's static_minmax
+    return dict(ct.weight_args(8, True, None, type_="float", strategy="tensor"), observer="static_minmax")
 
 
 def provenance(cal: Calibration) -> dict:

@@ -25,6 +25,7 @@ COMMAND_MODULES = {
     "inspect": "weightsmith.audit.commands",
     "verify": "weightsmith.audit.commands",
     "transplant": "weightsmith.audit.commands",
+    "calibrate-kv": "weightsmith.calibrate_kv",
     "diff": "weightsmith.audit.commands",
     "bench": "weightsmith.bench.cli",
     "eval": "weightsmith.fidelity.cli",

@@ -562,7 +562,7 @@ def _kv_scales(
         if d.param == names.WEIGHT and names.leaf(d.module) in names.ATTENTION_KEY_PROJECTIONS:
             home.setdefault(d.module.rpartition(".")[0], d.shard)
     added: dict[str, list[TensorSpec]] = defaultdict(list)
-    for name, value in calibrated.kv_scales(found, attention).items():
+    for name, value in calibrated.kv_scales(found.stats.kv, attention, found.path).items():
         added[home[name.rpartition(".")[0]]].append(TensorSpec(name, "F32", value.shape))
         values[name] = value
     return dict(added)
