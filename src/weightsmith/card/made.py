@@ -149,6 +149,7 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         if why and row["params"] and row["bits_per_param"] is not None:
             bits = c.num(f"{row['bits_per_param']:.3f}", INS, f"rows[{row['key']}].bits_per_param")
             lines.append(f"- **Kept at source precision** {row['key']} ({bits} bits per parameter): {why}.")
+    lines += _calibration_lines(m.get("calibration"), "calibration", c)
     lines += _coverage(src, c)
     tool = m["tool"]
     lines.append(
@@ -161,6 +162,36 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         hashed = f"sha256 {c.text(digest, M, f'source.files[{shard}].sha256')}" if digest else "not hashed (--no-hash)"
         lines.append(f"- **Source file** `{shard}`: {size} bytes, {hashed}.")
     return lines
+
+
+_ACTIVATIONS = {
+    "original": "the original model's activations",
+    "quantized": "the quantized model's own activations (its layers dequantized, as it is served)",
+}
+
+
+def _calibration_lines(cal: dict[str, Any] | None, at: str, c: Citations) -> list[str]:
+    """What was measured on calibration data (the manifest's `calibration`): scales measured here, not transplanted."""
+    if not isinstance(cal, dict):
+        return []
+    made = []
+    if cal.get("activation_scales"):
+        made.append(f"{c.num(str(cal['activation_scales']), M, f'{at}.activation_scales')} static activation scales")
+    if cal.get("kv_scales"):
+        made.append(
+            f"{c.num(str(cal['kv_scales']), M, f'{at}.kv_scales')} {str(cal.get('kv_cache')).upper()} KV-cache "
+            "scales (k_scale, v_scale: the largest |K| after the rotary embedding and |V| entering the cache / 448)"
+        )
+    tokens = c.num(f"{cal['tokens']:,}", M, f"{at}.tokens")
+    sequences = c.num(str(cal["sequences"]), M, f"{at}.sequences")
+    seq_len = c.num(str(cal["seq_len"]), M, f"{at}.seq_len")
+    line = (
+        f"- **Calibration**: {' and '.join(made) or 'no scales'}, measured by weightsmith (not transplanted from "
+        f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) of "
+        f"{c.text(cal['text'], M, f'{at}.text')} (sha256 {c.text(cal['text_sha256'], M, f'{at}.text_sha256')}), "
+        f"on {_ACTIVATIONS.get(cal.get('activations'), 'activations as recorded')}."
+    )
+    return [line, *_calibration_lines(cal.get("earlier"), f"{at}.earlier", c)]
 
 
 def _coverage(src: CardSources, c: Citations) -> list[str]:
