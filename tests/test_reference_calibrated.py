@@ -32,6 +32,8 @@ from weightsmith.cli_quantize import run_quantize
 
 llmcompressor = pytest.importorskip("llmcompressor")
 torch = pytest.importorskip("torch")
+# two oneshot runs and an engine run on a real model: about a minute on an idle machine
+pytestmark = pytest.mark.slow
 
 SEQUENCES, SEQ_LEN = 4, 128
 KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 
 from weightsmith import calibrated, calibration, names
-from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors
+from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_target
 from weightsmith.checkpoint import Checkpoint, read_json
 from weightsmith.errors import CheckpointError
 from weightsmith.manifest import MANIFEST_FILE
@@ -64,6 +64,7 @@ def calibrate_kv(
             file=target.root,
             code="kv.no-attention",
         )
+    check_kv_target(target)
     found = existing_scales(target, attention)
     if found and not force:
         raise CheckpointError(

@@ -229,6 +229,13 @@ def _refuse(target: Checkpoint, reasons: list[str]) -> None:
         raise CheckpointError(f"refused, nothing written: {shown}", file=target.root, code="transplant.refused")
 
 
+def check_kv_target(target: Checkpoint) -> None:
+    """Refuse, before any work, a target that cannot take KV-cache scales (no quantization method to declare them)."""
+    reasons: list[str] = []
+    _kv_declaration(None, target, reasons)
+    _refuse(target, reasons)
+
+
 @dataclass
 class AddResult:
     output: Path
