@@ -168,7 +168,12 @@ class QuantDeclaration:
         if scheme.format == ct.PACK_QUANTIZED and not scheme.symmetric:
             params.update(ct.ASYM_PARAMS)
         if scheme.static_input:
-            params[names.INPUT_GLOBAL_SCALE if scheme.format == ct.NVFP4_PACK_QUANTIZED else names.INPUT_SCALE] = "F32"
+            # NVFP4's input global scale is float32; compressed-tensors keeps a static `input_scale` in
+            # the dtype the activations had (the model's: initialize_qparams), which vLLM casts on load
+            if scheme.format == ct.NVFP4_PACK_QUANTIZED:
+                params[names.INPUT_GLOBAL_SCALE] = "F32"
+            else:
+                params[names.INPUT_SCALE] = None
         return params
 
 
