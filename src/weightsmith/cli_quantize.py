@@ -44,6 +44,11 @@ def plan_table(plan: Plan) -> Table:
         table.add_column(col, overflow="fold")
     for d in plan.decisions:
         table.add_row(d.name, d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, d.reason)
+    stats = plan.calibration.path if plan.calibration else None
+    for shard, specs in plan.added.items():
+        for spec in specs:
+            why = f"{plan.kv_cache} KV-cache scale measured in {stats}, written to {shard}"
+            table.add_row(spec.name, spec.dtype, "x".join(map(str, spec.shape)), "add", why)
     return table
 
 
@@ -73,6 +78,13 @@ def plan_json(plan: Plan) -> dict:
         "ignore": plan.ignore,
         "bytes_in": plan.bytes_in,
         "bytes_out_predicted": plan.bytes_out,
+        "calibration": str(plan.calibration.path) if plan.calibration else None,
+        "kv_cache": plan.kv_cache,
+        "added": [
+            {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "shard": shard}
+            for shard, specs in plan.added.items()
+            for s in specs
+        ],
         "tensors": [
             {
                 "name": d.name,
@@ -103,6 +115,13 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
         f"bits/param {s['bits_per_parameter_before']:.2f} -> {s['bits_per_parameter_after']:.2f}"
     )
     console.print(f"  ignore    {', '.join(m['recipe']['ignore']) or '(none)'}")
+    cal = m.get("calibration")
+    if cal:
+        console.print(
+            f"  measured  {cal['activation_scales']} activation scales, {cal['kv_scales']} KV-cache scales from "
+            f"{escape(cal['file'])} ({cal['tokens']:,} tokens of {escape(cal['text'])}, "
+            f"{cal['activations']} activations)"
+        )
     console.print("  verified  headers re-read strictly, file sizes exact, index resolves both ways")
     for rel, why in result.skipped_files.items():
         console.print(f"  [yellow]skipped[/]   {escape(rel)}: {escape(why)} (not copied)")
