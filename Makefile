@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test bench fidelity clean
+.PHONY: demo test bench fidelity stream-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ bench: $(VENV)/.test
 # The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.
 fidelity: $(VENV)/.test
 	$(BIN)/python scripts/smollm2_fidelity.py
+
+# The layer-streamed engine's memory bound (docs/engine.md): a 6 GiB model, about 20 minutes.
+stream-memory: $(VENV)/.test
+	$(BIN)/python benchmarks/stream_memory.py
 
 clean:
 	rm -rf $(VENV) .cache

@@ -36,9 +36,20 @@ def layer_specs(layer: int, hidden: int = HIDDEN, inter: int = INTER) -> list[Te
 
 
 def build(
-    folder: Path, gib: float, shards: int = 4, hidden: int = HIDDEN, inter: int = INTER, vocab: int = 32000
+    folder: Path,
+    gib: float,
+    shards: int = 4,
+    hidden: int = HIDDEN,
+    inter: int = INTER,
+    vocab: int = 32000,
+    tied: bool = False,
+    config_extra: dict | None = None,
 ) -> int:
-    """A Llama-shaped BF16 checkpoint (7B-wide by default) of about `gib` GiB; returns its tensor bytes."""
+    """A Llama-shaped BF16 checkpoint (7B-wide by default) of about `gib` GiB; returns its tensor bytes.
+
+    `tied` leaves out `lm_head` (the embeddings serve as the head); `config_extra` adds config keys
+    (head counts, vocabulary) for runs that execute the model rather than only read its tensors.
+    """
     per_layer = sum(s.nbytes for s in layer_specs(0, hidden, inter))
     layers = max(1, round(gib * 2**30 / per_layer))
     folder.mkdir(parents=True)
@@ -52,10 +63,9 @@ def build(
         if k == 0:
             specs.append(TensorSpec("model.embed_tokens.weight", "BF16", (vocab, hidden)))
         if k == shards - 1:
-            specs += [
-                TensorSpec("model.norm.weight", "BF16", (hidden,)),
-                TensorSpec("lm_head.weight", "BF16", (vocab, hidden)),
-            ]
+            specs.append(TensorSpec("model.norm.weight", "BF16", (hidden,)))
+            if not tied:
+                specs.append(TensorSpec("lm_head.weight", "BF16", (vocab, hidden)))
         if not specs:
             continue
         name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
@@ -77,6 +87,7 @@ def build(
         "intermediate_size": inter,
         "num_hidden_layers": layers,
         "torch_dtype": "bfloat16",
+        **(config_extra or {}),
     }
     (folder / "config.json").write_text(json.dumps(config))
     os.sync()  # flush it now: its writeback would otherwise compete with the first timed runs

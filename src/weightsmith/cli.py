@@ -29,6 +29,7 @@ COMMAND_MODULES = {
     "diff": "weightsmith.audit.commands",
     "bench": "weightsmith.bench.cli",
     "eval": "weightsmith.fidelity.cli",
+    "calibrate": "weightsmith.engine.cli",
     "card": "weightsmith.card.cli",
 }
 err_console = Console(stderr=True, highlight=False)

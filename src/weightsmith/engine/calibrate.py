@@ -2,8 +2,9 @@
 
 `measure` runs the checkpoint one decoder layer at a time (`stream`) and records, per attention
 module, |K| max and |V| max as the KV cache receives them, and per Linear the largest |input|
-(`recorders`). Activations are those of the checkpoint given: an original's, or a quantized
-checkpoint's as served (its layers dequantized as they are read).
+(`recorders`; per MoE expert, whose weights transformers merges into 3-D parameters: `experts`).
+Activations are those of the checkpoint given: an original's, or a quantized checkpoint's as
+served (its layers dequantized as they are read).
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine import recorders
-from weightsmith.engine.loading import Loader
-from weightsmith.engine.skeleton import build
-from weightsmith.engine.source import TensorSource
+from weightsmith.engine.experts import expert_inputs, expert_table
+from weightsmith.engine.loading import opened
 from weightsmith.engine.stream import layer_arguments
 from weightsmith.engine.texts import calibration_text
 from weightsmith.errors import WeightsmithError
@@ -37,10 +36,10 @@ def measure(
 
     if not token_ids or any(len(ids) == 0 for ids in token_ids):
         raise WeightsmithError("no calibration tokens to run", file=ckpt_dir, code="usage")
-    skeleton = build(Path(ckpt_dir), trust_remote_code=trust_remote_code)
-    with TensorSource(Checkpoint.open(ckpt_dir)) as source:
-        loader = Loader(skeleton, source)
+    with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader:
+        skeleton = loader.skeleton
         cache = recorders.kv_cache(skeleton.config)
+        experts = expert_table(loader.merged)
         sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
         hidden, calls = layer_arguments(loader, sequences, cache)
         inputs: dict[str, float] = {}
@@ -52,7 +51,11 @@ def measure(
             attention = recorders.attention_modules(layer, path)
             loader.load(index)
             try:
-                with torch.no_grad(), recorders.input_maxima(layer, path, inputs):
+                with (
+                    torch.no_grad(),
+                    recorders.input_maxima(layer, path, inputs),
+                    expert_inputs(layer, path, experts, inputs),
+                ):
                     for s, call in enumerate(calls[index]):
                         out = layer(hidden[s], *call.args, **call.kwargs)
                         hidden[s] = out[0] if isinstance(out, tuple) else out
@@ -83,7 +86,6 @@ def calibration_tokens(
     ids = _tokenize(tokenizer, sample.text, tokens)
     sequences = [ids[s : s + seq_len] for s in range(0, len(ids), seq_len)]
     return sequences, sample.source, hashlib.sha256(sample.text.encode()).hexdigest()
-
 
 
 def _tokenize(tokenizer: object, text: str, tokens: int) -> list[int]:

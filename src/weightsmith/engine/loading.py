@@ -9,8 +9,11 @@ part's tensors. So whatever the loader does to a whole checkpoint, it does here 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.skeleton import Skeleton
 from weightsmith.engine.source import TensorSource
 from weightsmith.errors import CheckpointError
@@ -37,11 +40,19 @@ class Loader:
         non_persistent = {name for name, _ in model.named_non_persistent_buffers()}
         layer = re.compile(re.escape(skeleton.layers_path) + r"\.(\d+)\.")
         self.units: dict[int, list[str]] = {}
+        self.target_of: dict[str, str] = {}
+        #: parameter -> the checkpoint tensors a converter merges into it (MoE experts), in order
+        self.merged: dict[str, list[str]] = {}
         targets: dict[str, str] = {}
         for name in source.names:
-            target, _ = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
+            target, converter = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
             if target not in expected:
                 continue  # a tensor the model has no place for (transformers ignores it too)
+            if converter is None and name in source.ckpt.tensors and name not in source.quantized:
+                _check_shape(source, name, tuple(expected[target].shape), skeleton.architecture)
+            if converter is not None:
+                self.merged.setdefault(target, []).append(name)
+            self.target_of[name] = target
             match = layer.match(target)
             self.units.setdefault(int(match.group(1)) if match else TOP, []).append(name)
             targets.setdefault(target, name)
@@ -55,15 +66,23 @@ class Loader:
                 code="engine.missing-tensor",
             )
 
-    def load(self, unit: int) -> None:
-        """Make the unit's parameters real (float32, CPU), through transformers' loader."""
+    def load(self, unit: int, *, head: bool = True) -> None:
+        """Make the unit's parameters real (float32, CPU), through transformers' loader.
+
+        `head=False` leaves an untied output head on the meta device: running the layers needs only
+        the embeddings, and a large vocabulary's head in float32 would double the top level.
+        """
         import torch
         from transformers.core_model_loading import convert_and_load_state_dict_in_model
         from transformers.modeling_utils import LoadStateDictConfig
         from transformers.utils import logging
 
         model = self.skeleton.model
-        state = {name: self.source.tensor(name) for name in self.units.get(unit, [])}
+        names = self.units.get(unit, [])
+        if not head:
+            prefix = self._head_path() + "."
+            names = [n for n in names if not self.target_of[n].startswith(prefix)]
+        state = {name: self.source.tensor(name) for name in names}
         config = LoadStateDictConfig(dtype=torch.float32, device_map={"": "cpu"}, weight_mapping=self.mapping)
         shown = logging.is_progress_bar_enabled()
         logging.disable_progress_bar()  # one bar per layer would fill the terminal
@@ -92,6 +111,10 @@ class Loader:
         if unit == TOP and self.tied:
             model.tie_weights()
 
+    def _head_path(self) -> str:
+        head = self.skeleton.model.get_output_embeddings()
+        return next(path for path, module in self.skeleton.model.named_modules() if module is head)
+
     def free(self, unit: int) -> None:
         """Send the unit's parameters back to the meta device (buffers stay: they are not weights)."""
         import torch
@@ -107,3 +130,25 @@ class Loader:
                     module._parameters[name] = torch.nn.Parameter(
                         torch.empty_like(param, device="meta"), requires_grad=False
                     )
+
+
+def _check_shape(source: TensorSource, name: str, wanted: tuple[int, ...], architecture: str) -> None:
+    """A tensor loaded as it is must have its parameter's shape: found now, not hours into a run."""
+    found = tuple(source.ckpt.tensors[name].info.shape)
+    if found != wanted:
+        raise CheckpointError(
+            f"has shape {list(found)} but {architecture} needs {list(wanted)}",
+            file=source.ckpt.file_of(name),
+            tensor=name,
+            code="engine.shape",
+        )
+
+
+@contextmanager
+def opened(ckpt_dir: Path, *, trust_remote_code: bool = False) -> Iterator[Loader]:
+    """The checkpoint's model on the meta device with its loader: everything checked, nothing read."""
+    from weightsmith.engine.skeleton import build
+
+    ckpt = Checkpoint.open(ckpt_dir)
+    with TensorSource(ckpt) as source:
+        yield Loader(build(Path(ckpt_dir), trust_remote_code=trust_remote_code), source)

@@ -20,6 +20,7 @@ from weightsmith import names
 
 def kv_cache(config: Any) -> Any:
     """A cache for `past_key_values` that records K/V maxima per layer index; read `.maxima`."""
+    import torch
     from transformers import DynamicCache
 
     class KVMaxima(DynamicCache):
@@ -28,8 +29,8 @@ def kv_cache(config: Any) -> Any:
             self.maxima: dict[int, tuple[float, float]] = {}
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
-            k = float(key_states.detach().abs().amax())
-            v = float(value_states.detach().abs().amax())
+            k = float(torch.linalg.vector_norm(key_states.detach(), float("inf")))
+            v = float(torch.linalg.vector_norm(value_states.detach(), float("inf")))
             old_k, old_v = self.maxima.get(layer_idx, (0.0, 0.0))
             self.maxima[layer_idx] = (max(old_k, k), max(old_v, v))
             return key_states, value_states
@@ -54,7 +55,7 @@ def input_maxima(module: Any, prefix: str, into: dict[str, float]) -> Iterator[N
 
     def hook_for(path: str) -> Any:
         def hook(_module: Any, args: tuple) -> None:
-            x = float(args[0].detach().abs().amax())
+            x = float(torch.linalg.vector_norm(args[0].detach(), float("inf")))
             into[path] = max(into.get(path, 0.0), x)
 
         return hook

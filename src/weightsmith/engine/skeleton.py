@@ -69,6 +69,8 @@ def build(ckpt_dir: Path, *, trust_remote_code: bool = False) -> Skeleton:
             code="engine.architecture",
         ) from None
     model.eval()
+    if hasattr(model.config, "_experts_implementation"):
+        model.config._experts_implementation = "eager"  # one expert's slice at a time: see `experts`
     layers_path = _decoder_layers(model, config, architecture, config_path)
     _materialise_buffers(model)
     return Skeleton(model, model.config, model.get_submodule(layers_path), layers_path)

@@ -4,14 +4,15 @@ The arguments a layer is called with (attention masks, one per layer type as Gem
 rotary position embeddings, position ids, the cache) are whatever the base model's own forward
 computes. We record them without knowing any of them: every layer's `forward` is replaced by a
 recorder that keeps its arguments and returns the hidden states unchanged, and the base model runs
-once per sequence with only the top-level weights real. Then each layer in turn is loaded, called
-with its recorded arguments on each sequence's hidden states, and freed.
+once per sequence with only the top-level weights real (not the head: nothing runs it). Then each
+layer in turn is loaded, called with its recorded arguments on each sequence's hidden states, and
+freed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +46,11 @@ def replaced_layers(layers: Any, forward: Callable[[int, Any, tuple, dict], Any]
             del layer.forward
 
 
-def layer_arguments(loader: Loader, sequences: list[Any], cache: Any) -> tuple[list[Any], list[list[Call]]]:
+def layer_arguments(loader: Loader, sequences: list[Any], cache: Any = None) -> tuple[list[Any], list[list[Call]]]:
     """(embedded hidden states per sequence, the call of each layer per sequence).
 
-    `cache` goes in as `past_key_values`, so the layers later call its `update` with their K and V.
+    `cache` goes in as `past_key_values`, so the layers later call its `update` with their K and V;
+    without one the layers run without a cache.
     """
     import torch
 
@@ -66,14 +68,12 @@ def layer_arguments(loader: Loader, sequences: list[Any], cache: Any) -> tuple[l
             raise _Stop
         return states
 
-    loader.load(TOP)
+    loader.load(TOP, head=False)
     try:
         with torch.no_grad(), replaced_layers(skeleton.layers, record):
             for ids in sequences:
-                try:
-                    base(input_ids=ids, past_key_values=cache, use_cache=True)
-                except _Stop:
-                    pass
+                with suppress(_Stop):
+                    base(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
     finally:
         loader.free(TOP)
     return hidden, calls

@@ -57,6 +57,10 @@ def eval_command(
         bool, typer.Option("--no-logits", help="Weight error only; do not run the models in transformers.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results object as JSON.")] = False,
+    stream: Annotated[
+        bool,
+        typer.Option("--stream", help="Run both models one decoder layer at a time (for models larger than memory)."),
+    ] = False,
 ) -> None:
     """How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity."""
     sample = logits_mod.read_text(text) if text is not None else None  # a bad --text fails before any work
@@ -70,7 +74,12 @@ def eval_command(
         _quiet_loaders()
         if sample is None:
             sample = logits_mod.default_text()
-        logits = logits_mod.compare(orig, quant, sample.text, tokens, text_source=sample.source)
+        if stream:
+            from weightsmith.engine import logits as streamed
+
+            logits = streamed.compare(orig, quant, sample.text, tokens, sample.source)
+        else:
+            logits = logits_mod.compare(orig, quant, sample.text, tokens, text_source=sample.source)
     report = EvalReport(str(orig), str(quant), weights, logits)
     if as_json:
         print(to_json(report))

@@ -1,0 +1,104 @@
+"""Tiny causal LMs of several families, built from a config with random weights and saved as
+safetensors, and the reference the engine must equal: the whole model run by transformers with
+the same recorders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Small shapes shared by every family (overridden per family below).
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
+FAMILIES: dict[str, dict] = {
+    "qwen2": {},
+    "qwen3": {},
+    "mistral": {"sliding_window": 8},
+    "gemma3_text": {
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "tie_word_embeddings": True,
+    },
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+    },
+}
+
+
+def save_tiny(folder: Path, model_type: str, seed: int = 0) -> Path:
+    """A `model_type` causal LM with random weights, saved by transformers into `folder`."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type, **{**COMMON, **FAMILIES[model_type]})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():  # larger than the init so activations differ layer to layer
+            param.normal_(0, 0.2)
+    model.save_pretrained(folder)
+    return folder
+
+
+def reference_stats(
+    folder: Path, sequences: list[list[int]]
+) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """What `measure` must give, from the whole model loaded by transformers and run in one piece."""
+    import torch
+    import transformers
+
+    from weightsmith.engine import recorders
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    inputs: dict[str, float] = {}
+    cache = recorders.kv_cache(model.config)
+    hooks = [
+        module.register_forward_pre_hook(_experts_reference(name, inputs))
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "gate_up_proj", None), torch.nn.Parameter)
+    ]
+    with torch.no_grad(), recorders.input_maxima(model, "", inputs):
+        for ids in sequences:
+            model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    for hook in hooks:
+        hook.remove()
+    names = [n for n, m in model.named_modules() if isinstance(getattr(m, "layer_idx", None), int)]
+    kv = {}
+    for name in names:
+        index = model.get_submodule(name).layer_idx
+        if index in cache.maxima and name.count(".") == 3:  # model.layers.N.<attention>
+            kv.setdefault(name, cache.maxima[index])
+    inputs = {k.lstrip("."): v for k, v in inputs.items() if k.lstrip(".") != "lm_head"}
+    return kv, recorders.share_fused(inputs)
+
+
+def _experts_reference(path: str, into: dict[str, float]):
+    """A pre-hook computing each expert's inputs from the routing, as Qwen2-MoE's experts compute them:
+    gate/up read the tokens routed to the expert, down reads act(gate) * up of those tokens."""
+
+    def hook(module, args) -> None:
+        hidden, top_k_index = args[0], args[1]
+        gate_up, down = module.gate_up_proj, module.down_proj
+        for e in range(gate_up.shape[0]):
+            x = hidden[(top_k_index == e).any(-1)]
+            if not len(x):
+                continue
+            gate, up = (x @ gate_up[e].T).chunk(2, dim=-1)
+            h = module.act_fn(gate) * up
+            for name, value in (("gate_proj", x), ("up_proj", x), ("down_proj", h)):
+                key = f"{path}.{e}.{name}"
+                into[key] = max(into.get(key, 0.0), float(value.abs().max()))
+        assert down.shape[0] == gate_up.shape[0]
+
+    return hook

@@ -1,0 +1,85 @@
+"""Hostile inputs to `calibrate` and `eval --stream`: one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+from hostile.harness import Sandbox, run_inprocess
+from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+TINY = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=32, vocab_size=64, num_hidden_layers=2)  # fmt: skip
+HOLE = "model.layers.1.mlp.down_proj.weight"
+
+
+def test_existing_stats_file_is_refused_without_force(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), TINY)
+    out = sandbox.root / "stats.safetensors"
+    out.write_bytes(b"another model's statistics")
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2
+    line = result.error_line
+    assert str(out) in line and "already exists" in line and "--force" in line
+    sandbox.assert_untouched()
+
+
+def test_missing_layer_tensor_is_named(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    tensors = llama_tensors(TINY)
+    del tensors[HOLE]
+    src = write_checkpoint(sandbox.root / "src", tensors, TINY)
+    out = sandbox.root / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2
+    line = result.error_line
+    assert str(src) in line and f"tensor '{HOLE}'" in line and "missing" in line
+    assert not out.exists()
+    sandbox.assert_untouched()
+
+
+def test_unknown_architecture_is_named(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    config = dict(TINY, model_type="warp_drive", architectures=["WarpDriveForCausalLM"])
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), config)
+    out = sandbox.root / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2
+    line = result.error_line
+    assert str(src / "config.json") in line and "warp_drive" in line and "--trust-remote-code" in line
+    sandbox.assert_untouched()
+
+
+def test_layer_tensor_of_the_wrong_shape_is_named(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    tensors = llama_tensors(TINY)
+    tensors[HOLE] = tensors[HOLE][:, :64].copy()
+    src = write_checkpoint(sandbox.root / "src", tensors, TINY)
+    out = sandbox.root / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2
+    line = result.error_line
+    assert f"tensor '{HOLE}'" in line and "[64, 64]" in line and "[64, 128]" in line
+    assert not out.exists()
+    sandbox.assert_untouched()
+
+
+def test_out_in_a_missing_folder(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), TINY)
+    out = sandbox.root / "nowhere" / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2 and str(out) in result.error_line
+    sandbox.assert_untouched()
+
+
+def test_missing_text_file(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), TINY)
+    out = sandbox.root / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out, "--text", sandbox.root / "no.txt")
+    assert result.code == 2 and "no.txt" in result.error_line
+    sandbox.assert_untouched()
