@@ -24,10 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from models import smollm2_fp32, stdlib_text
+from models import smollm2_fp32
 from weightsmith import calibration
 from weightsmith.audit.verify import verify
-from weightsmith.checkpoint import Checkpoint
 from weightsmith.cli_quantize import run_quantize
 
 llmcompressor = pytest.importorskip("llmcompressor")
@@ -44,31 +43,22 @@ REL = 0.01
 
 @pytest.fixture(scope="module")
 def token_ids() -> list[list[int]]:
-    from transformers import AutoTokenizer
+    """The tokens `weightsmith calibrate --builtin code --tokens 512 --seq-len 128` runs."""
+    from weightsmith.engine.calibrate import calibration_tokens
 
-    ids = AutoTokenizer.from_pretrained(smollm2_fp32())(stdlib_text(20000), add_special_tokens=False)["input_ids"]
-    assert len(ids) >= SEQUENCES * SEQ_LEN
-    return [ids[i * SEQ_LEN : (i + 1) * SEQ_LEN] for i in range(SEQUENCES)]
+    sequences, _, _ = calibration_tokens(smollm2_fp32(), None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN)
+    assert [len(s) for s in sequences] == [SEQ_LEN] * SEQUENCES
+    return sequences
 
 
 @pytest.fixture(scope="module")
 def stats(tmp_path_factory: pytest.TempPathFactory, token_ids: list[list[int]]) -> Path:
-    """What `weightsmith calibrate` writes for these tokens (the engine's `measure`)."""
-    from weightsmith.engine.calibrate import measure
+    """`weightsmith calibrate` on those tokens (the layer-streamed engine)."""
+    from weightsmith.engine.cli import calibrate_command
 
-    src = smollm2_fp32()
-    kv, inputs = measure(src, token_ids)
-    prov = calibration.Provenance(
-        calibration.fingerprint(Checkpoint.open(src)),
-        SEQUENCES * SEQ_LEN,
-        SEQUENCES,
-        SEQ_LEN,
-        "json/decoder.py",
-        "0" * 64,
-        "original",
-    )
     path = tmp_path_factory.mktemp("stats") / "stats.safetensors"
-    calibration.write(path, calibration.CalibrationStats(prov, kv, inputs))
+    calibrate_command(smollm2_fp32(), path, builtin="code", tokens=SEQUENCES * SEQ_LEN, seq_len=SEQ_LEN)
+    assert calibration.read(path).provenance.tokens == SEQUENCES * SEQ_LEN
     return path
 
 

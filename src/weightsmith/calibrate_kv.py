@@ -22,12 +22,11 @@ from rich.console import Console
 from weightsmith import calibrated, calibration, names
 from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_target
 from weightsmith.checkpoint import Checkpoint, read_json
-from weightsmith.errors import CheckpointError
+from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
+from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.manifest import MANIFEST_FILE
 from weightsmith.outputdir import remove_stale
 
-#: Defaults of the calibration run (those of `weightsmith calibrate`).
-DEFAULT_TOKENS, DEFAULT_SEQ_LEN = 65536, 2048
 KV_CACHE = "fp8"
 SHARD = DEFAULT_SHARD
 console = Console(highlight=False, soft_wrap=True)
@@ -54,6 +53,7 @@ def calibrate_kv(
 ) -> tuple[Path, dict]:
     """Measure and add the KV-cache scales of `quant` (in place, or into `out`); returns (output, calibration entry)."""
     from weightsmith.engine.calibrate import calibration_tokens, measure
+    from weightsmith.fidelity.logits import missing_library
 
     remove_stale(out if out is not None else quant)
     target = Checkpoint.open(quant)
@@ -73,6 +73,9 @@ def calibrate_kv(
             tensor=found[0],
             code="kv.exists",
         )
+    missing = missing_library()
+    if missing is not None:
+        raise WeightsmithError(missing, code="engine.libraries")
     measured_on = source if source is not None else quant
     ckpt = Checkpoint.open(measured_on) if source is not None else target
     if source is not None:

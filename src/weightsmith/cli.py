@@ -25,11 +25,11 @@ COMMAND_MODULES = {
     "inspect": "weightsmith.audit.commands",
     "verify": "weightsmith.audit.commands",
     "transplant": "weightsmith.audit.commands",
-    "calibrate-kv": "weightsmith.calibrate_kv",
     "diff": "weightsmith.audit.commands",
     "bench": "weightsmith.bench.cli",
     "eval": "weightsmith.fidelity.cli",
     "calibrate": "weightsmith.engine.cli",
+    "calibrate-kv": "weightsmith.calibrate_kv",
     "card": "weightsmith.card.cli",
 }
 err_console = Console(stderr=True, highlight=False)
