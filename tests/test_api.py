@@ -19,7 +19,7 @@ def test_quantize_from_code_equals_the_command_line(tmp_path: Path, capsys, monk
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
     result = weightsmith.quantize(src, tmp_path / "lib", "w4a16-asym", group_size=64, workers=2, hash_sources=False)
     assert isinstance(result, QuantizeResult) and result.output == tmp_path / "lib"
-    assert result.manifest["recipe"]["rules"][0]["config_group"] == "W4A16_ASYM"
+    assert result.manifest.recipe.rules and result.manifest.recipe.rules[0].config_group == "W4A16_ASYM"
     code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "cli", "--scheme", "w4a16-asym",
                        "--group-size", "64", "--no-hash")
     assert code == 0, err

@@ -101,14 +101,7 @@ def test_kv_cache_scales_declared_verified_and_recorded(tmp_path: Path, src: Pat
     index = json.loads((result.output / "model.safetensors.index.json").read_text())["weight_map"]
     for attention in recorded.kv:
         assert index[f"{attention}.k_scale"] == index[f"{attention}.k_proj.weight_packed"]
-    entry = result.manifest["calibration"]
-    assert (entry["tokens"], entry["activations"], entry["kv_cache"], entry["kv_scales"]) == (
-        recorded.provenance.tokens,
-        "original",
-        "fp8",
-        2 * len(recorded.kv),
-    )
-    assert entry["activation_scales"] == 0 and entry["file"] == "stats.safetensors"
+    assert result.manifest.calibration == recorded.provenance
 
 
 def test_a_recipe_rule_with_a_calibrated_scheme_needs_the_statistics(tmp_path: Path, src: Path) -> None:
@@ -129,9 +122,15 @@ def test_card_says_the_scales_were_measured(tmp_path: Path, src: Path) -> None:
     from weightsmith.card.cite import Citations
     from weightsmith.card.made import _calibration_lines
 
-    stats, _ = write_stats(src, tmp_path / "stats.safetensors")
+    stats, recorded = write_stats(src, tmp_path / "stats.safetensors")
     result = quantize(src, tmp_path / "out", "nvfp4", calibration=stats, kv_cache="fp8", workers=2)
-    (line,) = _calibration_lines(result.manifest["calibration"], "calibration", Citations())
-    assert "14<!-- weightsmith.json: calibration.activation_scales -->" in line
-    assert "4<!-- weightsmith.json: calibration.kv_scales -->" in line
+    config = json.loads((result.output / "config.json").read_text())
+    (line,) = _calibration_lines(result.manifest, config, Citations())
+    assert "the static activation scales of nvfp4 and the KV-cache scales" in line
+    assert f"{recorded.provenance.tokens:,}<!-- weightsmith.json: calibration.tokens -->" in line
     assert "not transplanted" in line and "original model" in line
+    # without --kv-cache the card claims only the activation scales
+    plain = quantize(src, tmp_path / "plain", "nvfp4", calibration=stats, workers=2)
+    config = json.loads((plain.output / "config.json").read_text())
+    (line,) = _calibration_lines(plain.manifest, config, Citations())
+    assert "activation scales of nvfp4 measured" in line and "KV-cache" not in line

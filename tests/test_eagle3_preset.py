@@ -26,6 +26,7 @@ from weightsmith.audit.verify import verify
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.plan import KEEP, PRESETS, QUANTIZE, build_plan
 from weightsmith.schemes import make_scheme
+from weightsmith.targets import Targets
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, VOCAB, DRAFT_VOCAB = 128, 4, 2, 32, 256, 96, 64
 #: The target's layer count: vLLM builds the draft's layer 0 as `model.layers.{TARGET_LAYERS}`.
@@ -201,8 +202,8 @@ def test_kept_linears_are_listed_by_their_name_within_the_layer(
     assert f"listed in ignore as {entries[0]}, because vLLM loads midlayer.*" in reasons[f"{kept[0]}.weight"]
     # each entry matches the name on disk and the name vLLM builds; verify resolves them on disk
     for module, entry in zip(kept, entries, strict=True):
-        assert names.matches(entry, module)
-        assert names.matches(entry, vllm_layer(module).replace("gate_up_proj", names.leaf(module)))
+        assert Targets([entry], "ignore").matches(module)
+        assert Targets([entry], "ignore").matches(vllm_layer(module).replace("gate_up_proj", names.leaf(module)))
     assert vllm_mismatches(out, qc["ignore"]) == []
     report = verify(out)
     assert report.clean, [f.message for f in report.findings]

@@ -67,7 +67,7 @@ def test_smollm2_quantized_loads_in_transformers_and_matches_fake_quant(base, tm
     report = {
         "group": group,
         "quantized_linears": len(quantized),
-        "bits_per_param": manifest["sizes"]["bits_per_parameter_after"],
+        "bits_per_param": manifest.sizes.bits_per_parameter_after,
         "seconds": round(seconds, 2),
         "fp32": reference,
         "weightsmith": ours,

@@ -2,7 +2,7 @@
 
 Code and tests call this rather than the command-line module: it opens the checkpoint, plans
 every tensor under one scheme or a recipe, and writes the output whole or not at all, returning
-a `QuantizeResult` (the output folder, its manifest, and notes on what was cleaned up first).
+a `QuantizeResult` (the output folder, its typed `Manifest`, and notes on what was cleaned up first).
 """
 
 from __future__ import annotations

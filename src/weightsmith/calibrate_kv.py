@@ -24,7 +24,7 @@ from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_ta
 from weightsmith.checkpoint import Checkpoint, read_json
 from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
-from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.manifest import MANIFEST_FILE, Manifest
 from weightsmith.outputdir import remove_stale
 
 KV_CACHE = "fp8"
@@ -97,18 +97,16 @@ def calibrate_kv(
         text_sha256=sha,
         activations="original" if source is not None else "quantized",
     )
-    entry = {
-        "measured_on": str(measured_on),
-        **asdict(prov),
-        "activation_scales": 0,
-        "kv_cache": KV_CACHE,
-        "kv_scales": len(values),
-    }
+    entry = {"measured_on": str(measured_on), **asdict(prov), "kv_cache": KV_CACHE, "kv_scales": len(values)}
     documents = {}
-    if (target.root / MANIFEST_FILE).is_file():  # a weightsmith checkpoint: its card reads how the scales were made
-        manifest = read_json(target.root / MANIFEST_FILE, MANIFEST_FILE)
-        earlier = manifest.get("calibration")  # the quantize run's (its activation scales): kept beside
-        documents[MANIFEST_FILE] = dict(manifest, calibration=dict(entry, earlier=earlier) if earlier else entry)
+    manifest_path = target.root / MANIFEST_FILE
+    if manifest_path.is_file():  # a weightsmith checkpoint: its card reads where measured scales came from
+        manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE), manifest_path)
+        # a record already there is the quantize run's, for its activation scales: it stays, and
+        # these scales' provenance is in the new shard's metadata
+        if manifest.calibration is None:
+            manifest.calibration = prov
+            documents[MANIFEST_FILE] = manifest.to_json()
     metadata = {"calibration": json.dumps(entry, sort_keys=True)}
     result = add_tensors(
         target.root,

@@ -71,6 +71,10 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
         ) from None
     except RecursionError:
         raise CheckpointError("is JSON nested too deeply to read", file=path, code="json.invalid") from None
+    except ValueError:  # the only other thing json.loads raises: an integer longer than Python will convert
+        raise CheckpointError(
+            "is not valid JSON (an integer of more than 4300 digits)", file=path, code="json.invalid"
+        ) from None
     if not isinstance(doc, dict):
         raise CheckpointError("is not a JSON object", file=path, code="json.invalid")
     if duplicates:

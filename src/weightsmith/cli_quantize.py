@@ -29,7 +29,7 @@ console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
 
-def _mib(n: int) -> str:
+def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
 
 
@@ -101,31 +101,30 @@ def plan_json(plan: Plan) -> dict:
 
 def _summary(result: QuantizeResult, seconds: float) -> None:
     m = result.manifest
-    s, t = m["sizes"], m["tensors"]
+    s, t = m.sizes, m.tensors
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"[bold green]wrote[/] {result.output}")
     console.print(
-        f"  tensors   {t['quantize']} quantized, {t['keep']} kept, "
-        f"{t['decode']} FP8 decoded to BF16, {t['drop']} scales consumed"
+        f"  tensors   {t.quantize} quantized, {t.keep} kept, "
+        f"{t.decode} FP8 decoded to BF16, {t.drop} scales consumed"
     )
     console.print(
-        f"  size      {_mib(s['bytes_before'])} -> {_mib(s['bytes_after'])} "
-        f"(saved {s['gib_saved']:.3f} GiB); "
-        f"bits/param {s['bits_per_parameter_before']:.2f} -> {s['bits_per_parameter_after']:.2f}"
+        f"  size      {_mib(s.bytes_before)} -> {_mib(s.bytes_after)} "
+        f"(saved {s.gib_saved:.3f} GiB); "
+        f"bits/param {s.bits_per_parameter_before:.2f} -> {s.bits_per_parameter_after:.2f}"
     )
-    console.print(f"  ignore    {', '.join(m['recipe']['ignore']) or '(none)'}")
-    cal = m.get("calibration")
-    if cal:
+    console.print(f"  ignore    {', '.join(m.recipe.ignore) or '(none)'}")
+    if m.calibration is not None:
+        cal = m.calibration
         console.print(
-            f"  measured  {cal['activation_scales']} activation scales, {cal['kv_scales']} KV-cache scales from "
-            f"{escape(cal['file'])} ({cal['tokens']:,} tokens of {escape(cal['text'])}, "
-            f"{cal['activations']} activations)"
+            f"  measured  scales from {cal.tokens:,} calibration tokens of {escape(cal.text)} "
+            f"({cal.activations} activations)"
         )
     console.print("  verified  headers re-read strictly, file sizes exact, index resolves both ways")
     for rel, why in result.skipped_files.items():
         console.print(f"  [yellow]skipped[/]   {escape(rel)}: {escape(why)} (not copied)")
-    rate = s["bytes_before"] / seconds / 2**20 if seconds > 0 else 0.0
+    rate = s.bytes_before / seconds / 2**20 if seconds > 0 else 0.0
     console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
 
 
@@ -297,7 +296,7 @@ def quantize(
                     "output": str(result.output),
                     "seconds": round(seconds, 3),
                     "notes": result.notes,
-                    "manifest": result.manifest,
+                    "manifest": result.manifest.to_json(),
                 }, indent=2
             )
         )

@@ -1,10 +1,12 @@
 """The config groups of a mixed recipe: compact targets that resolve every module to its own rule.
 
 vLLM resolves a module's scheme by its name first (the first target, over all groups in order,
-that equals the name or `re.match`es it), then, for a fused layer (`qkv_proj`), by its shards'
-names, and only then by class name (`"Linear"` is a substring of every Linear class, fused ones
-included). So a mixed checkpoint names its targets and never writes `"Linear"`: a class target
-would claim a fused layer whose shards belong to another group.
+that equals the name or `re.match`es it), then by class name (`"Linear"` is a substring of every
+Linear class, fused ones included), and only then, for a fused layer (`qkv_proj`), by its shards'
+names (`targets.Targets.resolve`). So a mixed checkpoint names its targets and never writes
+`"Linear"`: a class target would claim a fused layer whose shards belong to another group. No
+module is named by two groups, so compressed-tensors' precedence (exact names before regexes)
+resolves every module to the same group as vLLM's.
 
 Targets are written compactly, as real mixed checkpoints write them: every layer or expert index
 becomes `\\d+`, and names that then differ only in their last component share one alternation,
@@ -21,6 +23,7 @@ from collections.abc import Iterable
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.recipe import Recipe, Rule
+from weightsmith.targets import Targets
 
 #: The top-level format of a config whose groups use different formats (compressed-tensors').
 MIXED_PRECISION = "mixed-precision"
@@ -48,8 +51,8 @@ def compact_targets(modules: Iterable[str], others: set[str]) -> list[str]:
         leaf = re.escape(leaves[0]) if len(leaves) == 1 else "(" + "|".join(re.escape(v) for v in leaves) + ")"
         prefix = f"{key}\\." if key else ""
         pattern = f"re:{prefix}{leaf}$"
-        compiled = re.compile(pattern[3:])
-        if any(compiled.match(o) for o in others):
+        compact = Targets([pattern], "compact target")
+        if any(compact.matches(o) for o in others):
             targets.extend(sorted(members[key]))  # the compact form would claim another group's module
         else:
             targets.append(pattern)

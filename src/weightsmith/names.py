@@ -10,14 +10,8 @@ continue`), and the categories used to account bytes.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
-from pathlib import Path
-
-import regex
-
-from weightsmith.errors import WeightsmithError
 
 # --- parameter names (the last dotted component of a tensor name) ---
 WEIGHT = "weight"
@@ -288,60 +282,3 @@ def category(name: str) -> str:
     if _MLP.search(module + "."):
         return "dense mlp"
     return "other"
-
-
-#: What `re.compile` raises for a pattern it cannot build, not only `re.error`.
-REGEX_ERRORS = (re.error, OverflowError, RecursionError)
-#: How long one match of a supplied pattern may run. Real patterns match a module name in
-#: microseconds; one that backtracks catastrophically (`re:(a|aa)+$` against a long name) would
-#: otherwise hang the command for hours.
-MATCH_TIMEOUT_S = 1.0
-
-
-class Pattern:
-    """A regular expression a user or a checkpoint supplied: Python's syntax, a bounded match.
-
-    Validity is judged by Python's `re`, as vLLM judges it; matching runs on the `regex` library,
-    which reads the same syntax and can stop a match at a time limit, which `re` cannot.
-    """
-
-    def __init__(self, text: str, what: str, file: str | Path | None = None) -> None:
-        """`what` names the pattern in messages: where it was given, and as the user wrote it."""
-        self.what, self.file = what, file
-        try:
-            re.compile(text)
-            self._compiled = regex.compile(text)
-        except (*REGEX_ERRORS, regex.error) as exc:
-            raise WeightsmithError(
-                f"{what} is not a valid regular expression ({exc})", file=file, code="usage"
-            ) from None
-
-    def match(self, name: str) -> bool:
-        """Whether the pattern matches at the start of `name` (`re.match`), within the time limit."""
-        try:
-            return self._compiled.match(name, timeout=MATCH_TIMEOUT_S) is not None
-        except TimeoutError:
-            raise WeightsmithError(
-                f"{self.what} took over {MATCH_TIMEOUT_S:g} s to match one name "
-                f"({len(name)} characters): it backtracks catastrophically; simplify it",
-                file=self.file,
-                code="usage",
-            ) from None
-
-
-@functools.lru_cache(maxsize=4096)
-def entry_regex(entry: str, origin: str, file: str | Path | None = None) -> Pattern:
-    """The pattern of a `re:` entry, or one line naming the entry and where it came from.
-
-    Every `re:` pattern a user or a checkpoint supplies is compiled here, so a bad one (`re:([`,
-    a repeat count too large, nesting too deep) is never a traceback and a slow one never a hang.
-    `origin` says where it was given: `--ignore`, `--select`, `quantization_config targets`.
-    """
-    return Pattern(entry[3:], f"{origin} {entry!r}", file)
-
-
-def matches(entry: str, module: str) -> bool:
-    """vLLM's rule: `re:` entries with `re.match` (anchored at the start only), others exactly."""
-    if entry.startswith("re:"):
-        return entry_regex(entry, "pattern").match(module)
-    return entry == module

@@ -25,7 +25,7 @@ import numpy as np
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import copy_new, write_json_new
-from weightsmith.manifest import MANIFEST_FILE, build_manifest, hash_files, write_manifest
+from weightsmith.manifest import MANIFEST_FILE, Manifest, build_manifest, hash_files, write_manifest
 from weightsmith.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
 from weightsmith.quant import fp8
@@ -273,14 +273,14 @@ class QuantizeResult:
     """What a run produced, for the summary line and `--json`."""
 
     output: Path
-    manifest: dict
+    manifest: Manifest
     #: What was cleaned up beside the output first (folders left by killed runs), one sentence each.
     notes: list[str] = field(default_factory=list)
 
     @property
     def skipped_files(self) -> dict[str, str]:
         """Source files not carried over (links out of the source, FIFOs, ...) and why."""
-        return self.manifest.get("skipped_files", {})
+        return self.manifest.skipped_files
 
 
 def _write_index(plan: Plan, folder: Path) -> None:
@@ -371,11 +371,8 @@ def execute(
             _write_config(plan, folder)
             _copy_other_files(src, folder, other.files)
             written = verify_output(plan, folder)
-            manifest = build_manifest(plan, written, source_hashes)
-            if other.skipped:
-                manifest["skipped_files"] = other.skipped
-            if plan.calibration is not None:
-                manifest["calibration"] = plan.calibration_entry()
+            calibrated_from = plan.calibration.stats.provenance if plan.calibration is not None else None
+            manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from)
             write_manifest(folder, manifest)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

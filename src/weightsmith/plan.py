@@ -33,6 +33,7 @@ from weightsmith.quant.fp8 import Block
 from weightsmith.recipe import Recipe, Rule
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes import Scheme
+from weightsmith.targets import Targets
 
 QUANTIZE, KEEP, DECODE, DROP = "quantize", "keep", "decode", "drop"
 
@@ -180,13 +181,6 @@ def detect_source_format(ckpt: Checkpoint) -> SourceFormat:
     )
 
 
-def compile_ignore(entries: list[str]) -> None:
-    """Reject malformed regexes up front, naming the entry."""
-    for e in entries:
-        if e.startswith("re:"):
-            names.entry_regex(e, "--ignore")
-
-
 @dataclass(slots=True)
 class Decision:
     """What becomes of one source tensor (slots: a checkpoint may hold hundreds of thousands)."""
@@ -258,7 +252,8 @@ class Plan:
         out = []
         for i, rule in enumerate(self.recipe.rules):
             for target in rule.targets:
-                if not any(Rule((target,), rule.scheme).matches(m) for m in modules):
+                alone = Rule((target,), rule.scheme)
+                if not any(alone.matches(m) for m in modules):
                     out.append((i + 1, target))
         return out
 
@@ -304,18 +299,6 @@ class Plan:
         if self.kv_cache is not None:
             config["kv_cache_scheme"] = calibrated.kv_cache_scheme(self.kv_cache)
         return config
-
-    def calibration_entry(self) -> dict | None:
-        """The manifest's `calibration` entry: the statistics' provenance and what was made of them."""
-        if self.calibration is None:
-            return None
-        kv = [n for n in self.values if names.is_kv_scale_name(n)]
-        return {
-            **calibrated.provenance(self.calibration),
-            "activation_scales": len(self.values) - len(kv),
-            "kv_cache": self.kv_cache,
-            "kv_scales": len(kv),
-        }
 
 
 def _fp8_weights(ckpt: Checkpoint, fmt: SourceFormat) -> dict[str, Block | None]:
@@ -427,12 +410,18 @@ def build_plan(
     """
     recipe = scheme if isinstance(scheme, Recipe) else Recipe.single(scheme)
     user_ignore = list(ignore or [])
-    compile_ignore(user_ignore)
     preset_entries: tuple[str, ...] = ()
     if preset is not None:
         if preset not in PRESETS:
             raise WeightsmithError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})", code="usage")
         preset_entries = PRESETS[preset].ignore
+    # every entry compiled up front: a malformed regex is refused before anything is planned
+    keepers = _Keepers(
+        Targets(user_ignore, "--ignore"),
+        Targets(recipe.ignore, "ignore", recipe.file),
+        Targets(preset_entries, f"preset {preset}"),
+        preset,
+    )
     fmt = detect_source_format(ckpt)
     fp8_weights = _fp8_weights(ckpt, fmt)
     consumed = {f"{names.split(w)[0]}.{fmt.scale_param}": w for w in fp8_weights}  # scale -> its weight
@@ -451,7 +440,7 @@ def build_plan(
             if why is not None and preset is not None and names.category(name) in PRESETS[preset].requires_kept:
                 why += f"; preset {preset}: {PRESETS[preset].why}"
             if why is None:
-                why = _ignored_by(module, user_ignore, preset_entries, preset, recipe)
+                why = keepers.reason(module)
             rule = recipe.rule_for(module) if why is None else None
             if why is None and rule is None:
                 why = "no recipe rule targets it"
@@ -477,7 +466,7 @@ def build_plan(
     # module against the growing list made a checkpoint of many kept Linears quadratic to plan.
     # Under a preset that lists them by suffix, a given entry may match the name on disk but not
     # the runtime's, so the suffix entry is always added.
-    given, listed = tuple(ignore_out), set(ignore_out)
+    given, listed = Targets(ignore_out, "ignore"), set(ignore_out)
     for d in decisions:
         if d.action == QUANTIZE:
             out, inp = d.shape
@@ -495,7 +484,7 @@ def build_plan(
             if by_suffix is not None:
                 entry = names.suffix_entry(d.module)
                 d.reason += f"; listed in ignore as {entry}, because {by_suffix.runtime_names}"
-            elif any(names.matches(e, d.module) for e in given):
+            elif given.matches(d.module):
                 continue
             else:
                 entry = d.module
@@ -513,13 +502,13 @@ def build_plan(
     _refuse_collisions(ckpt, decisions, added)
     # HF builds lm_head as an nn.Linear (even when tied), so a "Linear" target would claim it.
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")
-    if has_head and not any(names.matches(e, "lm_head") for e in ignore_out):
+    if has_head and not Targets(ignore_out, "ignore").matches("lm_head"):
         ignore_out.append("lm_head")
     return Plan(ckpt, recipe, fmt, decisions, ignore_out, preset, calibration, kv_cache, values, added)
 
 
 def _input_params(decisions: list[Decision], cal: Calibration | None) -> dict[str, np.ndarray]:
-    """Each calibrated scheme's static activation parameters, added to its modules' outputs."""
+    """Each calibrated scheme's static activation parameters: the values of tensors its outputs declare."""
     values: dict[str, np.ndarray] = {}
     quantized = {d.module for d in decisions if d.action == QUANTIZE}
     for d in decisions:
@@ -528,9 +517,11 @@ def _input_params(decisions: list[Decision], cal: Calibration | None) -> dict[st
         scheme = d.rule.scheme
         found = calibrated.require(cal, f"scheme {scheme.name}")
         absmax = calibrated.input_absmax(found, d.module, quantized)
+        declared = {s.name: s for s in d.outputs}  # the scheme's layout declares its activation scales
         for param, value in scheme.input_params(absmax, "BF16" if d.scale else d.dtype):
             name = f"{d.module}.{param}"
-            d.outputs.append(TensorSpec(name, from_numpy(value.dtype).code, value.shape))
+            spec = declared[name]
+            assert (spec.dtype, tuple(spec.shape)) == (from_numpy(value.dtype).code, value.shape), (spec, value)
             values[name] = value
     return values
 
@@ -568,25 +559,26 @@ def _kv_scales(
     return dict(added)
 
 
-def _ignored_by(
-    module: str, user: list[str], preset_entries: tuple[str, ...], preset: str | None, recipe: Recipe
-) -> str | None:
-    """The ignore entry that keeps `module` (directly or through its fused name), as a reason."""
-    candidates = [module]
-    fused = names.fused_partners(module)
-    if fused is not None:
-        candidates.append(fused[0])
-    for entry in user:
-        if any(names.matches(entry, c) for c in candidates):
+@dataclass(frozen=True)
+class _Keepers:
+    """The ignore lists a plan honours, in the order their reasons are given: `--ignore`, the recipe's, the preset's."""
+
+    user: Targets
+    recipe: Targets
+    preset_entries: Targets
+    preset: str | None
+
+    def reason(self, module: str) -> str | None:
+        """The entry that keeps `module` (directly or through its fused name), as a reason."""
+        fused = names.fused_partners(module)
+        candidates = (module, fused[0]) if fused is not None else (module,)
+        if (entry := self.user.first(*candidates)) is not None:
             return f"--ignore {entry}"
-    for entry in recipe.ignore:
-        if any(names.matches(entry, c) for c in candidates):
+        if (entry := self.recipe.first(*candidates)) is not None:
             return f"recipe ignore {entry}"
-    for entry in preset_entries:
-        if any(names.matches(entry, c) for c in candidates):
-            assert preset is not None
-            return f"preset {preset}: {PRESETS[preset].why}"
-    return None
+        if self.preset is not None and self.preset_entries.matches(*candidates):
+            return f"preset {self.preset}: {PRESETS[self.preset].why}"
+        return None
 
 
 def _enforce_fused_agreement(decisions: list[Decision]) -> None:
@@ -617,10 +609,11 @@ def _keep_by_suffix(decisions: list[Decision]) -> None:
     for d in decisions:
         if d.action == KEEP and _is_linear_like_weight(d):
             kept.setdefault(names.suffix_entry(d.module), d)
+    suffixes = Targets(kept, "ignore")
     for d in decisions:
         if d.action != QUANTIZE:
             continue
-        entry = next((e for e in kept if names.matches(e, d.module)), None)
+        entry = suffixes.first(d.module)
         if entry is not None:
             first = kept[entry]
             d.action, d.rule = KEEP, None

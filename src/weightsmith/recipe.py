@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_regular
 from weightsmith.schemes import REGISTRY, Scheme, make_scheme
+from weightsmith.targets import LINEAR, Targets
 
-#: The class target compressed-tensors and vLLM write for every Linear layer.
-LINEAR = "Linear"
 CATEGORY = "category:"
 #: Categories a rule may target: those that hold Linear-like weights.
 TARGET_CATEGORIES = tuple(
@@ -54,21 +54,23 @@ class Rule:
     targets: tuple[str, ...]
     scheme: Scheme
 
+    @cached_property
+    def _names(self) -> Targets:
+        """The targets that name modules (exact or `re:`), compiled once."""
+        return Targets((t for t in self.targets if t != LINEAR and not t.startswith(CATEGORY)), "recipe target")
+
     def matches(self, module: str) -> bool:
         """Whether a Linear-like weight's module falls under this rule."""
-        candidates = [module]
+        if LINEAR in self.targets:
+            return True
+        if names.category(f"{module}.{names.WEIGHT}") in self._categories:
+            return True
         fused = names.fused_partners(module)
-        if fused is not None:
-            candidates.append(fused[0])
-        for target in self.targets:
-            if target == LINEAR:
-                return True
-            if target.startswith(CATEGORY):
-                if names.category(f"{module}.{names.WEIGHT}") == target[len(CATEGORY) :]:
-                    return True
-            elif any(names.matches(target, c) for c in candidates):
-                return True
-        return False
+        return self._names.matches(module, *([fused[0]] if fused else []))
+
+    @cached_property
+    def _categories(self) -> frozenset[str]:
+        return frozenset(t[len(CATEGORY) :] for t in self.targets if t.startswith(CATEGORY))
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,7 @@ def load_recipe(path: Path) -> Recipe:
         raise WeightsmithError(f"is not valid TOML ({exc})", file=path, code="recipe.invalid") from None
     _known(doc, _TOP_KEYS, "top level", path)
     ignore = _strings(doc.get("ignore", []), "ignore", path)
-    for entry in ignore:
-        if entry.startswith("re:"):
-            names.entry_regex(entry, "ignore", file=path)
+    Targets(ignore, "ignore", path)  # a bad regex is refused here, naming the file
     rules_doc = doc.get("rule")
     if not isinstance(rules_doc, list) or not rules_doc:
         raise WeightsmithError("needs at least one [[rule]] table", file=path, code="recipe.invalid")
@@ -149,10 +149,9 @@ def _rule(doc: object, index: int, path: Path) -> Rule:
     targets = _strings(doc.get("targets"), f"{where}: targets", path)
     if not targets:
         raise WeightsmithError(f"{where}: targets is empty", file=path, code="recipe.invalid")
+    Targets(targets, f"{where}: target", path)  # a bad regex is refused here, naming the rule
     for target in targets:
-        if target.startswith("re:"):
-            names.entry_regex(target, f"{where}: target", file=path)
-        elif target.startswith(CATEGORY) and target[len(CATEGORY) :] not in TARGET_CATEGORIES:
+        if target.startswith(CATEGORY) and target[len(CATEGORY) :] not in TARGET_CATEGORIES:
             raise WeightsmithError(
                 f"{where}: unknown category {target!r} (known: {', '.join(TARGET_CATEGORIES)})",
                 file=path,

@@ -10,11 +10,16 @@ import pytest
 
 from hostile.harness import Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.names import MATCH_TIMEOUT_S, matches
+from weightsmith.targets import MATCH_TIMEOUT_S, Targets
 
 #: Exponential for a backtracking matcher on a name of many `a`s that does not end where `$` wants.
 CATASTROPHIC = "re:(a|aa)+$"
 LONG_NAME = "a" * 60 + "b"
+
+
+def matches(entry: str, module: str) -> bool:
+    """One entry against one module name, as every list of targets is matched."""
+    return Targets([entry], "pattern").matches(module)
 
 
 def test_a_catastrophic_pattern_is_stopped_at_the_time_limit() -> None:

@@ -8,18 +8,14 @@ gate/up) agree, since vLLM loads them as one layer with one scheme.
 
 from __future__ import annotations
 
-import math
-
 from weightsmith import names
 from weightsmith.audit import coverage as cov
 from weightsmith.audit.findings import ERROR, WARNING, Finding
 from weightsmith.audit.modules import Located, Module
-from weightsmith.audit.quant_config import HF_FP8, MODELOPT, QuantDeclaration, Scheme
+from weightsmith.audit.quant_config import QuantDeclaration, Scheme
 from weightsmith.audit.values import SmallReads
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats.modelopt import MODELOPT_NVFP4, MODELOPT_NVFP4_GROUP
-
-SCALAR = (-1,)  # marker: any shape holding exactly one element
+from weightsmith.formats.layouts import Layout, Tensor
 
 
 def check_quantization(
@@ -43,6 +39,7 @@ def check_quantization(
     for module in linear:
         found += _module_findings(decl, module, reads)
     found += _fused_findings(decl, linear, reads)
+    found += _precedence_findings(decl, linear)
     formats = ", ".join(sorted({s.format for s in decl.schemes if s.format})) or "no weight format"
     return found, f"{len(linear):,} Linear-like modules against {decl.method} {formats} ({decl.source})"
 
@@ -118,10 +115,10 @@ def _module_findings(decl: QuantDeclaration, module: Module, reads: SmallReads) 
         ]
     if status != cov.QUANTIZED or scheme is None:
         return []
-    expected = decl.expected_params(scheme)
-    if expected is None:
+    layout = decl.layout(scheme)
+    if layout is None:
         return []
-    return _tensor_set_findings(module, scheme, expected) + _shape_findings(decl, scheme, module, reads)
+    return _tensor_set_findings(module, scheme, layout.dtypes()) + _shape_findings(scheme, layout, module, reads)
 
 
 def _tensor_set_findings(module: Module, scheme: Scheme, expected: dict[str, str | None]) -> list[Finding]:
@@ -166,15 +163,15 @@ def _tensor_set_findings(module: Module, scheme: Scheme, expected: dict[str, str
     return found
 
 
-def _shape_findings(decl: QuantDeclaration, scheme: Scheme, module: Module, reads: SmallReads) -> list[Finding]:
-    expected, problems = _expected_shapes(decl, scheme, module, reads)
+def _shape_findings(scheme: Scheme, layout: Layout, module: Module, reads: SmallReads) -> list[Finding]:
+    expected, problems = _expected_shapes(layout, module, reads)
     found = [_finding(module, "quant.param-shape", ERROR, message, param) for param, message in problems]
-    for param, shape in expected.items():
+    for param, tensor in expected.items():
         located = module.params.get(param)
         if located is None:
             continue
         actual = located.info.shape
-        if shape == SCALAR:
+        if tensor.scalar:
             if located.info.numel != 1:
                 found.append(
                     _finding(
@@ -185,13 +182,13 @@ def _shape_findings(decl: QuantDeclaration, scheme: Scheme, module: Module, read
                         param,
                     )
                 )
-        elif actual != shape:
+        elif actual != tensor.shape:
             found.append(
                 _finding(
                     module,
                     "quant.param-shape",
                     ERROR,
-                    f"has shape {list(actual)} but {_describe(scheme)} implies {list(shape)}",
+                    f"has shape {list(actual)} but {_describe(scheme)} implies {list(tensor.shape)}",
                     param,
                 )
             )
@@ -199,9 +196,9 @@ def _shape_findings(decl: QuantDeclaration, scheme: Scheme, module: Module, read
 
 
 def _expected_shapes(
-    decl: QuantDeclaration, scheme: Scheme, module: Module, reads: SmallReads
-) -> tuple[dict[str, tuple[int, ...]], list[tuple[str, str]]]:
-    """Expected shape of each parameter, from the main tensor's shape (and `weight_shape` values)."""
+    layout: Layout, module: Module, reads: SmallReads
+) -> tuple[dict[str, Tensor], list[tuple[str, str]]]:
+    """The layout's tensors for the logical shape the main tensor (and `weight_shape`'s values) imply."""
     main_param = names.WEIGHT_PACKED if names.WEIGHT_PACKED in module.params else names.WEIGHT
     main = module.params.get(main_param)
     if main is None:
@@ -209,57 +206,56 @@ def _expected_shapes(
     if len(main.info.shape) != 2:
         return {}, [(main_param, f"has shape {list(main.info.shape)}; a quantized Linear weight is two-dimensional")]
     out, cols = main.info.shape
-    fmt = scheme.format
-    if decl.method == ct.QUANT_METHOD and fmt == ct.PACK_QUANTIZED:
-        return _pack_quantized_shapes(scheme, module, reads, out, cols)
-    if (decl.method == ct.QUANT_METHOD and fmt in (ct.NVFP4_PACK_QUANTIZED, ct.MXFP4_PACK_QUANTIZED)) or (
-        decl.method == MODELOPT and fmt == MODELOPT_NVFP4
-    ):  # FP4 codes two to a byte
-        group = scheme.group_size or MODELOPT_NVFP4_GROUP
-        in_features = cols * 2
-        shapes = {names.WEIGHT_SCALE: (out, math.ceil(in_features / group))}
-        for scalar in (names.WEIGHT_GLOBAL_SCALE, names.INPUT_GLOBAL_SCALE, names.WEIGHT_SCALE_2, names.INPUT_SCALE):
-            shapes[scalar] = SCALAR
-        return shapes, []
-    # FP8 weights stored [out, in]: compressed-tensors float-quantized, ModelOpt FP8, HF fp8.
-    scale = names.WEIGHT_SCALE_INV if decl.method == HF_FP8 and scheme.block else names.WEIGHT_SCALE
-    return {scale: _grouped_scale_shape(scheme, out, cols), names.INPUT_SCALE: SCALAR}, []
-
-
-def _grouped_scale_shape(scheme: Scheme, out: int, in_features: int) -> tuple[int, ...]:
-    if scheme.block:
-        return (math.ceil(out / scheme.block[0]), math.ceil(in_features / scheme.block[1]))
-    if scheme.strategy == "channel":
-        return (out, 1)
-    if scheme.strategy == "group" and scheme.group_size:
-        return (out, math.ceil(in_features / scheme.group_size))
-    return SCALAR
+    in_features = layout.in_features(cols)
+    if in_features is None:
+        return _pack_quantized_shapes(layout, module, reads, out, cols)
+    return layout.tensors(out, in_features), []
 
 
 def _pack_quantized_shapes(
-    scheme: Scheme, module: Module, reads: SmallReads, out: int, cols: int
-) -> tuple[dict[str, tuple[int, ...]], list[tuple[str, str]]]:
-    bits = scheme.num_bits or 4
+    layout: Layout, module: Module, reads: SmallReads, out: int, cols: int
+) -> tuple[dict[str, Tensor], list[tuple[str, str]]]:
+    """pack-quantized: `weight_shape` holds the input count, which int32 words round up."""
     shape_ref = module.params.get(names.WEIGHT_SHAPE)
     if shape_ref is None or shape_ref.info.dtype.code != "I64" or shape_ref.info.shape != (2,):
-        return {names.WEIGHT_SHAPE: (2,)}, []
+        return {names.WEIGHT_SHAPE: layout.tensors(out, 0)[names.WEIGHT_SHAPE]}, []
     rows, in_features = (int(v) for v in reads.array(shape_ref.shard, f"{module.name}.{names.WEIGHT_SHAPE}"))
+    expected = layout.tensors(out, in_features)
+    need = expected.pop(layout.codes).shape[1]
     problems = []
     if rows != out:
         problems.append((names.WEIGHT_SHAPE, f"says {rows} output rows but weight_packed has {out}"))
-    if cols != math.ceil(in_features * bits / 32):
-        problems.append(
-            (
-                names.WEIGHT_PACKED,
-                f"has {cols} int32 columns but {in_features} inputs at {bits} bits "
-                f"need {math.ceil(in_features * bits / 32)}",
+    if cols != need:
+        bits = layout.code_bits
+        problems.append((layout.codes, f"has {cols} int32 columns but {in_features} inputs at {bits} bits need {need}"))
+    return expected, problems
+
+
+def _precedence_findings(decl: QuantDeclaration, linear: list[Module]) -> list[Finding]:
+    """One warning per pair of groups that vLLM and compressed-tensors resolve some modules to differently.
+
+    compressed-tensors quantized each module with the group its precedence picks (exact names
+    before regexes); vLLM loads it with the first target in config order. Where they differ, the
+    weights were written for one scheme and are read as another.
+    """
+    by_module = {m.name: m for m in linear}
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for module, ours, theirs in decl.precedence_conflicts(list(by_module)):
+        pairs.setdefault((ours, theirs), []).append(module)
+    found = []
+    for (ours, theirs), modules in pairs.items():
+        more = f" (and {len(modules) - 1:,} more modules)" if len(modules) > 1 else ""
+        found.append(
+            _finding(
+                by_module[modules[0]],
+                "quant.group-precedence",
+                WARNING,
+                f"is resolved to config group {ours!r} by vLLM (first matching target in config order) but to "
+                f"{theirs!r} by compressed-tensors (exact names before regexes){more}; name each module in one "
+                "group only",
             )
         )
-    scale = _grouped_scale_shape(scheme, out, in_features)
-    shapes = {names.WEIGHT_SCALE: scale}
-    if scale != SCALAR:
-        shapes[names.WEIGHT_ZERO_POINT] = (math.ceil(out * bits / 32), scale[1])
-    return shapes, problems
+    return found
 
 
 def _fused_findings(decl: QuantDeclaration, linear: list[Module], reads: SmallReads) -> list[Finding]:

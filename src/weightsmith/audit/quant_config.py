@@ -1,7 +1,7 @@
 """What a checkpoint's quantization config declares, in one shape for every producer.
 
 Three producers are understood: compressed-tensors (`config.json` `quantization_config`, matched as
-vLLM and compressed-tensors match it: exact names, `re:` regexes anchored at the start, and the
+vLLM matches it, `targets.Targets`: exact names, `re:` regexes anchored at the start, and the
 class name `Linear`), NVIDIA ModelOpt (`hf_quant_config.json`, or its converted `config.json` form,
 with fnmatch wildcards in `exclude_modules`/`ignore`), and the HF/DeepSeek `fp8` block format.
 `config.json` wins when both files declare, as in vLLM's `get_quant_config`.
@@ -9,34 +9,22 @@ with fnmatch wildcards in `exclude_modules`/`ignore`), and the HF/DeepSeek `fp8`
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass, field
 
 from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.checkpoint import CONFIG_FILE
-from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import hf_fp8
-from weightsmith.formats.modelopt import (
-    HF_QUANT_CONFIG_FILE,
-    MODELOPT_NVFP4,
-    MODELOPT_NVFP4_REQUIRED_KEYS,
-    MODELOPT_PARAMS,
-)
-from weightsmith.names import Pattern
+from weightsmith.formats import hf_fp8, layouts, modelopt
+from weightsmith.formats.layouts import Layout
+from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS
 from weightsmith.quant.fp8 import parse_block
+from weightsmith.targets import Groups, Targets
 from weightsmith.terminal import short_repr
 
 MODELOPT, HF_FP8 = "modelopt", hf_fp8.QUANT_METHOD
 HF_FP8_BLOCK = "fp8-block"
-#: Shard leaf -> its fused layer's leaf (`q_proj` -> `qkv_proj`), as `names.fused_partners` says.
-_FUSED_LEAF = {
-    part: names.leaf(names.fused_partners(f"m.{part}")[0])
-    for parts in (*names.FUSED_LAYERS.values(), *names.FUSED_EXPERT_PAIRS)
-    for part in parts
-}
 #: `QuantizationArgs` fields the doctor reads -> the JSON type each must have, in words.
 _ARG_TYPES: dict[str, tuple[type, str]] = {
     "num_bits": (int, "an integer"),
@@ -63,34 +51,13 @@ class Scheme:
     symmetric: bool = True
     #: Dtypes a scale stored "in the original dtype" may have (the formats say which).
     scale_dtypes: frozenset[str] = ct.ORIGINAL_FLOATS
-    #: Activations quantized with static scales stored in the checkpoint.
-    static_input: bool = False
+    #: The parameter holding the activations' calibrated scale, when they keep one (`layouts.input_scale`).
+    input_scale: str | None = None
     block: tuple[int, int] | None = None
 
-
-class _Matcher:
-    """Exact names plus one combined pattern, so thousands of modules match in microseconds each.
-
-    Patterns that do not compile are left out and reported through `broken`.
-    """
-
-    def __init__(self, exact: set[str], patterns: list[str]) -> None:
-        self.exact = exact
-        self.broken = [p for p in patterns if not _compiles(p)]
-        good = [p for p in patterns if p not in self.broken]
-        combined = "|".join(f"(?:{p})" for p in good)
-        self.pattern = Pattern(combined, f"the patterns {good}", CONFIG_FILE) if good else None
-
-    def __call__(self, module: str) -> bool:
-        return module in self.exact or (self.pattern is not None and self.pattern.match(module))
-
-
-def _compiles(pattern: str) -> bool:
-    try:
-        Pattern(pattern, repr(pattern))
-    except WeightsmithError:
-        return False
-    return True
+    @property
+    def args(self) -> layouts.Args:
+        return layouts.Args(self.num_bits, self.weight_type, self.strategy, self.group_size, self.block, self.symmetric)
 
 
 @dataclass
@@ -109,72 +76,48 @@ class QuantDeclaration:
     fnmatch_ignore: bool = False
 
     def __post_init__(self) -> None:
-        self._targets: list[tuple[_Matcher, Scheme]] = []
-        self._class_target: Scheme | None = None
-        for scheme in self.schemes:
-            exact, patterns = set(), []
-            for target in scheme.targets:
-                if target.startswith("re:"):
-                    patterns.append(target[3:])
-                elif "." in target:
-                    exact.add(target)
-                elif target.lower() == "linear" and self._class_target is None:
-                    self._class_target = scheme
-            self._targets.append((_Matcher(exact, patterns), scheme))
-        if self.fnmatch_ignore:
-            self._ignore = _Matcher(set(), [fnmatch.translate(p) for p in self.ignore])
-        else:
-            self._ignore = _Matcher(
-                {p for p in self.ignore if not p.startswith("re:")}, [p[3:] for p in self.ignore if p.startswith("re:")]
-            )
-        for matcher in [self._ignore, *(m for m, _ in self._targets)]:
-            for pattern in matcher.broken:
-                self.problems.append(_invalid(f"pattern {pattern!r} is not a valid regular expression", CONFIG_FILE))
+        groups = {s.name: s.targets for s in self.schemes}
+        self._groups = Groups(groups, CONFIG_FILE, strict=False)
+        self._by_name = {s.name: s for s in self.schemes}
+        self._ignore = Targets(
+            self.ignore, "quantization_config ignore", CONFIG_FILE, wildcards=self.fnmatch_ignore, strict=False
+        )
+        for pattern in [*self._ignore.broken, *self._groups.broken]:
+            self.problems.append(_invalid(f"pattern {pattern!r} is not a valid regular expression", CONFIG_FILE))
 
     def scheme_for(self, module: str, lm_head: bool | None = None) -> Scheme | None:
-        """The scheme a runtime applies to this Linear-like module: by name first, then by class.
+        """The scheme vLLM applies to this Linear-like module: by name first, then by class.
 
         vLLM's `ParallelLMHead` is not a Linear class, so `lm_head` is targeted only by name.
         `lm_head` may be passed when the caller already knows whether the module is one.
         """
-        for matcher, scheme in self._targets:
-            if matcher(module):
-                return scheme
-        if self._class_target is None:
-            return None
-        return None if (names.is_lm_head(module) if lm_head is None else lm_head) else self._class_target
+        group = self._groups.group(module, lm_head)
+        return None if group is None else self._by_name[group]
 
     def ignored(self, module: str) -> bool:
-        """Listed in `ignore` itself or through its fused layer (`qkv_proj` for `q_proj`)."""
-        if self._ignore(module):
-            return True
-        parent, _, leaf = module.rpartition(".")
-        fused = _FUSED_LEAF.get(leaf)
-        return fused is not None and self._ignore(f"{parent}.{fused}" if parent else fused)
+        """Listed in `ignore` itself, or its fused layer (`qkv_proj` for `q_proj`) listed exactly, as vLLM reads it.
 
-    def expected_params(self, scheme: Scheme) -> dict[str, str | None] | None:
-        """Parameter -> dtype a module stored under `scheme` must have (None: one of `scheme.scale_dtypes`)."""
+        A ModelOpt wildcard also covers a shard through its fused layer's name.
+        """
+        if self.fnmatch_ignore:
+            fused = names.fused_partners(module)
+            return self._ignore.matches(module, *([fused[0]] if fused else []))
+        return self._ignore.ignores(module)
+
+    def precedence_conflicts(self, modules: list[str]) -> list[tuple[str, str, str]]:
+        """(module, vLLM's group, compressed-tensors' group) for each module the two resolve differently."""
+        if self.method != ct.QUANT_METHOD or len(self.schemes) < 2:
+            return []
+        return self._groups.conflicts(modules, self._ignore)
+
+    def layout(self, scheme: Scheme) -> Layout | None:
+        """The tensors a module stored under `scheme` must have (a `FLOAT_SCALE` dtype: one of
+        `scheme.scale_dtypes`), or None for a format no layout describes."""
         if self.method == MODELOPT:
-            return MODELOPT_PARAMS.get(scheme.format or "")
+            return modelopt.LAYOUTS.get(scheme.format or "")
         if self.method == HF_FP8:
-            return {names.WEIGHT: "F8_E4M3", hf_fp8.scale_param(scheme.block): None}
-        params = ct.FORMAT_PARAMS.get(scheme.format or "")
-        unpacked = scheme.format in ct.UNPACKED_FORMATS and (scheme.num_bits == 8 or scheme.weight_type == "int")
-        if params is None and unpacked:
-            params = ct.EIGHT_BIT_PARAMS.get(scheme.weight_type or "")
-        if params is None:
-            return None
-        params = dict(params)
-        if scheme.format == ct.PACK_QUANTIZED and not scheme.symmetric:
-            params.update(ct.ASYM_PARAMS)
-        if scheme.static_input:
-            # NVFP4's input global scale is float32; compressed-tensors keeps a static `input_scale` in
-            # the dtype the activations had (the model's: initialize_qparams), which vLLM casts on load
-            if scheme.format == ct.NVFP4_PACK_QUANTIZED:
-                params[names.INPUT_GLOBAL_SCALE] = "F32"
-            else:
-                params[names.INPUT_SCALE] = None
-        return params
+            return hf_fp8.layout(scheme.block)
+        return layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
 
 
 def read_declaration(config: dict | None, hf_quant_config: dict | None) -> QuantDeclaration | None:
@@ -298,7 +241,6 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
                 block = parse_block(weights["block_structure"])
             except ValueError as exc:
                 problems.append(_invalid(f"{where}.weights.block_structure {exc}", CONFIG_FILE))
-        inputs = group.get("input_activations")
         schemes.append(
             Scheme(
                 str(name),
@@ -310,7 +252,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
                 strategy=args["strategy"],
                 symmetric=args["symmetric"] is not False,
                 scale_dtypes=ct.scale_dtypes(args["scale_dtype"]),
-                static_input=isinstance(inputs, dict) and inputs.get("dynamic") is False,
+                input_scale=layouts.input_scale(group.get("input_activations")),
                 block=block,
             )
         )
@@ -318,12 +260,12 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
     if unresolved:
         problems.append(
             _info(
-                f"targets {unresolved} are class names other than Linear, which tensor names cannot reveal; "
-                "modules they cover were treated as not targeted"
+                f"targets {unresolved} may be class names other than Linear, which tensor names cannot reveal; "
+                "each was matched as an exact module name only"
             )
         )
     for scheme in schemes:
-        if scheme.format not in ct.FORMAT_PARAMS and scheme.format not in ct.UNPACKED_FORMATS:
+        if scheme.format not in layouts.FORMATS:
             problems.append(
                 _info(
                     f"format {scheme.format!r} of group {scheme.name!r} is not one the doctor checks tensor by tensor"
@@ -401,7 +343,7 @@ def _modelopt_native(doc: dict) -> QuantDeclaration:
 def _modelopt(
     algo: str, source: str, ignore: object, kv: str | None, kv_source: str | None, problems: list[Finding]
 ) -> QuantDeclaration:
-    if algo not in MODELOPT_PARAMS:
+    if algo not in modelopt.LAYOUTS:
         problems.append(_info(f"ModelOpt quant_algo {algo!r} is not one the doctor checks tensor by tensor"))
     return QuantDeclaration(
         MODELOPT,

@@ -33,11 +33,11 @@ from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import copy_new, name_problem, write_json_new
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
-from weightsmith.names import entry_regex
 from weightsmith.outputdir import check_destination, remove_stale, staged
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
+from weightsmith.targets import Targets
 
 DEFAULT_SHARD = "model-kvscales.safetensors"
 HASH = "blake2b-256"
@@ -86,9 +86,8 @@ class _Plan:
 
 def select(names_available: list[str], patterns: list[str]) -> list[str]:
     """Names matching any pattern: `re:` regexes (anchored at the start, as in compressed-tensors) or exact names."""
-    regexes = [entry_regex(p, "--select") for p in patterns if p.startswith("re:")]
-    exact = {p for p in patterns if not p.startswith("re:")}
-    return sorted(n for n in names_available if n in exact or any(r.match(n) for r in regexes))
+    wanted = Targets(patterns, "--select")
+    return sorted(n for n in names_available if wanted.matches(n))
 
 
 def transplant(

@@ -7,8 +7,9 @@ from typing import Any
 from weightsmith import names
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import CONFIG_FILE, INSPECT_FILE, CardSources
-from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.manifest import MANIFEST_FILE, Manifest, RecipeRecord, RuleRecord
 from weightsmith.plan import PRESETS
+from weightsmith.schemes import REGISTRY
 
 M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE
 
@@ -45,8 +46,8 @@ def _article(kind: str) -> str:
 
 def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
     """One paragraph: a quantized checkpoint of BASE, or a draft tied to its target."""
-    recipe, config = src.manifest["recipe"], src.config
-    scheme = c.text(recipe["scheme"], M, "recipe.scheme")
+    config = src.config
+    scheme = c.text(src.manifest.recipe.scheme, M, "recipe.scheme")
     archs = config.get("architectures") or []
     arch = c.text(archs[0], C, "architectures[0]") if archs else "an architecture config.json does not name"
     of = f"`{base}`" if base else f"the {arch} model it was quantized from"
@@ -70,37 +71,37 @@ def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
     return lines
 
 
-def _scheme_lines(recipe: dict[str, Any], c: Citations) -> list[str]:
+def _scheme_lines(recipe: RecipeRecord, c: Citations) -> list[str]:
     """The scheme in its own words: one line, or one per recipe rule that quantized anything."""
-    rules = [(i, r) for i, r in enumerate(recipe.get("rules") or []) if r["quantized"]]
+    rules = [(i, r) for i, r in enumerate(recipe.rules or []) if r.quantized]
     if len(rules) <= 1:
         return [_scheme_line(recipe, rules[0] if rules else None, c)]
     lines = []
     for i, rule in rules:
         where = f"recipe.rules[{i}]"
-        targets = ", ".join(c.text(t, M, f"{where}.targets[{j}]") for j, t in enumerate(rule["targets"]))
+        targets = ", ".join(c.text(t, M, f"{where}.targets[{j}]") for j, t in enumerate(rule.targets))
         lines.append(
-            f"- **Scheme** for {targets}: {c.text(rule['scheme'], M, where + '.scheme')} (config group "
-            f"{c.text(rule['config_group'], M, where + '.config_group')}, "
-            f"{c.num(str(rule['quantized']), M, where + '.quantized')} weights): "
-            f"{c.text(rule['weights'], M, where + '.weights')}."
+            f"- **Scheme** for {targets}: {c.text(rule.scheme, M, where + '.scheme')} (config group "
+            f"{c.text(rule.config_group or '', M, where + '.config_group')}, "
+            f"{c.num(str(rule.quantized), M, where + '.quantized')} weights): "
+            f"{c.text(rule.weights, M, where + '.weights')}."
         )
     return lines
 
 
-def _scheme_line(recipe: dict[str, Any], rule: tuple[int, dict[str, Any]] | None, c: Citations) -> str:
-    bits = c.num(str(recipe["num_bits"]), M, "recipe.num_bits")
-    group = recipe.get("group_size")
+def _scheme_line(recipe: RecipeRecord, rule: tuple[int, RuleRecord] | None, c: Citations) -> str:
+    bits = c.num(str(recipe.num_bits), M, "recipe.num_bits")
+    group = recipe.group_size
     grouped = f", group size {c.num(str(group), M, 'recipe.group_size')}" if group else ""
     head = (
-        f"- **Scheme**: {c.text(recipe['scheme'], M, 'recipe.scheme')} (config group "
-        f"{c.text(recipe['config_group'], M, 'recipe.config_group')}, {bits}-bit{grouped})"
+        f"- **Scheme**: {c.text(recipe.scheme, M, 'recipe.scheme')} (config group "
+        f"{c.text(recipe.config_group, M, 'recipe.config_group')}, {bits}-bit{grouped})"
     )
     if rule is not None:  # manifests from version 2 on: the scheme's own words
         i, r = rule
-        return f"{head}: {c.text(r['weights'], M, f'recipe.rules[{i}].weights')}."
-    sym = "symmetric" if recipe["symmetric"] else "asymmetric (with a zero point)"
-    kind = "FP4 (E2M1)" if recipe["scheme"].startswith("nvfp4") else "integer"
+        return f"{head}: {c.text(r.weights, M, f'recipe.rules[{i}].weights')}."
+    sym = "symmetric" if recipe.symmetric else "asymmetric (with a zero point)"
+    kind = "FP4 (E2M1)" if recipe.scheme.startswith("nvfp4") else "integer"
     return f"{head}: {kind} weights, {sym}; activations stay 16-bit."
 
 
@@ -120,45 +121,45 @@ def _ignore_reason(entry: str, preset: str | None, tied: bool) -> str:
 
 def how_made(src: CardSources, c: Citations) -> list[str]:
     """Scheme, group size, scale search, what stayed unquantized and why, tool version, source hashes."""
-    m, recipe = src.manifest, src.manifest["recipe"]
-    search = recipe.get("scale_search")
+    m = src.manifest
+    recipe = m.recipe
+    search = recipe.scale_search
     search_line = (
         f"{c.text(search, M, 'recipe.scale_search')}: {_SEARCH.get(search, 'as named')}"
         if search
         else "none: plain round-to-nearest from each group's absolute maximum"
     )
-    t = m["tensors"]
+    t = m.tensors
     lines = [
         *_scheme_lines(recipe, c),
         f"- **Scale search**: {search_line}.",
-        f"- **Tensors**: {c.num(str(t['quantize']), M, 'tensors.quantize')} quantized, "
-        f"{c.num(str(t['keep']), M, 'tensors.keep')} kept as they were, "
-        f"{c.num(str(t['decode']), M, 'tensors.decode')} FP8 weights decoded to BF16, "
-        f"{c.num(str(t['drop']), M, 'tensors.drop')} FP8 scales consumed.",
+        f"- **Tensors**: {c.num(str(t.quantize), M, 'tensors.quantize')} quantized, "
+        f"{c.num(str(t.keep), M, 'tensors.keep')} kept as they were, "
+        f"{c.num(str(t.decode), M, 'tensors.decode')} FP8 weights decoded to BF16, "
+        f"{c.num(str(t.drop), M, 'tensors.drop')} FP8 scales consumed.",
     ]
-    if recipe.get("preset"):
-        known = PRESETS.get(recipe["preset"])
+    if recipe.preset:
+        known = PRESETS.get(recipe.preset)
         why = f": {known.why}" if known is not None else ""
-        lines.append(f"- **Preset**: {c.text(recipe['preset'], M, 'recipe.preset')}{why}.")
+        lines.append(f"- **Preset**: {c.text(recipe.preset, M, 'recipe.preset')}{why}.")
     tied = bool(src.config.get("tie_word_embeddings"))
-    for i, entry in enumerate(recipe.get("ignore") or []):
-        reason = _ignore_reason(entry, recipe.get("preset"), tied)
+    for i, entry in enumerate(recipe.ignore):
+        reason = _ignore_reason(entry, recipe.preset, tied)
         lines.append(f"- **Kept unquantized** {c.text(entry, M, f'recipe.ignore[{i}]')}: {reason}.")
     for row in src.inspect["rows"]:
         why = _NOT_TARGETED.get(row["key"])
         if why and row["params"] and row["bits_per_param"] is not None:
             bits = c.num(f"{row['bits_per_param']:.3f}", INS, f"rows[{row['key']}].bits_per_param")
             lines.append(f"- **Kept at source precision** {row['key']} ({bits} bits per parameter): {why}.")
-    lines += _calibration_lines(m.get("calibration"), "calibration", c)
+    lines += _calibration_lines(m, src.config, c)
     lines += _coverage(src, c)
-    tool = m["tool"]
     lines.append(
-        f"- **Tool**: {tool['name']} {c.text(tool['version'], M, 'tool.version')}, "
-        f"run {c.text(m['created_utc'], M, 'created_utc')}."
+        f"- **Tool**: {m.tool.name} {c.text(m.tool.version, M, 'tool.version')}, "
+        f"run {c.text(m.created_utc, M, 'created_utc')}."
     )
-    for shard, info in m["source"]["files"].items():
-        size = c.num(f"{info['bytes']:,}", M, f"source.files[{shard}].bytes")
-        digest = info.get("sha256")
+    for shard, info in m.source.files.items():
+        size = c.num(f"{info.bytes:,}", M, f"source.files[{shard}].bytes")
+        digest = info.sha256
         hashed = f"sha256 {c.text(digest, M, f'source.files[{shard}].sha256')}" if digest else "not hashed (--no-hash)"
         lines.append(f"- **Source file** `{shard}`: {size} bytes, {hashed}.")
     return lines
@@ -170,28 +171,40 @@ _ACTIVATIONS = {
 }
 
 
-def _calibration_lines(cal: dict[str, Any] | None, at: str, c: Citations) -> list[str]:
-    """What was measured on calibration data (the manifest's `calibration`): scales measured here, not transplanted."""
-    if not isinstance(cal, dict):
+def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> list[str]:
+    """Scales measured on calibration data by weightsmith (the manifest's `calibration`), not transplanted.
+
+    What the statistics gave: the static activation scales of a calibrated scheme among the rules;
+    the KV-cache scales where the config declares a KV-cache scheme and either this quantize run
+    wrote them (its sizes count KV scales after, none before) or no calibrated scheme used the
+    statistics (so they were recorded by `calibrate-kv`).
+    """
+    cal = m.calibration
+    if cal is None:
         return []
     made = []
-    if cal.get("activation_scales"):
-        made.append(f"{c.num(str(cal['activation_scales']), M, f'{at}.activation_scales')} static activation scales")
-    if cal.get("kv_scales"):
+    calibrated = [
+        r.scheme for r in m.recipe.rules if r.quantized and getattr(REGISTRY.get(r.scheme), "NEEDS_CALIBRATION", False)
+    ]
+    if calibrated:
+        made.append(f"the static activation scales of {', '.join(sorted(set(calibrated)))}")
+    qc = config.get("quantization_config")
+    kv = m.sizes.by_category.get(names.KV_SCALES_CATEGORY)
+    written_here = kv is not None and kv.bytes_after > 0 and kv.bytes_before == 0
+    if isinstance(qc, dict) and qc.get("kv_cache_scheme") and (written_here or not calibrated):
         made.append(
-            f"{c.num(str(cal['kv_scales']), M, f'{at}.kv_scales')} {str(cal.get('kv_cache')).upper()} KV-cache "
-            "scales (k_scale, v_scale: the largest |K| after the rotary embedding and |V| entering the cache / 448)"
+            "the KV-cache scales (k_scale, v_scale: the largest |K| after the rotary embedding and |V| "
+            "entering the cache, / 448)"
         )
-    tokens = c.num(f"{cal['tokens']:,}", M, f"{at}.tokens")
-    sequences = c.num(str(cal["sequences"]), M, f"{at}.sequences")
-    seq_len = c.num(str(cal["seq_len"]), M, f"{at}.seq_len")
-    line = (
-        f"- **Calibration**: {' and '.join(made) or 'no scales'}, measured by weightsmith (not transplanted from "
-        f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) of "
-        f"{c.text(cal['text'], M, f'{at}.text')} (sha256 {c.text(cal['text_sha256'], M, f'{at}.text_sha256')}), "
-        f"on {_ACTIVATIONS.get(cal.get('activations'), 'activations as recorded')}."
-    )
-    return [line, *_calibration_lines(cal.get("earlier"), f"{at}.earlier", c)]
+    tokens = c.num(f"{cal.tokens:,}", M, "calibration.tokens")
+    sequences = c.num(str(cal.sequences), M, "calibration.sequences")
+    seq_len = c.num(str(cal.seq_len), M, "calibration.seq_len")
+    return [
+        f"- **Calibration**: {' and '.join(made) or 'statistics'} measured by weightsmith (not transplanted from "
+        f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) "
+        f"of {c.text(cal.text, M, 'calibration.text')} (sha256 {c.text(cal.text_sha256, M, 'calibration.text_sha256')}"
+        f"), on {_ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
+    ]
 
 
 def _coverage(src: CardSources, c: Citations) -> list[str]:

@@ -16,7 +16,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def mb(n: int) -> str:
+def mb(n: float) -> str:
     return f"{n / 1e6:,.2f}"
 
 
@@ -26,8 +26,8 @@ def _bits(c: Citations, value: float | None, field: str) -> str:
 
 def where_bytes(src: CardSources, c: Citations) -> list[str]:
     """The inspect table by category, the manifest's before column, and the headline bits per parameter."""
-    r, sizes = src.inspect, src.manifest["sizes"]
-    before = sizes.get("by_category", {})
+    r, sizes = src.inspect, src.manifest.sizes
+    before = sizes.by_category
     rows = []
     for row in r["rows"]:
         k = row["key"]
@@ -37,7 +37,7 @@ def where_bytes(src: CardSources, c: Citations) -> list[str]:
             [
                 k,
                 c.num(f"{row['tensors']:,}", INS, f + ".tensors"),
-                c.num(mb(was["bytes_before"]), M, f"sizes.by_category[{k}].bytes_before") if was else "not in source",
+                c.num(mb(was.bytes_before), M, f"sizes.by_category[{k}].bytes_before") if was else "not in source",
                 c.num(mb(row["bytes"]), INS, f + ".bytes"),
                 c.num(f"{row['share']:.1%}", INS, f + ".share"),
                 c.num(f"{row['params'] / 1e6:,.2f}", INS, f + ".params") if row["params"] else "no parameters",
@@ -49,7 +49,7 @@ def where_bytes(src: CardSources, c: Citations) -> list[str]:
         [
             "**total**",
             c.num(f"{r['tensors']:,}", INS, "tensors"),
-            c.num(mb(sizes["bytes_before"]), M, "sizes.bytes_before"),
+            c.num(mb(sizes.bytes_before), M, "sizes.bytes_before"),
             c.num(mb(r["tensor_bytes"]), INS, "tensor_bytes"),
             "100%",
             c.num(f"{r['params'] / 1e6:,.2f}", INS, "params"),
@@ -58,7 +58,7 @@ def where_bytes(src: CardSources, c: Citations) -> list[str]:
         ]
     )
     header = ["category", "tensors", "MB before", "MB after", "share", "params (M)", "bits/param", "incl. scales"]
-    before_bits, after_bits = sizes["bits_per_parameter_before"], sizes["bits_per_parameter_after"]
+    before_bits, after_bits = sizes.bits_per_parameter_before, sizes.bits_per_parameter_after
     lines = [
         "From `weightsmith inspect` on this folder (headers only; packed weights counted as the values they "
         f"hold; scales folded into *incl. scales*), kept in `{INS}`; the *before* column is the source checkpoint, "
@@ -66,16 +66,16 @@ def where_bytes(src: CardSources, c: Citations) -> list[str]:
         "",
         *table(header, rows),
         "",
-        f"Tensor data {c.num(mb(sizes['bytes_before']), M, 'sizes.bytes_before')} MB before, "
-        f"{c.num(mb(sizes['bytes_after']), M, 'sizes.bytes_after')} MB after "
-        f"({c.num(format(sizes['gib_saved'], '.4f'), M, 'sizes.gib_saved')} GiB saved); on disk "
+        f"Tensor data {c.num(mb(sizes.bytes_before), M, 'sizes.bytes_before')} MB before, "
+        f"{c.num(mb(sizes.bytes_after), M, 'sizes.bytes_after')} MB after "
+        f"({c.num(format(sizes.gib_saved, '.4f'), M, 'sizes.gib_saved')} GiB saved); on disk "
         f"{c.num(mb(r['file_bytes']), INS, 'file_bytes')} MB in {c.num(str(r['shards']), INS, 'shards')} shard(s).",
     ]
     if before_bits is not None and after_bits is not None:
         lines[-1] += (
             f" Bits per parameter {c.num(format(before_bits, '.4f'), M, 'sizes.bits_per_parameter_before')} before, "
             f"{c.num(format(after_bits, '.4f'), M, 'sizes.bits_per_parameter_after')} after, over "
-            f"{c.num(format(sizes['parameters'], ','), M, 'sizes.parameters')} parameters."
+            f"{c.num(format(sizes.parameters, ','), M, 'sizes.parameters')} parameters."
         )
     return lines
 

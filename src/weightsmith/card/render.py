@@ -9,7 +9,7 @@ from weightsmith.card.sources import CardSources
 
 def front_matter(src: CardSources, base: str | None, license_id: str | None) -> list[str]:
     """Hub metadata as simple `key: value` lines and one `tags` list (a subset of YAML any parser reads)."""
-    recipe = src.manifest["recipe"]
+    recipe = src.manifest.recipe
     archs = src.config.get("architectures") or []
     lines = ["---"]
     if base:
@@ -19,7 +19,7 @@ def front_matter(src: CardSources, base: str | None, license_id: str | None) -> 
     lines.append("library_name: transformers")
     if made.draft_kind(src.config) is None and any(a.endswith("ForCausalLM") for a in archs):
         lines.append("pipeline_tag: text-generation")
-    tags = ["weightsmith", "compressed-tensors", recipe["scheme"], f"{recipe['num_bits']}-bit"]
+    tags = ["weightsmith", "compressed-tensors", recipe.scheme, f"{recipe.num_bits}-bit"]
     if made.draft_kind(src.config) is not None:
         tags.append("speculative-decoding")
     lines += ["tags:", *(f"- {t}" for t in tags), "---"]
@@ -57,8 +57,8 @@ def _provenance(src: CardSources, c: Citations, base: str | None, license_id: st
     if license_id:
         lines.append(f"- License: `{license_id}`, as the base model's.")
     lines.append(
-        f"- Derived from the {c.text(m['recipe']['source_format'], made.M, 'recipe.source_format')} checkpoint at "
-        f"{c.text(m['source']['path'], made.M, 'source.path')} by "
-        f"weightsmith {c.text(m['tool']['version'], made.M, 'tool.version')} (`weightsmith quantize`)."
+        f"- Derived from the {c.text(m.recipe.source_format, made.M, 'recipe.source_format')} checkpoint at "
+        f"{c.text(m.source.path, made.M, 'source.path')} by "
+        f"weightsmith {c.text(m.tool.version, made.M, 'tool.version')} (`weightsmith quantize`)."
     )
     return lines

@@ -2,9 +2,10 @@
 
 Every source is a file a stranger may have edited (or a run of an older or newer tool may have
 written), so each field the card reads is declared here with its type. A missing field or a wrong
-type is one line naming the file and the field (`weightsmith.json: recipe.num_bits is a str, not
-an int`), never a traceback from deep inside the renderer. When the card reads a new field, it is
-added here.
+type is one line naming the file and the field (`eval.json: logits.kl is a string, not an integer
+or a number`), never a traceback from deep inside the renderer. When the card reads a new field, it
+is added here. The manifest is not declared here: `weightsmith.manifest.Manifest` is its typed
+record, and reading one checks it with the same wording.
 
 A spec is a type or tuple of types (`int` never accepts a bool, `float` also takes an int, `None`
 allows null), a `dict` of field specs (a key ending in `?` may be absent), `[spec]` for a list of
@@ -30,37 +31,6 @@ class Each:
 NUM = (int, float)
 OPT_NUM = (int, float, None)
 OPT_STR = (str, None)
-
-MANIFEST = {
-    "tool": {"name": str, "version": str},
-    "created_utc": str,
-    "recipe": {
-        "scheme": str,
-        "config_group": str,
-        "num_bits": int,
-        "group_size": (int, None),
-        "symmetric": bool,
-        "scale_search?": OPT_STR,
-        "rules?": [
-            {"targets": [str], "scheme": str, "config_group": OPT_STR, "weights": str, "quantized": int}
-        ],
-        "recipe_file?": OPT_STR,
-        "preset?": OPT_STR,
-        "ignore?": ([str], None),
-        "source_format": str,
-    },
-    "source": {"path": str, "files": Each({"bytes": int, "sha256?": OPT_STR})},
-    "tensors": {"quantize": int, "keep": int, "decode": int, "drop": int},
-    "sizes": {
-        "bytes_before": NUM,
-        "bytes_after": NUM,
-        "gib_saved": NUM,
-        "parameters": NUM,
-        "bits_per_parameter_before": OPT_NUM,
-        "bits_per_parameter_after": OPT_NUM,
-        "by_category?": Each({"bytes_before": NUM}),
-    },
-}
 
 CONFIG = {
     "architectures?": ([str], None),

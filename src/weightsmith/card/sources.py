@@ -24,7 +24,7 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
 from weightsmith.files import read_regular, replace_file
-from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.manifest import MANIFEST_FILE, Manifest, load_manifest
 
 CARD_FILE = "README.md"
 INSPECT_FILE = "inspect.json"
@@ -35,10 +35,10 @@ BENCH_FILE = "bench.json"
 
 @dataclass
 class CardSources:
-    """Everything one card is rendered from, as plain JSON values (bench results typed)."""
+    """Everything one card is rendered from: the manifest and bench results typed, the rest plain JSON values."""
 
     folder: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     config: dict[str, Any]
     inspect: dict[str, Any]
     verify: dict[str, Any]
@@ -94,14 +94,14 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     replace_file(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
-def _load_common(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _load_common(folder: Path) -> tuple[Manifest, dict[str, Any]]:
     if not folder.is_dir():
         raise WeightsmithError("is not a folder", file=folder)
     if not (folder / MANIFEST_FILE).exists():
         raise WeightsmithError(
             f"has no {MANIFEST_FILE}; a card is written for `weightsmith quantize` output", file=folder
         )
-    return _read_checked(folder / MANIFEST_FILE, schema.MANIFEST), _read_checked(folder / CONFIG_FILE, schema.CONFIG)
+    return load_manifest(folder / MANIFEST_FILE), _read_checked(folder / CONFIG_FILE, schema.CONFIG)
 
 
 def _bench(path: Path | None) -> tuple[BenchResults | None, Analysis | None]:

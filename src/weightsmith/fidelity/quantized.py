@@ -2,9 +2,10 @@
 
 A module counts as quantized when the checkpoint stores quantization parameters for its weight
 (`weight_packed`, or a `weight_scale`); the tensors say which modules, the config says how. Its
-config group is found as compressed-tensors finds it: exact names first, then `re:` regexes, then
-the class name `Linear` (only Linear-like weights carry these parameters, so every quantized
-module is a Linear). Later groups win a target that two groups both name, as in compressed-tensors.
+config group is the one vLLM loads it with (`targets.Groups`): the first target in config order
+that names it, then the class name `Linear` (every module stored quantized is Linear-like),
+then a fused layer's shards. `verify` warns where compressed-tensors, which quantized it, would
+have picked another group.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, Checkpoint
 from weightsmith.errors import CheckpointError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.names import entry_regex, matches
+from weightsmith.formats import layouts
+from weightsmith.targets import Groups
 
 #: Parameters of a module that belong to its quantized weight (passed to the dequantizer).
 WEIGHT_PARAMS = (
@@ -28,7 +30,6 @@ WEIGHT_PARAMS = (
 )
 #: Any of these on disk marks a module's weight as quantized.
 MARKERS = (names.WEIGHT_PACKED, names.WEIGHT_SCALE)
-LINEAR_CLASS = "Linear"
 
 
 @dataclass(frozen=True)
@@ -79,19 +80,10 @@ def _groups(ckpt: Checkpoint) -> tuple[dict, dict[str, dict]]:
     return qc, weight_groups
 
 
-def _group_for(module: str, target_group: dict[str, str]) -> str | None:
-    """compressed-tensors' precedence: exact name, then regex, then class name."""
-    for target in sorted(target_group, key=lambda t: (t.startswith("re:"), t)):
-        if matches(target, module):
-            return target_group[target]
-    return target_group.get(LINEAR_CLASS)
-
-
 def _required_params(fmt: str | None, weights: dict) -> list[str]:
-    required = list(ct.FORMAT_PARAMS.get(fmt or "", {}))
-    if fmt == ct.PACK_QUANTIZED and weights.get("symmetric") is False:
-        required += list(ct.ASYM_PARAMS)
-    return required
+    """The weight's tensors in its format's layout (activation scales are not needed to dequantize)."""
+    layout = layouts.of_group(fmt, weights)
+    return list(layout.dtypes(inputs=False)) if layout is not None else []
 
 
 def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
@@ -101,12 +93,8 @@ def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
     a quantized module no config group targets, or lacks a parameter its format needs.
     """
     qc, groups = _groups(ckpt)
-    target_group: dict[str, str] = {}
-    for group_name, group in groups.items():
-        for target in group.get("targets") or ():
-            if str(target).startswith("re:"):  # a bad one is a line naming it, not a traceback mid-match
-                entry_regex(str(target), f"config group {group_name!r} target", file=ckpt.root / CONFIG_FILE)
-            target_group[str(target)] = group_name
+    targets = {g: [str(t) for t in gr["targets"]] for g, gr in groups.items() if isinstance(gr.get("targets"), list)}
+    resolver = Groups(targets, ckpt.root / CONFIG_FILE)  # a bad regex is a line naming it, not a traceback mid-match
 
     params: dict[str, dict[str, str]] = {}
     for name in ckpt.tensors:
@@ -119,7 +107,9 @@ def quantized_modules(ckpt: Checkpoint) -> list[QuantizedModule]:
         if not any(m in held for m in MARKERS):
             continue
         marker = held.get(names.WEIGHT_PACKED) or held[names.WEIGHT_SCALE]
-        group_name = _group_for(module, target_group)
+        # only Linear-like weights carry these parameters, so the class target covers lm_head too
+        # (verify reports a quantized lm_head vLLM would not load quantized)
+        group_name = resolver.group(module, lm_head=False)
         if group_name is None:
             raise CheckpointError(
                 f"is stored quantized but no config group in {CONFIG_FILE} targets {module}",

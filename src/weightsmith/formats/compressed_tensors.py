@@ -1,12 +1,11 @@
-"""compressed-tensors on disk: per-format tensor sets and the `quantization_config` block.
+"""compressed-tensors on disk: its format names and the `quantization_config` block.
 
 Facts from compressed-tensors (`compressors/pack_quantized`, `compressors/nvfp4`,
-`quantization/quant_args.py`) and vLLM's loader; see docs/formats.md for sources.
+`quantization/quant_args.py`) and vLLM's loader; see docs/formats.md for sources. What each
+format stores per quantized module is in formats/layouts.py.
 """
 
 from __future__ import annotations
-
-from weightsmith import names
 
 QUANT_METHOD = "compressed-tensors"
 PACK_QUANTIZED = "pack-quantized"
@@ -19,29 +18,11 @@ NAIVE_QUANTIZED = "naive-quantized"
 #: The compressed-tensors release whose config schema we write (the one llm-compressor pins).
 SCHEMA_VERSION = "0.19.0"
 
-#: Per format: the parameters each quantized module must have on disk -> their safetensors dtype
-#: (None: the original weight dtype). Asymmetric pack-quantized adds `weight_zero_point` (I32).
-FORMAT_PARAMS: dict[str, dict[str, str | None]] = {
-    PACK_QUANTIZED: {names.WEIGHT_PACKED: "I32", names.WEIGHT_SCALE: None, names.WEIGHT_SHAPE: "I64"},
-    NVFP4_PACK_QUANTIZED: {
-        names.WEIGHT_PACKED: "U8",
-        names.WEIGHT_SCALE: "F8_E4M3",
-        names.WEIGHT_GLOBAL_SCALE: "F32",
-    },
-    # MX: E8M0 scales stored as uint8 biased exponents, no global scale
-    MXFP4_PACK_QUANTIZED: {names.WEIGHT_PACKED: "U8", names.WEIGHT_SCALE: "U8"},
-    MXFP8_QUANTIZED: {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: "U8"},
-}
-ASYM_PARAMS: dict[str, str] = {names.WEIGHT_ZERO_POINT: "I32"}
-#: Weights stored one value per byte, by `QuantizationArgs.type` (`compressors/naive_quantized`):
-#: `float-quantized` (FP8), `int-quantized` (int8, or int4 values in int8 as W4AFP8 writes them)
-#: and `naive-quantized`. The scale keeps the original weight's float dtype (None).
+#: Formats that store weights one value per byte, by `QuantizationArgs.type` (`compressors/naive_quantized`):
+#: `float-quantized` (FP8), `int-quantized` (int8, or int4 values in int8 as W4AFP8 writes them) and
+#: `naive-quantized`. Every format's tensors are described in formats/layouts.py.
 UNPACKED_FORMATS = (FLOAT_QUANTIZED, INT_QUANTIZED, NAIVE_QUANTIZED)
-EIGHT_BIT_PARAMS: dict[str, dict[str, str | None]] = {
-    "float": {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: None},
-    "int": {names.WEIGHT: "I8", names.WEIGHT_SCALE: None},
-}
-#: What a scale "in the original weight's dtype" (None above) may be: a float dtype a weight has.
+#: What a scale "in the original weight's dtype" (a layout's FLOAT_SCALE) may be: a float dtype a weight has.
 ORIGINAL_FLOATS = frozenset({"BF16", "F16", "F32", "F64"})
 #: `QuantizationArgs.scale_dtype` values -> safetensors dtype codes.
 TORCH_DTYPES = {

@@ -10,6 +10,7 @@ read these facts here, so neither accepts what the other refuses.
 from __future__ import annotations
 
 from weightsmith import names
+from weightsmith.formats.layouts import Args, Layout
 from weightsmith.quant.fp8 import Block, parse_block
 
 QUANT_METHOD = "fp8"
@@ -30,6 +31,12 @@ def block_size(qc: dict) -> Block | None:
 def scale_param(block: Block | None) -> str:
     """vLLM registers `weight_scale_inv` for block scales and `weight_scale` for one per tensor."""
     return names.WEIGHT_SCALE_INV if block is not None else names.WEIGHT_SCALE
+
+
+def layout(block: Block | None) -> Layout:
+    """An FP8 `weight` [out, in] and its scale (float32 or E8M0, `scale_dtypes`): per block, or per tensor."""
+    args = Args(8, "float", "block" if block else "tensor", block=block)
+    return Layout(args, names.WEIGHT, "F8_E4M3", scale=scale_param(block), scale_block=block)
 
 
 def scale_dtypes(qc: dict) -> frozenset[str]:

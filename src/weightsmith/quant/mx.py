@@ -25,11 +25,12 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from weightsmith.quant import MX_GROUP
 from weightsmith.quant.floatbits import MODE_F16, decode, f16_round, round_to
 from weightsmith.quant.int4 import kernel_input, mode_of
 from weightsmith.quant.nvfp4 import FP4_MAX, FP8_MAX, fp4_nibble, fp8_code, unpack
 
-GROUP = 32
+GROUP = MX_GROUP
 #: floor(log2(largest element)) per element width: what maps a group's amax into range.
 OFFSET_FP4, OFFSET_FP8 = 2, 8
 #: What compress_mx_scale stores for an infinite scale (torch's inf -> int32 is INT_MIN; + 127, low byte).

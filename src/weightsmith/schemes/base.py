@@ -1,11 +1,12 @@
 """What a quantization scheme is to the rest of weightsmith, and the registry of schemes by name.
 
 A scheme owns everything its format means: which command-line names select it and how their
-options are checked, which weights it can take, the tensors it writes per quantized Linear, its
-compressed-tensors config group, an optional first pass over whole tensors (NVFP4's global scale
-from each fused set's absolute maximum; llm-compressor's observer, which decides over a whole
-tensor), the encoding of a block of rows, the decoding back to a dense weight, and the words that
-describe it in a plan and a card. The pipeline, the plan, `eval` and `verify` ask the scheme; none
+options are checked, which weights it can take, its compressed-tensors config group (whose
+format's layout in formats/layouts.py gives the tensors it writes per quantized Linear), an
+optional first pass over whole tensors (NVFP4's global scale from each fused set's absolute
+maximum; llm-compressor's observer, which decides over a whole tensor), the encoding of a block
+of rows, the decoding back to a dense weight, and the words that describe it in a plan and a
+card. The pipeline, the plan, `eval` and `verify` ask the scheme; none
 of them knows a scheme by name. Adding a scheme is one module in this package plus its tests.
 """
 
@@ -21,6 +22,8 @@ import numpy as np
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats import layouts
+from weightsmith.formats.layouts import Layout
 from weightsmith.safetensors.writer import TensorSpec
 
 #: One write: (parameter name, data, byte offset within that tensor).
@@ -87,9 +90,24 @@ class Scheme(ABC):
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         """Why a 2-D weight of this shape cannot take the scheme, or None."""
 
-    @abstractmethod
+    @property
+    def layout(self) -> Layout:
+        """What the scheme stores per quantized Linear: its format's layout for its arguments."""
+        layout = layouts.of_group(self.FORMAT, self.weight_args(), self.input_args())
+        if layout is None:
+            raise TypeError(f"{type(self).__name__}: formats/layouts.py describes no {self.FORMAT} layout for its args")
+        return layout
+
     def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        """The tensors written in place of `module.weight` (`weight_dtype`: the source's float dtype)."""
+        """The tensors written in place of `module.weight` (`weight_dtype`: the source's float dtype).
+
+        A float scale takes the declared `scale_dtype`, else the weight's dtype, as `verify` expects.
+        """
+        scale_dtype = ct.TORCH_DTYPES.get(self.weight_args().get("scale_dtype") or "", weight_dtype)
+        return [
+            TensorSpec(f"{module}.{param}", tensor.dtype or scale_dtype, tensor.shape)
+            for param, tensor in self.layout.tensors(*shape).items()
+        ]
 
     @abstractmethod
     def weight_args(self) -> dict:
@@ -118,9 +136,9 @@ class Scheme(ABC):
         search = f", {self.scale_search} scale search" if self.scale_search else ""
         return f"{self.config_group_name} g{self.group_size}{search}"
 
-    @abstractmethod
     def stored_words(self) -> str:
         """How the stored weights are described to a reader, e.g. `4-bit integer weights, symmetric, ...`."""
+        return self.layout.words()
 
     def weights_words(self) -> str:
         """The scheme in a model card's words: the stored weights, then what happens to activations."""

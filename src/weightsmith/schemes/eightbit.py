@@ -1,7 +1,7 @@
 """What the 8-bit schemes share: one int8 or FP8 value per byte, a scale per channel, group or block.
 
-compressed-tensors stores these weights unpacked (`float-quantized`, `int-quantized`): `weight`
-in int8 or float8_e4m3fn, `weight_scale` in the original weight dtype. The arithmetic is in
+compressed-tensors stores these weights unpacked (`float-quantized`, `int-quantized`; the tensors
+are in formats/layouts.py). The arithmetic is in
 quant/eightbit.py. This module registers no scheme; `fp8.py` and `int8.py` subclass `EightBit`.
 """
 
@@ -15,12 +15,9 @@ import numpy as np
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats import layouts
 from weightsmith.quant import eightbit
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh
-
-#: safetensors dtype of the stored weight, by `QuantizationArgs.type`.
-WEIGHT_DTYPES = {eightbit.INT: "I8", eightbit.FLOAT: "F8_E4M3"}
 
 
 def dynamic_activations(type_: str, strategy: str, group_size: int | None = None) -> dict:
@@ -38,18 +35,9 @@ def refuse_options(name: str, group_size: int | None, scale_search: str | None) 
 
 
 def block_of(weights: dict, shape: tuple[int, int]) -> eightbit.Block:
-    """The rows x columns one scale covers, from a config group's `weights` block."""
-    strategy = weights.get("strategy")
-    if strategy == "channel":
-        return 1, None
-    if strategy == "group":
-        return 1, int(weights["group_size"])
-    if strategy == "block":
-        rows, cols = weights["block_structure"]
-        return int(rows), int(cols)
-    if strategy == "tensor":
-        return max(shape[0], 1), None
-    raise ValueError(f"strategy {strategy!r}")
+    """The rows x columns one scale covers, from a config group's `weights` block (the format's layout rule)."""
+    block = layouts.Args.of(weights).scale_block
+    return block if block is not None else (max(shape[0], 1), None)
 
 
 @dataclass(frozen=True)
@@ -74,22 +62,8 @@ class EightBit(Scheme):
         layout = f"{rows}x{cols} blocks" if rows > 1 else f"g{cols}" if cols else "per channel"
         return f"{self.config_group_name} {layout}"
 
-    def stored_words(self) -> str:
-        kind = "8-bit FP8 (E4M3) weights" if self.KIND == eightbit.FLOAT else "8-bit integer weights, symmetric"
-        rows, cols = self.block
-        per = f"{rows}x{cols} block" if rows > 1 else f"{cols} input columns" if cols else "output channel"
-        return f"{kind}, one scale per {per}"
-
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return None  # every 2-D weight: edge blocks may be partial
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        rows, cols = self.block
-        scale_shape = (-(-shape[0] // rows), -(-shape[1] // (cols or max(shape[1], 1))))
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT}", WEIGHT_DTYPES[self.KIND], shape),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, scale_shape),
-        ]
 
     def encode(
         self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh

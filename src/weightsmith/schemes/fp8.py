@@ -18,7 +18,6 @@ from weightsmith import names
 from weightsmith.dtypes import DTYPES
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import eightbit, int4, nvfp4
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import TENSOR, Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
 
@@ -90,20 +89,11 @@ class Fp8Static(EightBit):
     def describe(self) -> str:
         return f"{self.config_group_name} per tensor, static input scale"
 
-    def stored_words(self) -> str:
-        return "8-bit FP8 (E4M3) weights, one scale per tensor"
-
     def weights_words(self) -> str:
         return (
             f"{self.stored_words()}; activations quantized to FP8 (E4M3) with one static scale per tensor "
             "measured on calibration data"
         )
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT}", "F8_E4M3", shape),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (1,)),
-        ]
 
     def weight_args(self) -> dict:
         # as llm-compressor's oneshot writes the FP8 preset's weights (its memoryless observer named)

@@ -16,7 +16,6 @@ from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import int4, int4_search
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import TENSOR, Alloc, Scheme, Write, fresh, register
 
 DEFAULT_GROUP = 128
@@ -56,22 +55,6 @@ class Int4(Scheme):
 
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return int4.supports(shape[1], self.group_size)
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        groups = inp // self.group_size
-        specs = [
-            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "I32", (out, inp // int4.PACK)),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (out, groups)),
-            TensorSpec(f"{module}.{names.WEIGHT_SHAPE}", "I64", (2,)),
-        ]
-        if not self.symmetric:
-            specs.append(TensorSpec(f"{module}.{names.WEIGHT_ZERO_POINT}", "I32", (-(-out // int4.PACK), groups)))
-        return specs
-
-    def stored_words(self) -> str:
-        sym = "symmetric" if self.symmetric else "asymmetric (with a zero point)"
-        return f"4-bit integer weights, {sym}, one scale per {self.group_size} input columns"
 
     def weight_args(self) -> dict:
         args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)

@@ -17,7 +17,6 @@ from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import eightbit
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
 
@@ -64,14 +63,6 @@ class W8A16(EightBit):
         if shape[1] % self.group_size:
             return f"input size {shape[1]} is not a multiple of the group size {self.group_size}"
         return None
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "I32", (out, inp // PER_WORD)),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (out, inp // self.group_size)),
-            TensorSpec(f"{module}.{names.WEIGHT_SHAPE}", "I64", (2,)),
-        ]
 
     def weight_args(self) -> dict:
         return ct.weight_args(8, True, self.group_size)

@@ -17,8 +17,8 @@ import numpy as np
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats import layouts
 from weightsmith.quant import int4, mx
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 
 #: compressed-tensors writes the E8M0 exponents with this `scale_dtype`.
@@ -46,10 +46,6 @@ class _Mx(Scheme):
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return mx.supports(shape[1])
 
-    def stored_words(self) -> str:
-        element = "4-bit FP4 (E2M1)" if self.num_bits == 4 else "FP8 (E4M3)"
-        return f"{element} weights, one power-of-two (E8M0) scale per {mx.GROUP} input columns"
-
     def _args(self, dynamic: bool) -> dict:
         args = ct.weight_args(self.num_bits, True, mx.GROUP, type_="float", scale_dtype=SCALE_DTYPE)
         args["dynamic"] = dynamic
@@ -69,8 +65,7 @@ class _Mx(Scheme):
         out = alloc("codes", (n, width), np.uint8)
         scale = alloc("scale", (n, cols // mx.GROUP), np.uint8)
         bad = mx.quantize_rows(int4.kernel_input(x), int4.mode_of(x.dtype), self.num_bits, out, scale)
-        param = names.WEIGHT_PACKED if self.num_bits == 4 else names.WEIGHT
-        return [(param, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
+        return [(self.layout.codes, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
 
     @classmethod
     def recognizes(cls, fmt: str, weights: dict) -> bool:
@@ -78,8 +73,9 @@ class _Mx(Scheme):
 
     @classmethod
     def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
-        codes = params[names.WEIGHT_PACKED] if cls.BITS == 4 else params[names.WEIGHT]
-        return mx.dequantize(codes, params[names.WEIGHT_SCALE])
+        layout = layouts.of_group(cls.FORMAT, weights)
+        assert layout is not None  # every MX format has one
+        return mx.dequantize(params[layout.codes], params[layout.scale])
 
 
 @register
@@ -89,13 +85,6 @@ class Mxfp4(_Mx):
     FORMAT: ClassVar[str] = ct.MXFP4_PACK_QUANTIZED
     BITS: ClassVar[int] = 4
 
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "U8", (out, inp // 2)),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "U8", (out, inp // mx.GROUP)),
-        ]
-
 
 @register
 @dataclass(frozen=True)
@@ -103,10 +92,3 @@ class Mxfp8(_Mx):
     NAMES: ClassVar[tuple[str, ...]] = ("mxfp8a16", "mxfp8")
     FORMAT: ClassVar[str] = ct.MXFP8_QUANTIZED
     BITS: ClassVar[int] = 8
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT}", "F8_E4M3", (out, inp)),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "U8", (out, inp // mx.GROUP)),
-        ]

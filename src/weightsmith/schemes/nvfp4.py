@@ -17,7 +17,6 @@ from weightsmith.dtypes import DTYPES
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import int4, nvfp4
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import FUSED, Alloc, Scheme, Write, fresh, fused_members, register
 
 
@@ -46,20 +45,6 @@ class Nvfp4(Scheme):
 
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return nvfp4.supports(shape[1])
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT_PACKED}", "U8", (out, inp // 2)),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", "F8_E4M3", (out, inp // self.group_size)),
-            TensorSpec(f"{module}.{names.WEIGHT_GLOBAL_SCALE}", "F32", (1,)),
-        ]
-
-    def stored_words(self) -> str:
-        return (
-            f"4-bit FP4 (E2M1) weights, one FP8 (E4M3) scale per {self.group_size} input columns and a float32 "
-            "global scale per fused layer"
-        )
 
     def weight_args(self) -> dict:
         return ct.weight_args(4, True, 16, type_="float", strategy="tensor_group", scale_dtype="torch.float8_e4m3fn")

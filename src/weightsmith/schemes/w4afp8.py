@@ -16,7 +16,6 @@ import numpy as np
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import eightbit, int4
-from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import block_of, dynamic_activations
 from weightsmith.schemes.int4 import Int4
@@ -36,13 +35,6 @@ class W4Afp8(Int4):
     @property
     def config_group_name(self) -> str:
         return "W4AFP8"
-
-    def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
-        out, inp = shape
-        return [
-            TensorSpec(f"{module}.{names.WEIGHT}", "I8", shape),
-            TensorSpec(f"{module}.{names.WEIGHT_SCALE}", weight_dtype, (out, inp // self.group_size)),
-        ]
 
     def input_args(self) -> dict:
         return dynamic_activations(eightbit.FLOAT, "token")
