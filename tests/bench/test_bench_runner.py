@@ -16,7 +16,14 @@ from weightsmith.bench.analysis import analyse
 from weightsmith.bench.config import parse_config
 from weightsmith.bench.progress import RichProgress
 from weightsmith.bench.report import RESULTS_FILE, write_all
-from weightsmith.bench.results import VISIT_FAILED, VISIT_OK, VISIT_SKIPPED, load_results, to_jsonable
+from weightsmith.bench.results import (
+    SCHEMA_VERSION,
+    VISIT_FAILED,
+    VISIT_OK,
+    VISIT_SKIPPED,
+    load_results,
+    to_jsonable,
+)
 from weightsmith.bench.runner import QuietObserver, run_bench
 
 KV_LINE = (
@@ -85,7 +92,7 @@ def test_two_arms_counterbalanced_with_exact_acceptance(tmp_path: Path) -> None:
     assert cells[("a", 40)].prefill_note is not None and cells[("a", 40)].prefill_tok_s is None
     assert cells[("a", 40)].tokens_per_chunk > 2
     # each vLLM arm got its own, fresh VLLM_CACHE_ROOT
-    logs = {a.name: Path(a.log_paths[0]).read_text() for a in results.arms}
+    logs = {a.name: (tmp_path / a.log_paths[0]).read_text() for a in results.arms}
     assert f"VLLM_CACHE_ROOT={tmp_path / 'cache' / 'a'}\n" in logs["a"]
     assert f"VLLM_CACHE_ROOT={tmp_path / 'cache' / 'b'}\n" in logs["b"]
     evidence = {e.pattern for e in results.arm("a").evidence}
@@ -114,7 +121,7 @@ def test_two_arms_counterbalanced_with_exact_acceptance(tmp_path: Path) -> None:
     assert to_jsonable(again) == to_jsonable(results)
     assert to_jsonable(analyse(again)) == to_jsonable(analysis)
     payload = json.loads((tmp_path / RESULTS_FILE).read_text())
-    assert payload["schema"] == "weightsmith.bench.results" and payload["schema_version"] == 1
+    assert payload["schema"] == "weightsmith.bench.results" and payload["schema_version"] == SCHEMA_VERSION
     assert "analysis" in payload
 
 
@@ -223,7 +230,7 @@ def test_ctrl_c_keeps_the_visit_in_progress_and_stops_the_server(tmp_path: Path)
     first, second = results.visits
     assert first.status == VISIT_OK and len(first.requests) == 6
     assert second.status == VISIT_FAILED and second.failure == "interrupted" and len(second.requests) == 2
-    log = Path(second.log_path or "")
+    log = tmp_path / (second.log_path or "")
     assert log.is_file()
     # the server behind the interrupted visit was stopped: its port no longer answers
     port = next(line for line in log.read_text().splitlines() if line.startswith("$ ")).split("--port ")[1].split()[0]

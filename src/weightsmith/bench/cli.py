@@ -106,12 +106,17 @@ def report_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder (default: beside the file)."),
     force: bool = typer.Option(False, "--force", help="Write into a folder that holds files bench did not write."),
 ) -> None:
-    """Recompute the analysis and rewrite report.md and the plots from a results file."""
+    """Recompute the analysis and rewrite report.md and the plots from a results file.
+
+    A results file of schema version 1 holds the run's own paths; they are rewritten as `run` now
+    records them (relative to the file's folder, else file names), so the report names none either.
+    """
     from weightsmith.bench.outdir import claim
+    from weightsmith.bench.paths import make_portable
     from weightsmith.bench.report import write_all
     from weightsmith.bench.results import load_results
 
-    results = load_results(results_file)
+    results = make_portable(load_results(results_file), None, results_file.resolve().parent)
     target = out or results_file.parent
     claim(target, force)
     _, files = write_all(results, target)

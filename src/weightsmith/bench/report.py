@@ -13,6 +13,7 @@ from pathlib import Path
 from weightsmith.bench import logcheck
 from weightsmith.bench.analysis import METRICS, Analysis, analyse
 from weightsmith.bench.determinism import ArmDeterminism
+from weightsmith.bench.paths import served_model
 from weightsmith.bench.plots import write_plots
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN
@@ -397,7 +398,7 @@ def _setup(results: BenchResults) -> list[str]:
     for a in results.arms:
         what = f"`{' '.join(a.command)}`" if a.command else (a.url or "")
         env = ", ".join(f"{k}={v}" for k, v in a.env.items())
-        model = Path(a.model).name if a.model and a.model.startswith("/") else a.model
+        model = served_model(a)
         rows.append([f"`{a.name}`", a.kind, model or "–", what + (f" (env: {env})" if env else ""), a.status])
     lines += _table(["arm", "kind", "model", "server", "status"], rows)
     lines += ["", "Visits in the order they ran:", ""]

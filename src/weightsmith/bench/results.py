@@ -22,8 +22,11 @@ from weightsmith.files import read_regular, replace_file
 from weightsmith.jsonable import jsonable
 
 SCHEMA = "weightsmith.bench.results"
-#: Bump on any change a reader of an older file would misread.
-SCHEMA_VERSION = 1
+#: Bump on any change a reader of an older file would misread. Version 2 records paths portably
+#: (`bench/paths.py`: `$MODEL`, `$DRAFT`, relative to a root, else a file name) and each arm's `files`;
+#: version 1 recorded them as the run's machine spelled them and is read as it is (`files` empty).
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 VISIT_OK = "ok"
 VISIT_FAILED = "failed"
@@ -120,6 +123,8 @@ class ArmInfo:
     failure: str | None = None
     evidence: list[Evidence] = field(default_factory=list)
     log_paths: list[str] = field(default_factory=list)
+    #: The file (or folder) name behind each placeholder the command uses: {"MODEL": "x.gguf"}.
+    files: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -265,9 +270,10 @@ def results_from_dict(data: dict[str, Any], path: str = "<results>") -> BenchRes
     if data.get("schema") != SCHEMA:
         raise WeightsmithError("not a weightsmith bench results file", file=path)
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         shown = version if isinstance(version, int) and abs(version) < 1000 else _kind(version)
-        raise WeightsmithError(f"results schema version {shown} is not the supported {SCHEMA_VERSION}", file=path)
+        supported = " or ".join(map(str, READABLE_VERSIONS))
+        raise WeightsmithError(f"results schema version {shown} is not a supported one ({supported})", file=path)
     try:
         results = _build(BenchResults, data, "")
         _check_values(results)

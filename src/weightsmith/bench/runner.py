@@ -31,6 +31,7 @@ from weightsmith.bench import client as cl
 from weightsmith.bench import logcheck
 from weightsmith.bench import metrics as m
 from weightsmith.bench.config import ArmSpec, BenchConfig
+from weightsmith.bench.paths import make_portable
 from weightsmith.bench.results import (
     VISIT_FAILED,
     VISIT_SKIPPED,
@@ -410,17 +411,28 @@ def new_results(config: BenchConfig) -> BenchResults:
     )
 
 
+def _arms_dir(config: BenchConfig) -> Path | None:
+    """The folder of the arms file the run was read from (a declared root for its paths), if it is a file."""
+    source = Path(config.source) if config.source else None
+    return source.resolve().parent if source is not None and source.is_file() else None
+
+
 def run_bench(
     config: BenchConfig,
     out_dir: Path,
     observer: Observer | None = None,
     save: Callable[[BenchResults], None] | None = None,
 ) -> BenchResults:
-    """Run every visit of `config`; `save` is called after each visit with the results so far."""
+    """Run every visit of `config`; `save` is called after each visit with the results so far.
+
+    What is saved and returned records paths portably (`bench/paths.py`): relative to the arms
+    file's folder, the model folder and `out_dir`, else as file names; never this machine's layout.
+    """
     observer = observer or QuietObserver()
     out_dir = out_dir.resolve()  # servers run with this in their environment (VLLM_CACHE_ROOT)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = new_results(config)
+    arms_dir = _arms_dir(config)
     order = counterbalanced_order([a.name for a in config.arms], config.repeats)
     results.order = [[v.arm, v.repeat] for v in order]
     arms = {a.name: a for a in config.arms}
@@ -452,7 +464,7 @@ def run_bench(
             results.visits.append(vr)
             observer.visit_finished(vr)
             if save is not None:
-                save(results)
+                save(make_portable(results, arms_dir, out_dir))
     except KeyboardInterrupt:
         results.interrupted = True
         if state.current is not None:
@@ -463,4 +475,4 @@ def run_bench(
             results.visits.append(state.current)
     finally:
         state.client.close()
-    return results
+    return make_portable(results, arms_dir, out_dir)

@@ -9,6 +9,7 @@ import typer
 
 from weightsmith.card.check import check_card, read_card
 from weightsmith.card.cite import find_cited
+from weightsmith.card.front import check_repo_id
 from weightsmith.card.render import render_card
 from weightsmith.card.sources import CARD_FILE, gather, keep
 from weightsmith.errors import OutputError, WeightsmithError
@@ -47,6 +48,10 @@ def card_command(
     ] = None,
     base: Annotated[str | None, typer.Option("--base", help="Hub id of the base model, e.g. org/name.")] = None,
     license_id: Annotated[str | None, typer.Option("--license", help="License id for the front matter.")] = None,
+    repo: Annotated[
+        str | None,
+        typer.Option("--repo", help="Hub id ORG/NAME the card is published at: adds Serving it (download, serve)."),
+    ] = None,
     check: Annotated[
         bool, typer.Option("--check", help="Re-derive every number in OUT/README.md; exit 1 naming any that drifted.")
     ] = False,
@@ -56,8 +61,11 @@ def card_command(
 ) -> None:
     """A model card with only measured numbers, each citing its file and field. Exit 1 when --check fails."""
     if check:
-        if bench is not None or eval_json is not None:
-            raise WeightsmithError("--check reads the copies the card cites in OUT; drop --bench/--eval", code="usage")
+        if bench is not None or eval_json is not None or repo is not None:
+            raise WeightsmithError(
+                "--check reads the copies the card cites in OUT and the repo it names; drop --bench/--eval/--repo",
+                code="usage",
+            )
         result = check_card(out)
         for line in result.mismatches:
             print(printable(line))
@@ -68,12 +76,19 @@ def card_command(
         if not result.ok:
             raise typer.Exit(1)
         return
+    for value, option in ((repo, "--repo"), (base, "--base")):
+        if value is not None:
+            check_repo_id(value, option)
     if not force:
         refuse_foreign_card(out / CARD_FILE)
     src = gather(out, eval_json, bench)
-    markdown, cited = render_card(src, base, license_id)
-    keep(src, eval_json, bench, markdown)
-    sections = ["fidelity" if src.eval is not None else "", "serving" if src.bench is not None else ""]
+    markdown, cited = render_card(src, base, license_id, repo)
+    keep(src, markdown)
+    sections = [
+        "serving it" if repo else "",
+        "fidelity" if src.eval is not None else "",
+        "serving benchmark" if src.bench is not None else "",
+    ]
     extra = ", ".join(s for s in sections if s)
     print(
         printable(f"wrote {out / CARD_FILE}: {len(cited.by_source)} distinct cited sources")

@@ -7,6 +7,7 @@ from typing import Any
 from weightsmith import names
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import CONFIG_FILE, INSPECT_FILE, CardSources
+from weightsmith.card.target import named_target
 from weightsmith.manifest import MANIFEST_FILE, Manifest, RecipeRecord, RuleRecord
 from weightsmith.plan import PRESETS
 from weightsmith.schemes import REGISTRY
@@ -39,7 +40,7 @@ def draft_kind(config: dict[str, Any]) -> str | None:
     return None
 
 
-def _article(kind: str) -> str:
+def article(kind: str) -> str:
     """`A` or `An`, by how the kind is spoken (EAGLE, MTP: a vowel sound)."""
     return "An" if kind[0] in "AEIOU" or kind == "MTP" else "A"
 
@@ -55,7 +56,7 @@ def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
     if kind is None:
         return [f"A {scheme} quantized checkpoint of {of} ({arch}), in compressed-tensors format, which vLLM loads."]
     lines = [
-        f"{_article(kind)} {kind} speculative draft ({arch}), quantized with {scheme}. A draft is specific to the "
+        f"{article(kind)} {kind} speculative draft ({arch}), quantized with {scheme}. A draft is specific to the "
         "target model it was trained against: it proposes tokens that only that target verifies, so serve it with "
         "that target."
     ]
@@ -63,9 +64,9 @@ def what_it_is(src: CardSources, c: Citations, base: str | None) -> list[str]:
     if layer_ids:
         ids = ", ".join(c.num(str(v), C, f"dflash_config.target_layer_ids[{i}]") for i, v in enumerate(layer_ids))
         lines[0] += f" It reads the target's hidden states at layers {ids}."
-    target = config.get("target_model") or config.get("target_model_name_or_path")
-    if target:
-        lines[0] += f" Its target: {c.text(str(target), C, 'target_model')}."
+    target = named_target(config)
+    if target is not None:
+        lines[0] += f" Its target: {c.text(target.name, C, target.field)}."
     else:
         lines[0] += " config.json does not name the target."
     return lines

@@ -2,47 +2,41 @@
 
 from __future__ import annotations
 
-from weightsmith.card import made, measured, serving
+from weightsmith.bench.paths import file_name, is_local_absolute
+from weightsmith.card import claims, front, made, measured, publish, serving, target
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import CardSources
 
 
-def front_matter(src: CardSources, base: str | None, license_id: str | None) -> list[str]:
-    """Hub metadata as simple `key: value` lines and one `tags` list (a subset of YAML any parser reads)."""
-    recipe = src.manifest.recipe
-    archs = src.config.get("architectures") or []
-    lines = ["---"]
-    if base:
-        lines += [f"base_model: {base}", "base_model_relation: quantized"]
-    if license_id:
-        lines.append(f"license: {license_id}")
-    lines.append("library_name: transformers")
-    if made.draft_kind(src.config) is None and any(a.endswith("ForCausalLM") for a in archs):
-        lines.append("pipeline_tag: text-generation")
-    tags = ["weightsmith", "compressed-tensors", recipe.scheme, f"{recipe.num_bits}-bit"]
-    if made.draft_kind(src.config) is not None:
-        tags.append("speculative-decoding")
-    lines += ["tags:", *(f"- {t}" for t in tags), "---"]
-    return lines
+def render_card(
+    src: CardSources, base: str | None, license_id: str | None, repo: str | None = None
+) -> tuple[str, Citations]:
+    """The card's Markdown and the registry of every number in it.
 
-
-def render_card(src: CardSources, base: str | None, license_id: str | None) -> tuple[str, Citations]:
-    """The card's Markdown and the registry of every number in it."""
+    Serving it needs `repo` (where the card will be published); Target assignment is written for a
+    speculative draft; What we can and cannot claim is always written, saying so where nothing was measured.
+    """
     c = Citations()
     title = src.folder.resolve().name
-    lines = [*front_matter(src, base, license_id), "", f"# {title}", "", *made.what_it_is(src, c, base), ""]
+    meta = front.metadata(src, base, license_id)
+    lines = [*front.checked_front_matter(meta), "", f"# {title}", "", *made.what_it_is(src, c, base), ""]
     lines += [
         "Every number below is followed, in the Markdown, by a comment naming the file and field it came from; "
         "`weightsmith card --check` re-derives each one and names any that no longer match.",
         "",
     ]
+    if repo:
+        lines += ["## Serving it", "", *publish.serving_it(src, c, repo), ""]
+    if made.draft_kind(src.config) is not None:
+        lines += ["## Target assignment", "", *target.target_assignment(src, c), ""]
+    lines += ["## What we can and cannot claim", "", *claims.claims(src, c), ""]
     lines += ["## How it was made", "", *made.how_made(src, c), ""]
     lines += ["## Where the bytes are", "", *measured.where_bytes(src, c), ""]
     lines += ["## Verified", "", *measured.verified(src, c), ""]
     if src.eval is not None:
         lines += ["## Fidelity", "", *measured.fidelity(src, c), ""]
     if src.bench is not None:
-        lines += ["## Serving", "", *serving.serving(src, c), ""]
+        lines += ["## Serving benchmark", "", *serving.serving(src, c), ""]
     lines += ["## Provenance and credit", "", *_provenance(src, c, base, license_id), ""]
     return "\n".join(lines), c
 
@@ -56,9 +50,11 @@ def _provenance(src: CardSources, c: Citations, base: str | None, license_id: st
         )
     if license_id:
         lines.append(f"- License: `{license_id}`, as the base model's.")
+    # the source folder as quantize was given it; an absolute path names this machine, so only its name is shown
+    path = file_name(m.source.path) if is_local_absolute(m.source.path) else m.source.path
     lines.append(
         f"- Derived from the {c.text(m.recipe.source_format, made.M, 'recipe.source_format')} checkpoint at "
-        f"{c.text(m.source.path, made.M, 'source.path')} by "
+        f"{c.text(path, made.M, 'source.path')} by "
         f"weightsmith {c.text(m.tool.version, made.M, 'tool.version')} (`weightsmith quantize`)."
     )
     return lines

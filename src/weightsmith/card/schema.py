@@ -32,14 +32,26 @@ NUM = (int, float)
 OPT_NUM = (int, float, None)
 OPT_STR = (str, None)
 
+_ARGS = ({"num_bits?": (int, None), "type?": OPT_STR, "dynamic?": (bool, str, None)}, None)
 CONFIG = {
     "architectures?": ([str], None),
-    "dflash_config?": ({"target_layer_ids?": ([int], None)}, None),
+    "dflash_config?": ({"target_layer_ids?": ([int], None), "target_model?": OPT_STR}, None),
+    "target_model?": OPT_STR,
+    "target_model_name_or_path?": OPT_STR,
+    "num_hidden_layers?": (int, None),
+    "quantization_config?": (
+        {"kv_cache_scheme?": _ARGS, "config_groups?": (Each({"input_activations?": _ARGS}), None)},
+        None,
+    ),
 }
 
 _SUMMARY = {"name": str, "layers": int, "numel": NUM, "rel_mse": OPT_NUM, "sqnr_db": OPT_NUM}
 EVAL = {
-    "weights": {"categories": [_SUMMARY], "overall": _SUMMARY},
+    "weights": {
+        "categories": [_SUMMARY],
+        "overall": _SUMMARY,
+        "original_grid?": {"blocks": int, "on_4bit_grid": int},
+    },
     "logits": {"status": str, "reason?": OPT_STR},
 }
 #: Read only when `logits.status` is "ok".

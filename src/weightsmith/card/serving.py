@@ -6,9 +6,8 @@ card and `card --check` derive the same numbers the bench report shows.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from weightsmith.bench.analysis import METRICS
+from weightsmith.bench.paths import served_model
 from weightsmith.card.cite import Citations
 from weightsmith.card.measured import table
 from weightsmith.card.sources import BENCH_FILE, CardSources
@@ -22,17 +21,26 @@ def _n(c: Citations, value: float | None, spec: str, field: str) -> str:
 
 
 def serving(src: CardSources, c: Citations) -> list[str]:
-    """Serve commands, the per-cell table with intervals, verdicts, acceptance, best k, noise, environment."""
+    """Noise floor, serve commands, the per-cell table with intervals, verdicts, acceptance, best k, environment."""
     res, an = src.bench, src.analysis
     assert res is not None and an is not None
     lines = [
         f"`weightsmith bench` (`{B}`, analysis recomputed from its samples). These numbers describe each arm's "
-        "server serving the model file named below, which is not necessarily the safetensors in this folder.",
+        "server serving the model file named below, which is not necessarily the safetensors in this folder. "
+        "In the commands, `$MODEL` and `$DRAFT` stand for the model and draft files named beside them.",
         "",
     ]
+    for key, floor in an.noise.items():  # the noise floor first: every difference below is read against it
+        value = (
+            "not measured" if floor.value is None else c.num(format(floor.value, ".1%"), B, f"analysis.noise[{key}]")
+        )
+        lines.append(f"- noise floor, {_LABEL[key]}: ±{value} ({floor.detail or 'largest repeat-to-repeat gap'})")
+    lines.append("")
     for arm in res.arms:
-        model = Path(arm.model).name if arm.model else "not recorded"
-        lines.append(f"- `{arm.name}` ({arm.kind}, model `{model}`, status {arm.status}):")
+        files = ", ".join(f"`${k}` = `{v}`" for k, v in arm.files.items())
+        model = served_model(arm) or "not recorded"
+        files = f"; {files}" if files else ""
+        lines.append(f"- `{arm.name}` ({arm.kind}, model `{model}`{files}, status {arm.status}):")
         if arm.command:
             lines.append(f"  {c.text(' '.join(arm.command), B, f'arms[{arm.name}].command')}")
         elif arm.url:
@@ -49,11 +57,6 @@ def serving(src: CardSources, c: Citations) -> list[str]:
             best = c.text(str(s.best_value), B, f"analysis.sweeps[{s.base},{s.param}].best_value")
             note = f" ({s.best_note})" if s.best_note else ""
             lines.append(f"Best `{s.param}` for `{s.base}` by median decode rate: {best}{note}.")
-    for key, floor in an.noise.items():
-        value = (
-            "not measured" if floor.value is None else c.num(format(floor.value, ".1%"), B, f"analysis.noise[{key}]")
-        )
-        lines.append(f"- noise floor, {_LABEL[key]}: ±{value} ({floor.detail or 'largest repeat-to-repeat gap'})")
     host = ", ".join(f"{k} {v}" for k, v in res.host.items())
     lines += [
         "",

@@ -1,8 +1,9 @@
 """What a card is written from, gathered into the checkpoint folder so the card can be checked later.
 
 Writing a card runs `inspect` and `verify` on the checkpoint and keeps their results as
-`inspect.json` and `verify.json`, and copies the `eval` and `bench` JSON given into the folder as
-`eval.json` and `bench.json`. The card cites those names, so `card --check` works on the folder alone:
+`inspect.json` and `verify.json`, and writes the `eval` and `bench` JSON given into the folder as
+`eval.json` and `bench.json` (with local paths made portable, `bench/paths.py`, since they are
+published with the card). The card cites those names, so `card --check` works on the folder alone:
 it re-runs `inspect` and `verify` when the safetensors are there, and otherwise reads the kept results.
 """
 
@@ -17,13 +18,14 @@ from typing import Any
 from weightsmith.audit.inspect import inspect
 from weightsmith.audit.verify import verify
 from weightsmith.bench.analysis import Analysis, analyse
-from weightsmith.bench.results import BenchResults, load_results
+from weightsmith.bench.paths import file_name, is_local_absolute, make_portable
+from weightsmith.bench.results import BenchResults, load_results, to_jsonable
 from weightsmith.card import schema
 from weightsmith.checkpoint import CONFIG_FILE, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
-from weightsmith.files import read_regular, replace_file
+from weightsmith.files import replace_file
 from weightsmith.manifest import MANIFEST_FILE, Manifest, load_manifest
 
 CARD_FILE = "README.md"
@@ -78,18 +80,6 @@ def _measure(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return inspected, verified
 
 
-def _copy_in(src: Path | None, folder: Path, name: str) -> Path | None:
-    """Put an input into the folder under the name the card cites (no copy when it is already there)."""
-    if src is None:
-        return None
-    if not src.is_file():
-        raise WeightsmithError("not found", file=src)
-    dest = folder / name
-    if not dest.exists() or not dest.samefile(src):
-        replace_file(dest, read_regular(src))
-    return dest
-
-
 def _write(path: Path, data: dict[str, Any]) -> None:
     replace_file(path, (json.dumps(data, indent=2) + "\n").encode())
 
@@ -107,7 +97,8 @@ def _load_common(folder: Path) -> tuple[Manifest, dict[str, Any]]:
 def _bench(path: Path | None) -> tuple[BenchResults | None, Analysis | None]:
     if path is None:
         return None, None
-    results = load_results(path)
+    # a results file of schema version 1 holds the run's own paths; the card shows none of them
+    results = make_portable(load_results(path), None, None)
     return results, analyse(results)
 
 
@@ -122,12 +113,20 @@ def gather(folder: Path, eval_path: Path | None, bench_path: Path | None) -> Car
     return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis)
 
 
-def keep(src: CardSources, eval_path: Path | None, bench_path: Path | None, card: str) -> None:
-    """Write what the card cites into its folder, then the card: only once everything was read and rendered."""
+def keep(src: CardSources, card: str) -> None:
+    """Write what the card cites into its folder, then the card: only once everything was read and rendered.
+
+    The eval and bench records are written with their local paths made portable, as the card is:
+    they are published beside it.
+    """
     _write(src.folder / INSPECT_FILE, src.inspect)
     _write(src.folder / VERIFY_FILE, src.verify)
-    _copy_in(eval_path, src.folder, EVAL_FILE)
-    _copy_in(bench_path, src.folder, BENCH_FILE)
+    if src.eval is not None:
+        paths = {k: file_name(v) for k in ("orig", "quant") if isinstance(v := src.eval.get(k), str) and
+                 is_local_absolute(v)}  # fmt: skip
+        _write(src.folder / EVAL_FILE, {**src.eval, **paths})
+    if src.bench is not None:
+        _write(src.folder / BENCH_FILE, {**to_jsonable(src.bench), "analysis": to_jsonable(src.analysis)})
     replace_file(src.folder / CARD_FILE, card.encode("utf-8"))
 
 

@@ -29,6 +29,11 @@ from weightsmith.fidelity.quantized import QuantizedModule, quantized_modules
 
 #: Elements per float64 chunk of the error sums (32 MiB per chunk array).
 CHUNK_ELEMENTS = 1 << 22
+#: The already-rounded check: rows sampled per weight, block width and the most distinct values a
+#: block rounded to a 4-bit grid holds (GGUF's Q4_0/Q4_1 blocks: 32 weights, 16 levels).
+GRID_ROWS = 64
+GRID_BLOCK = 32
+GRID_LEVELS = 16
 
 Progress = Callable[[int], None]
 
@@ -72,6 +77,14 @@ class Unsupported:
 
 
 @dataclass
+class GridCheck:
+    """How many sampled blocks of the original's weights sit on a 4-bit grid (see `grid_blocks`)."""
+
+    blocks: int = 0
+    on_4bit_grid: int = 0
+
+
+@dataclass
 class WeightReport:
     """Per-layer, per-category and overall weight error of QUANT against ORIG."""
 
@@ -84,6 +97,7 @@ class WeightReport:
     kept: list[str] = field(default_factory=list)
     bytes_read: int = 0
     seconds: float = 0.0
+    original_grid: GridCheck = field(default_factory=GridCheck)
 
 
 def relative_mse(sq_error: float, sq_norm: float) -> float:
@@ -216,8 +230,24 @@ def _non_finite(
     )
 
 
-def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReader) -> LayerError:
-    """One module's error. NotImplementedError: QUANT's format cannot be dequantized yet."""
+def grid_blocks(weight: np.ndarray) -> tuple[int, int]:
+    """(blocks sampled, blocks with at most 16 distinct values) over the first rows of a 2-D weight.
+
+    Every error here is measured against the original, so whether the original was itself already
+    rounded matters: 32 consecutive trained weights in 16 or 32 bits hold close to 32 distinct values,
+    while weights dequantized from a 4-bit format (a Q4 GGUF) hold at most 16 per block.
+    """
+    cols = weight.shape[1] // GRID_BLOCK * GRID_BLOCK if weight.ndim == 2 else 0
+    if cols == 0:
+        return 0, 0
+    blocks = np.sort(np.asarray(weight[:GRID_ROWS, :cols], dtype=np.float32).reshape(-1, GRID_BLOCK), axis=1)
+    distinct = 1 + np.count_nonzero(np.diff(blocks, axis=1), axis=1)
+    return len(blocks), int(np.count_nonzero(distinct <= GRID_LEVELS))
+
+
+def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReader, grid: GridCheck) -> LayerError:
+    """One module's error (and its grid count added to `grid`). NotImplementedError: QUANT's format
+    cannot be dequantized yet."""
     dequant = _dequantize(qm, reader)
     expected = original.shape(qm.module)
     if tuple(dequant.shape) != tuple(expected):
@@ -228,7 +258,11 @@ def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReade
             tensor=marker,
             code="eval.shape-mismatch",
         )
-    err, norm = squared_error(original.weight(qm.module), dequant)
+    weight = original.weight(qm.module)
+    err, norm = squared_error(weight, dequant)
+    blocks, on_grid = grid_blocks(weight)
+    grid.blocks += blocks
+    grid.on_4bit_grid += on_grid
     if not (math.isfinite(err) and math.isfinite(norm)):
         raise _non_finite(qm, original, reader, orig_is_bad=not math.isfinite(norm))
     rel = relative_mse(err, norm)
@@ -257,6 +291,7 @@ def weight_error(
     layers: list[LayerError] = []
     unsupported: list[Unsupported] = []
     bytes_read = 0
+    grid = GridCheck()
     with OriginalWeights(orig) as original, TensorReader(quant) as reader:
         for qm in modules:  # mismatches fail before the long pass, not hours into it
             _check_declared_shape(qm, original, reader)
@@ -266,7 +301,7 @@ def weight_error(
         for qm in modules:
             share = quant_bytes[qm.module] + original.nbytes(qm.module)
             try:
-                layers.append(_measure(qm, original, reader))
+                layers.append(_measure(qm, original, reader, grid))
                 bytes_read += share
             except NotImplementedError as exc:
                 unsupported.append(Unsupported(qm.module, qm.format, str(exc)))
@@ -289,4 +324,5 @@ def weight_error(
         kept=_kept_weights(quant, {qm.module for qm in modules}),
         bytes_read=bytes_read,
         seconds=time.perf_counter() - started,
+        original_grid=grid,
     )
