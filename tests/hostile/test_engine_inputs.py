@@ -83,3 +83,35 @@ def test_missing_text_file(sandbox: Sandbox, capsys, monkeypatch) -> None:
     result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out, "--text", sandbox.root / "no.txt")
     assert result.code == 2 and "no.txt" in result.error_line
     sandbox.assert_untouched()
+
+
+def test_shard_missing_from_disk_is_named(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), TINY, shards=2)
+    gone = src / "model-00002-of-00002.safetensors"
+    gone.unlink()
+    out = sandbox.root / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2 and str(gone) in result.error_line
+    sandbox.assert_untouched()
+
+
+def test_shard_left_out_of_the_index_names_a_tensor_it_held(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    """A consistent index without one shard: the layers whose tensors it held cannot be built."""
+    import json
+
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), TINY, shards=2)
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    gone = "model-00002-of-00002.safetensors"
+    held = sorted(n for n, f in index["weight_map"].items() if f == gone)
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items() if f != gone}
+    index_path.write_text(json.dumps(index))
+    (src / gone).unlink()
+    out = sandbox.root / "stats.safetensors"
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "calibrate", src, "--out", out)
+    assert result.code == 2
+    line = result.error_line
+    assert "is missing" in line and any(f"tensor '{n}'" in line for n in held), line
+    sandbox.assert_untouched()

@@ -10,13 +10,14 @@ served (its layers dequantized as they are read).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from weightsmith.engine import recorders
 from weightsmith.engine.experts import expert_inputs, expert_table
 from weightsmith.engine.loading import opened
-from weightsmith.engine.stream import layer_arguments
+from weightsmith.engine.stream import layer_arguments, run_layers
 from weightsmith.engine.texts import calibration_text
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.logits import load_tokenizer
@@ -43,29 +44,23 @@ def measure(
         sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
         hidden, calls = layer_arguments(loader, sequences, cache)
         inputs: dict[str, float] = {}
-        kv: dict[str, tuple[float, float]] = {}
-        count = len(skeleton.layers)
-        for index in range(count):
-            path = skeleton.layer_path(index)
-            layer = skeleton.layers[index]
-            attention = recorders.attention_modules(layer, path)
-            loader.load(index)
-            try:
-                with (
-                    torch.no_grad(),
-                    recorders.input_maxima(layer, path, inputs),
-                    expert_inputs(layer, path, experts, inputs),
-                ):
-                    for s, call in enumerate(calls[index]):
-                        out = layer(hidden[s], *call.args, **call.kwargs)
-                        hidden[s] = out[0] if isinstance(out, tuple) else out
-            finally:
-                loader.free(index)
-            for layer_idx, module in attention.items():
-                if layer_idx in cache.maxima:
-                    kv[module] = cache.maxima[layer_idx]
+
+        @contextmanager
+        def recording(index: int) -> Iterator[None]:
+            layer, path = skeleton.layers[index], skeleton.layer_path(index)
+            with (
+                recorders.attention_modules(layer, path, cache),
+                recorders.input_maxima(layer, path, inputs),
+                expert_inputs(layer, path, experts, inputs),
+            ):
+                yield
+
+        def done(index: int, count: int) -> None:
             if progress is not None:
-                progress(f"layer {index + 1}/{count}")
+                progress(f"layer {index}/{count}")
+
+        run_layers(loader, hidden, calls, done, recording)
+        kv = {module: pair for module, pair in cache.maxima.items() if isinstance(module, str)}
     return kv, recorders.share_fused(inputs)
 
 
@@ -73,7 +68,12 @@ def calibration_tokens(
     ckpt_dir: Path, text: str | None, builtin: str | None, tokens: int, seq_len: int
 ) -> tuple[list[list[int]], str, str]:
     """(sequences of token ids, text label, text sha256): the first `tokens` tokens of the text in
-    sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer."""
+    sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer.
+
+    `text` is the path of a UTF-8 file (`--text`), `builtin` a built-in corpus name (`--builtin`);
+    neither: the built-in `code`. No special tokens are added: the sequences are cut from one
+    stream of text, and a BOS in front of each would be a token the text does not have.
+    """
     if tokens < 1 or seq_len < 1:
         raise WeightsmithError(f"--tokens ({tokens}) and --seq-len ({seq_len}) must be positive", code="usage")
     sample = calibration_text(text, builtin, tokens)

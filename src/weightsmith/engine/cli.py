@@ -92,7 +92,7 @@ def calibrate_command(
     calibration.write(out, calibration.CalibrationStats(provenance, kv, inputs), replace=force)
     err_console.print(
         f"{out}: {len(kv)} attention modules, {len(inputs)} Linear inputs; {count} tokens in {seconds:.1f} s "
-        f"({count / seconds:.0f} tokens/s), activations {activations}",
+        f"({count / seconds:.1f} tokens/s), activations {activations}",
         soft_wrap=True,
     )
 

@@ -52,8 +52,7 @@ def build(ckpt_dir: Path, *, trust_remote_code: bool = False) -> Skeleton:
             file=config_path,
             code="engine.architecture",
         ) from None
-    config.quantization_config = None  # built plain: quantized layers are dequantized as they are read
-    if hasattr(config, "quantization_config"):
+    if hasattr(config, "quantization_config"):  # built plain: quantized layers are dequantized as read
         del config.quantization_config
     architecture = (getattr(config, "architectures", None) or [type(config).__name__])[0]
     try:

@@ -70,7 +70,16 @@ class TensorSource:
 
         qm = self.quantized.get(name)
         if qm is not None:
-            array = _dequantize(qm, self.reader)
+            try:
+                array = _dequantize(qm, self.reader)
+            except NotImplementedError as exc:  # a format our decoders do not read yet
+                marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
+                raise CheckpointError(
+                    f"cannot be run: {exc} is not supported",
+                    file=self.ckpt.file_of(marker),
+                    tensor=marker,
+                    code="engine.format",
+                ) from None
         elif self.original is not None and names.split(name)[1] == names.WEIGHT and _is_fp8(self.ckpt, name):
             array = self.original.weight(names.split(name)[0])
         else:

@@ -12,7 +12,7 @@ freed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,19 +26,39 @@ class _Stop(Exception):
     """Raised by the last recorder: nothing after the decoder layers is needed to record them."""
 
 
+#: The keyword a layer may receive its hidden states under instead of first.
+HIDDEN = "hidden_states"
+
+
 @dataclass
 class Call:
-    """The positional and keyword arguments a layer received (after the hidden states)."""
+    """The arguments a layer received besides its hidden states, to call it again the same way."""
 
     args: tuple
     kwargs: dict
+    keyword: bool  # the hidden states came as `hidden_states=`, not first
+
+    def __call__(self, layer: Any, hidden: Any) -> Any:
+        """The layer's output hidden states for `hidden`."""
+        if self.keyword:
+            out = layer(*self.args, **{HIDDEN: hidden}, **self.kwargs)
+        else:
+            out = layer(hidden, *self.args, **self.kwargs)
+        return out[0] if isinstance(out, tuple) else out
 
 
 @contextmanager
-def replaced_layers(layers: Any, forward: Callable[[int, Any, tuple, dict], Any]) -> Iterator[None]:
-    """Every layer's `forward(hidden, *args, **kwargs)` replaced by `forward(index, hidden, args, kwargs)`."""
+def replaced_layers(layers: Any, forward: Callable[[int, Any, Call], Any]) -> Iterator[None]:
+    """Every layer's `forward` replaced by `forward(index, hidden states, the rest of the call)`."""
+
+    def split(index: int, args: tuple, kwargs: dict) -> Any:
+        if args:
+            return forward(index, args[0], Call(args[1:], kwargs, keyword=False))
+        rest = dict(kwargs)
+        return forward(index, rest.pop(HIDDEN), Call((), rest, keyword=True))
+
     for index, layer in enumerate(layers):
-        layer.forward = lambda hidden, *a, _i=index, **kw: forward(_i, hidden, a, kw)
+        layer.forward = lambda *a, _i=index, **kw: split(_i, a, kw)
     try:
         yield
     finally:
@@ -60,10 +80,10 @@ def layer_arguments(loader: Loader, sequences: list[Any], cache: Any = None) -> 
     hidden: list[Any] = []
     calls: list[list[Call]] = [[] for _ in range(count)]
 
-    def record(index: int, states: Any, args: tuple, kwargs: dict) -> Any:
+    def record(index: int, states: Any, call: Call) -> Any:
         if index == 0:
             hidden.append(states)
-        calls[index].append(Call(args, kwargs))
+        calls[index].append(call)
         if index == count - 1:
             raise _Stop
         return states
@@ -84,8 +104,12 @@ def run_layers(
     hidden: list[Any],
     calls: list[list[Call]],
     progress: LayerProgress | None = None,
+    around: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> list[Any]:
-    """The hidden states after the last layer; each layer real only while it runs."""
+    """The hidden states after the last layer; each layer real only while it runs.
+
+    `around(index)`, when given, is a context entered while layer `index` runs (recorders).
+    """
     import torch
 
     count = len(loader.skeleton.layers)
@@ -93,10 +117,9 @@ def run_layers(
         loader.load(index)
         layer = loader.skeleton.layers[index]
         try:
-            with torch.no_grad():
+            with torch.no_grad(), around(index) if around is not None else nullcontext():
                 for s, call in enumerate(calls[index]):
-                    out = layer(hidden[s], *call.args, **call.kwargs)
-                    hidden[s] = out[0] if isinstance(out, tuple) else out
+                    hidden[s] = call(layer, hidden[s])
         finally:
             loader.free(index)
         if progress is not None:
@@ -113,7 +136,7 @@ def final_logits(loader: Loader, sequence: Any, final: Any, positions: Any) -> A
     """
     import torch
 
-    def inject(index: int, states: Any, args: tuple, kwargs: dict) -> Any:
+    def inject(index: int, states: Any, call: Call) -> Any:
         return final if index == 0 else states
 
     with torch.no_grad(), replaced_layers(loader.skeleton.layers, inject):
