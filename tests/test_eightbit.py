@@ -131,9 +131,15 @@ def test_options_refused_in_one_line(name: str, group: int | None, search: str |
 
 
 @pytest.mark.parametrize("name", ["fp8", "nvfp4"])
-def test_calibrated_presets_point_elsewhere(name: str) -> None:
-    with pytest.raises(WeightsmithError, match="needs calibration data") as err:
-        schemes.make_scheme(name)
+def test_calibrated_presets_need_a_statistics_file(tmp_path: Path, name: str) -> None:
+    """The calibrated presets are schemes now; planning one without statistics points at `weightsmith calibrate`."""
+    from weightsmith.plan import build_plan
+
+    scheme = schemes.make_scheme(name)
+    assert scheme.NEEDS_CALIBRATION
+    src = write_checkpoint(tmp_path / "src", llama_tensors())
+    with pytest.raises(WeightsmithError, match=r"needs calibration statistics.*weightsmith calibrate") as err:
+        build_plan(Checkpoint.open(src), scheme)
     assert "\n" not in str(err.value)
 
 

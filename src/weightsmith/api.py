@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from weightsmith import calibrated
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.pipeline import Progress, QuantizeResult, default_workers, execute
 from weightsmith.plan import Plan, build_plan
@@ -26,16 +27,22 @@ def plan_quantize(
     scale_search: str | None = None,
     ignore: list[str] | None = None,
     preset: str | None = None,
+    calibration: str | os.PathLike[str] | None = None,
+    kv_cache: str | None = None,
 ) -> Plan:
     """What `quantize` would do to every tensor of `src`, and the predicted sizes; nothing is written.
 
     `recipe` (a TOML file or a `Recipe`) replaces `scheme`, `group_size` and `scale_search`.
+    `calibration` is a statistics file of `weightsmith calibrate` measured on `src`: calibrated
+    schemes (nvfp4, fp8) and `kv_cache` ("fp8": KV-cache scales) need one.
     """
     if recipe is None:
         rules = Recipe.single(make_scheme(scheme, group_size, scale_search))
     else:
         rules = recipe if isinstance(recipe, Recipe) else load_recipe(Path(recipe))
-    return build_plan(Checkpoint.open(src), rules, ignore, preset)
+    ckpt = Checkpoint.open(src)
+    cal = calibrated.load(calibration, ckpt) if calibration is not None else None
+    return build_plan(ckpt, rules, ignore, preset, cal, kv_cache)
 
 
 def quantize(
@@ -48,6 +55,8 @@ def quantize(
     scale_search: str | None = None,
     ignore: list[str] | None = None,
     preset: str | None = None,
+    calibration: str | os.PathLike[str] | None = None,
+    kv_cache: str | None = None,
     workers: int | None = None,
     force: bool = False,
     hash_sources: bool = True,
@@ -59,7 +68,15 @@ def quantize(
     input or the destination; `KeyboardInterrupt` leaves nothing behind.
     """
     the_plan = plan_quantize(
-        src, scheme, recipe=recipe, group_size=group_size, scale_search=scale_search, ignore=ignore, preset=preset
+        src,
+        scheme,
+        recipe=recipe,
+        group_size=group_size,
+        scale_search=scale_search,
+        ignore=ignore,
+        preset=preset,
+        calibration=calibration,
+        kv_cache=kv_cache,
     )
     return execute(
         the_plan,

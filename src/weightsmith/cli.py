@@ -29,6 +29,7 @@ COMMAND_MODULES = {
     "bench": "weightsmith.bench.cli",
     "eval": "weightsmith.fidelity.cli",
     "calibrate": "weightsmith.engine.cli",
+    "calibrate-kv": "weightsmith.calibrate_kv",
     "card": "weightsmith.card.cli",
 }
 err_console = Console(stderr=True, highlight=False)

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from weightsmith.api import plan_quantize
 from weightsmith.audit.verify import verify
+from weightsmith.calibration import MIN_TOKENS
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
@@ -43,12 +44,26 @@ def plan_table(plan: Plan) -> Table:
         table.add_column(col, overflow="fold")
     for d in plan.decisions:
         table.add_row(d.name, d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, d.reason)
+    stats = plan.calibration.path if plan.calibration else None
+    for shard, specs in plan.added.items():
+        for spec in specs:
+            why = f"{plan.kv_cache} KV-cache scale measured in {stats}, written to {shard}"
+            table.add_row(spec.name, spec.dtype, "x".join(map(str, spec.shape)), "add", why)
     return table
 
 
 def _warn_unmatched(plan: Plan) -> None:
     for number, target in plan.unmatched_targets():
         err.print(f"[yellow]warning:[/] rule {number} target {target!r} matches no Linear-like weight")
+
+
+def _warn_few_tokens(plan: Plan) -> None:
+    cal = plan.calibration
+    if cal is not None and cal.stats.provenance.tokens < MIN_TOKENS:
+        err.print(
+            f"[yellow]warning:[/] {escape(str(cal.path))} was measured on {cal.stats.provenance.tokens:,} tokens; "
+            f"a maximum over fewer than {MIN_TOKENS:,} is not stable"
+        )
 
 
 def plan_json(plan: Plan) -> dict:
@@ -63,6 +78,13 @@ def plan_json(plan: Plan) -> dict:
         "ignore": plan.ignore,
         "bytes_in": plan.bytes_in,
         "bytes_out_predicted": plan.bytes_out,
+        "calibration": str(plan.calibration.path) if plan.calibration else None,
+        "kv_cache": plan.kv_cache,
+        "added": [
+            {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "shard": shard}
+            for shard, specs in plan.added.items()
+            for s in specs
+        ],
         "tensors": [
             {
                 "name": d.name,
@@ -93,6 +115,12 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
         f"bits/param {s.bits_per_parameter_before:.2f} -> {s.bits_per_parameter_after:.2f}"
     )
     console.print(f"  ignore    {', '.join(m.recipe.ignore) or '(none)'}")
+    if m.calibration is not None:
+        cal = m.calibration
+        console.print(
+            f"  measured  scales from {cal.tokens:,} calibration tokens of {escape(cal.text)} "
+            f"({cal.activations} activations)"
+        )
     console.print("  verified  headers re-read strictly, file sizes exact, index resolves both ways")
     for rel, why in result.skipped_files.items():
         console.print(f"  [yellow]skipped[/]   {escape(rel)}: {escape(why)} (not copied)")
@@ -143,11 +171,21 @@ def run_quantize(
     hash_sources: bool = True,
     scale_search: str | None = None,
     recipe: Path | None = None,
+    calibration: Path | None = None,
+    kv_cache: str | None = None,
 ) -> tuple[QuantizeResult, float]:
     """Open, plan and execute; returns the result and wall seconds."""
     started = time.perf_counter()
-    plan = plan_quantize(src, recipe=_recipe(scheme, group_size, scale_search, recipe), ignore=ignore, preset=preset)
+    plan = plan_quantize(
+        src,
+        recipe=_recipe(scheme, group_size, scale_search, recipe),
+        ignore=ignore,
+        preset=preset,
+        calibration=calibration,
+        kv_cache=kv_cache,
+    )
     _warn_unmatched(plan)
+    _warn_few_tokens(plan)
     with terminate_as_interrupt():  # the partial output is removed either way
         try:
             if not show_progress:
@@ -200,6 +238,15 @@ def quantize(
         [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."
     ),
     preset: str | None = typer.Option(None, help=f"Known case: {', '.join(PRESETS)}."),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        help="Statistics file of `weightsmith calibrate` on SRC: needed by nvfp4 and fp8 (static activation "
+        "scales) and by --kv-cache.",
+    ),
+    kv_cache: str | None = typer.Option(
+        None, "--kv-cache", help="Declare an FP8 KV cache with k_scale/v_scale measured on --calibration: fp8."
+    ),
     workers: int = typer.Option(0, help="Worker threads (default: one per core)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
@@ -209,8 +256,11 @@ def quantize(
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
     if dry_run:
         rules = _recipe(scheme, group_size, scale_search, recipe)
-        plan = plan_quantize(src, recipe=rules, ignore=ignore, preset=preset)
+        plan = plan_quantize(
+            src, recipe=rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache
+        )
         _warn_unmatched(plan)
+        _warn_few_tokens(plan)
         if json_out:
             print(json.dumps(plan_json(plan), indent=2))
         else:
@@ -236,6 +286,8 @@ def quantize(
         hash_sources=not no_hash,
         scale_search=scale_search,
         recipe=recipe,
+        calibration=calibration,
+        kv_cache=kv_cache,
     )
     if json_out:
         print(

@@ -106,6 +106,16 @@ def kv_scale_names(attention: str, kind: str) -> tuple[str, ...]:
     )
 
 
+def kv_scale_name(attention: str, kind: str) -> str:
+    """The name we write a `kind` ("k" or "v") KV-cache scale under: `<attention>.k_scale`.
+
+    It is the one llm-compressor 0.14 writes (compressed-tensors `KVCacheScaleType`, a parameter of
+    the attention module) and the first of `kv_scale_names`, which vLLM loads for compressed-tensors
+    checkpoints.
+    """
+    return kv_scale_names(attention, kind)[0]
+
+
 def is_kv_scale_name(name: str) -> bool:
     """True for a tensor that is a KV-cache scale under any accepted spelling."""
     module, param = split(name)

@@ -345,6 +345,9 @@ def execute(
             try:
                 for shard, specs in plan.shards().items():
                     writers[shard] = ShardWriter(folder, shard, specs, SHARD_METADATA)
+                    for spec in specs:  # the calibrated scales the plan computed: one value per module
+                        if spec.name in plan.values:
+                            writers[shard].write(spec.name, plan.values[spec.name])
                 runner = _Runner(plan, readers, writers)
                 with ThreadPoolExecutor(
                     max_workers=workers + (1 if hash_sources else 0), thread_name_prefix="ws"
@@ -368,7 +371,8 @@ def execute(
             _write_config(plan, folder)
             _copy_other_files(src, folder, other.files)
             written = verify_output(plan, folder)
-            manifest = build_manifest(plan, written, source_hashes, other.skipped)
+            calibrated_from = plan.calibration.stats.provenance if plan.calibration is not None else None
+            manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from)
             write_manifest(folder, manifest)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

@@ -16,12 +16,15 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from weightsmith import names
+import numpy as np
+
+from weightsmith import calibrated, names
 from weightsmith.audit.findings import ERROR
 from weightsmith.audit.quant_config import read_declaration
+from weightsmith.calibrated import Calibration
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.config_groups import mixed_config
-from weightsmith.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS
+from weightsmith.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS, from_numpy
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8
@@ -213,12 +216,23 @@ class Plan:
     decisions: list[Decision]
     ignore: list[str]
     preset: str | None = None
+    #: The statistics the calibrated values below were derived from, if any.
+    calibration: Calibration | None = None
+    #: `--kv-cache`: the KV-cache format declared, with scales in `values` (None: not declared).
+    kv_cache: str | None = None
+    #: Tensors the plan computed itself, by name: static activation scales and KV-cache scales
+    #: (small: one value per module). Each is in some decision's outputs or in `added`.
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Output shard -> tensors that stand for no source tensor (KV-cache scales).
+    added: dict[str, list[TensorSpec]] = field(default_factory=dict)
 
     def shards(self) -> dict[str, list[TensorSpec]]:
         """Output shard file name -> the tensors it holds (same file names as the source)."""
         out: dict[str, list[TensorSpec]] = {shard: [] for shard in self.source.headers}
         for d in self.decisions:
             out[d.shard].extend(d.outputs)
+        for shard, specs in self.added.items():
+            out[shard].extend(specs)
         return out
 
     @property
@@ -227,7 +241,7 @@ class Plan:
 
     @property
     def bytes_out(self) -> int:
-        return sum(s.nbytes for d in self.decisions for s in d.outputs)
+        return sum(s.nbytes for specs in self.shards().values() for s in specs)
 
     def count(self, action: str) -> int:
         return sum(d.action == action for d in self.decisions)
@@ -278,9 +292,13 @@ class Plan:
 
     def quantization_config(self) -> dict:
         if not self.recipe.mixed:
-            return self.scheme.quantization_config(self.ignore)
-        quantized = {d.module: d.rule for d in self.decisions if d.action == QUANTIZE and d.rule is not None}
-        return mixed_config(self.recipe, quantized, self.ignore)
+            config = self.scheme.quantization_config(self.ignore)
+        else:
+            quantized = {d.module: d.rule for d in self.decisions if d.action == QUANTIZE and d.rule is not None}
+            config = mixed_config(self.recipe, quantized, self.ignore)
+        if self.kv_cache is not None:
+            config["kv_cache_scheme"] = calibrated.kv_cache_scheme(self.kv_cache)
+        return config
 
 
 def _fp8_weights(ckpt: Checkpoint, fmt: SourceFormat) -> dict[str, Block | None]:
@@ -315,7 +333,7 @@ def _fp8_weights(ckpt: Checkpoint, fmt: SourceFormat) -> dict[str, Block | None]
     return found
 
 
-def _refuse_collisions(ckpt: Checkpoint, decisions: list[Decision]) -> None:
+def _refuse_collisions(ckpt: Checkpoint, decisions: list[Decision], added: dict[str, list[TensorSpec]]) -> None:
     """Refuse a source tensor whose name is one the output writes for a quantized weight.
 
     A source holding `X.weight` and `X.weight_scale` without declaring a quantization is
@@ -324,6 +342,16 @@ def _refuse_collisions(ckpt: Checkpoint, decisions: list[Decision]) -> None:
     which was meant; the line names the tensor, and `--ignore X` keeps X as it is.
     """
     kept = {s.name: d for d in decisions if d.action != QUANTIZE for s in d.outputs}
+    for spec in (s for specs in added.values() for s in specs):
+        attention = spec.name.rpartition(".")[0]
+        other = next((kept[n] for k in ("k", "v") for n in names.kv_scale_names(attention, k) if n in kept), None)
+        if other is not None:
+            raise CheckpointError(
+                "is a KV-cache scale the source already has; --kv-cache would write a second one",
+                file=ckpt.path(other.shard),
+                tensor=other.name,
+                code="source.name-collision",
+            )
     for d in decisions:
         if d.action != QUANTIZE:
             continue
@@ -367,12 +395,18 @@ def _keep_reason(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
 
 
 def build_plan(
-    ckpt: Checkpoint, scheme: Scheme | Recipe, ignore: list[str] | None = None, preset: str | None = None
+    ckpt: Checkpoint,
+    scheme: Scheme | Recipe,
+    ignore: list[str] | None = None,
+    preset: str | None = None,
+    calibration: Calibration | None = None,
+    kv_cache: str | None = None,
 ) -> Plan:
     """Decide every tensor's fate under one scheme or a recipe of several.
 
-    Raises `WeightsmithError` for an unknown preset, a bad regex, or a recipe that splits what vLLM
-    loads as one layer.
+    `calibration` (statistics already checked against `ckpt`) gives calibrated schemes their static
+    activation scales and `kv_cache` ("fp8") its KV-cache scales. Raises `WeightsmithError` for an
+    unknown preset, a bad regex, a recipe that splits what vLLM loads as one layer, or missing statistics.
     """
     recipe = scheme if isinstance(scheme, Recipe) else Recipe.single(scheme)
     user_ignore = list(ignore or [])
@@ -457,12 +491,72 @@ def build_plan(
             if entry not in listed:
                 ignore_out.append(entry)
                 listed.add(entry)
-    _refuse_collisions(ckpt, decisions)
+    values = _input_params(decisions, calibration)
+    added = _kv_scales(ckpt, decisions, calibration, kv_cache, values)
+    if calibration is not None and not values:
+        raise WeightsmithError(
+            "is used by calibrated schemes (a static activation scale) and --kv-cache; this run has neither",
+            file=calibration.path,
+            code="usage",
+        )
+    _refuse_collisions(ckpt, decisions, added)
     # HF builds lm_head as an nn.Linear (even when tied), so a "Linear" target would claim it.
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")
     if has_head and not Targets(ignore_out, "ignore").matches("lm_head"):
         ignore_out.append("lm_head")
-    return Plan(ckpt, recipe, fmt, decisions, ignore_out, preset)
+    return Plan(ckpt, recipe, fmt, decisions, ignore_out, preset, calibration, kv_cache, values, added)
+
+
+def _input_params(decisions: list[Decision], cal: Calibration | None) -> dict[str, np.ndarray]:
+    """Each calibrated scheme's static activation parameters: the values of tensors its outputs declare."""
+    values: dict[str, np.ndarray] = {}
+    quantized = {d.module for d in decisions if d.action == QUANTIZE}
+    for d in decisions:
+        if d.action != QUANTIZE or d.rule is None or not d.rule.scheme.NEEDS_CALIBRATION:
+            continue
+        scheme = d.rule.scheme
+        found = calibrated.require(cal, f"scheme {scheme.name}")
+        absmax = calibrated.input_absmax(found, d.module, quantized)
+        declared = {s.name: s for s in d.outputs}  # the scheme's layout declares its activation scales
+        for param, value in scheme.input_params(absmax, "BF16" if d.scale else d.dtype):
+            name = f"{d.module}.{param}"
+            spec = declared[name]
+            assert (spec.dtype, tuple(spec.shape)) == (from_numpy(value.dtype).code, value.shape), (spec, value)
+            values[name] = value
+    return values
+
+
+def _kv_scales(
+    ckpt: Checkpoint,
+    decisions: list[Decision],
+    cal: Calibration | None,
+    kv_cache: str | None,
+    values: dict[str, np.ndarray],
+) -> dict[str, list[TensorSpec]]:
+    """`--kv-cache`: a k and a v scale per attention layer, in the shard of its K projection."""
+    if kv_cache is None:
+        return {}
+    if kv_cache not in calibrated.KV_CACHE_FORMATS:
+        raise WeightsmithError(
+            f"unknown --kv-cache {kv_cache!r} (choose from {', '.join(calibrated.KV_CACHE_FORMATS)})", code="usage"
+        )
+    found = calibrated.require(cal, f"--kv-cache {kv_cache}")
+    attention = calibrated.attention_modules([d.name for d in decisions])
+    if not attention:
+        raise CheckpointError(
+            "has no attention layer (no k_proj or qkv_proj weight), so --kv-cache has nothing to scale",
+            file=ckpt.root,
+            code="usage",
+        )
+    home = {}  # attention module -> the shard of its K projection
+    for d in decisions:
+        if d.param == names.WEIGHT and names.leaf(d.module) in names.ATTENTION_KEY_PROJECTIONS:
+            home.setdefault(d.module.rpartition(".")[0], d.shard)
+    added: dict[str, list[TensorSpec]] = defaultdict(list)
+    for name, value in calibrated.kv_scales(found.stats.kv, attention, found.path).items():
+        added[home[name.rpartition(".")[0]]].append(TensorSpec(name, "F32", value.shape))
+        values[name] = value
+    return dict(added)
 
 
 @dataclass(frozen=True)

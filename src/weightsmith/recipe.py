@@ -18,6 +18,8 @@ start, against the module and its fused name such as `qkv_proj`), `category:NAME
 `Linear` (every Linear-like weight). A rule may set `group_size` and `scale_search` for its scheme.
 The first rule that matches a module gives its scheme, as compressed-tensors and vLLM resolve config
 groups; a module no rule matches is kept. `--scheme NAME` is the one-rule recipe `targets = ["Linear"]`.
+A rule may name a calibrated scheme (`nvfp4`, `fp8`: static activation scales); the run then needs
+`--calibration STATS`, and only that rule's modules take scales from it.
 """
 
 from __future__ import annotations

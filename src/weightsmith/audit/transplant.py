@@ -16,6 +16,7 @@ import copy
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from weightsmith.audit.quant_config import MODELOPT, read_declaration
 from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
+from weightsmith.dtypes import from_numpy
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import copy_new, name_problem, write_json_new
 from weightsmith.formats import compressed_tensors as ct
@@ -111,25 +113,9 @@ def transplant(
             f"has no tensor matching {patterns}", file=donor_ck.root, code="transplant.nothing-selected"
         )
     plan = _plan(donor_ck, target_ck, chosen, shard, replace)
-    dest = Path(out) if out is not None else target_ck.root
-    if out is not None:
-        check_destination(target_ck.root, dest, force=False)
-    rewritten = sorted(s for s in plan.removals if s != shard)
-    try:
-        with staged(dest, force=out is None) as folder:
-            skip = {INDEX_FILE, shard, *plan.removals, *plan.config_changes}
-            _link_tree(target_ck.root, folder, skip, absolute_links=out is not None)
-            _write_new_shard(donor_ck, folder, shard, plan.copies)
-            for name in rewritten:
-                _rewrite_without(target_ck, name, plan.removals[name], folder)
-            _write_index(target_ck, folder, shard, plan)
-            for file, doc in plan.config_changes.items():
-                write_json_new(folder, file, doc)
-            report = _check_result(folder, shard, plan.copies)
-    except OSError as exc:
-        raise OutputError(
-            f"could not be written ({exc.strerror or exc})", file=exc.filename or dest, code="output.io"
-        ) from None
+    dest, report, rewritten = _apply(
+        target_ck, out, shard, plan, lambda folder: _write_new_shard(donor_ck, folder, shard, plan.copies)
+    )
     replaced = sum(1 for c in plan.copies if c.replaces)
     notes = [*stale, f"{len(plan.copies) - replaced} new, {replaced} replaced"]
     if report.errors:
@@ -147,6 +133,36 @@ def transplant(
         str(donor_ck.root), str(target_ck.root), str(dest), shard, plan.copies, rewritten, plan.declared,
         report.errors, report.warnings, notes, summary,
     )  # fmt: skip
+
+
+def _apply(
+    target_ck: Checkpoint, out: str | Path | None, shard: str, plan: _Plan, write_shard: Callable[[Path], None]
+) -> tuple[Path, VerifyReport, list[str]]:
+    """Stage the target with the new shard (`write_shard(folder)`), the index and config changes, verify, rename.
+
+    In place (`out` None) the target folder is replaced whole by the rename; otherwise `out` must
+    not exist and the target is only read. Returns (destination, its verify report, rewritten shards).
+    """
+    dest = Path(out) if out is not None else target_ck.root
+    if out is not None:
+        check_destination(target_ck.root, dest, force=False)
+    rewritten = sorted(s for s in plan.removals if s != shard)
+    try:
+        with staged(dest, force=out is None) as folder:
+            skip = {INDEX_FILE, shard, *plan.removals, *plan.config_changes}
+            _link_tree(target_ck.root, folder, skip, absolute_links=out is not None)
+            write_shard(folder)
+            for name in rewritten:
+                _rewrite_without(target_ck, name, plan.removals[name], folder)
+            _write_index(target_ck, folder, shard, plan)
+            for file, doc in plan.config_changes.items():
+                write_json_new(folder, file, doc)
+            report = _check_result(folder, shard, plan.copies)
+    except OSError as exc:
+        raise OutputError(
+            f"could not be written ({exc.strerror or exc})", file=exc.filename or dest, code="output.io"
+        ) from None
+    return dest, report, rewritten
 
 
 def _plan(donor: Checkpoint, target: Checkpoint, chosen: list[str], shard: str, replace: bool) -> _Plan:
@@ -181,6 +197,18 @@ def _plan(donor: Checkpoint, target: Checkpoint, chosen: list[str], shard: str, 
         for clash in clashes:
             removals.setdefault(target.tensors[clash].shard, set()).add(clash)
         copies.append(CopiedTensor(name, info.dtype.code, list(info.shape), ref.shard, "", clashes))
+    _shard_reasons(target, shard, removals, reasons)
+    config_changes, declared = {}, None
+    if any(names.is_kv_scale_name(c.name) for c in copies):
+        donor_qc = donor.config.get("quantization_config") or {}
+        scheme = donor_qc.get("kv_cache_scheme") if isinstance(donor_qc, dict) else None
+        config_changes, declared = _kv_declaration(scheme if isinstance(scheme, dict) else None, target, reasons)
+    _refuse(target, reasons)
+    return _Plan(copies, removals, config_changes, declared)
+
+
+def _shard_reasons(target: Checkpoint, shard: str, removals: dict[str, set[str]], reasons: list[str]) -> None:
+    """Why the new shard's name cannot be used in the target, if it cannot."""
     if shard in target.headers:
         remaining = set(target.headers[shard].tensors) - removals.get(shard, set())
         if remaining:
@@ -190,15 +218,82 @@ def _plan(donor: Checkpoint, target: Checkpoint, chosen: list[str], shard: str, 
         removals.setdefault(shard, set())
     elif (target.root / shard).exists():
         reasons.append(f"{shard}: a file of this name exists in the target (choose --shard)")
-    config_changes, declared = {}, None
-    if any(names.is_kv_scale_name(c.name) for c in copies):
-        config_changes, declared = _kv_declaration(donor, target, reasons)
+
+
+def _refuse(target: Checkpoint, reasons: list[str]) -> None:
     if reasons:
         shown = "; ".join(reasons[:_MAX_REASONS]) + (
             f"; and {len(reasons) - _MAX_REASONS} more" if len(reasons) > _MAX_REASONS else ""
         )
         raise CheckpointError(f"refused, nothing written: {shown}", file=target.root, code="transplant.refused")
-    return _Plan(copies, removals, config_changes, declared)
+
+
+def check_kv_target(target: Checkpoint) -> None:
+    """Refuse, before any work, a target that cannot take KV-cache scales (no quantization method to declare them)."""
+    reasons: list[str] = []
+    _kv_declaration(None, target, reasons)
+    _refuse(target, reasons)
+
+
+@dataclass
+class AddResult:
+    output: Path
+    shard: str
+    declared: str | None
+    replaced: list[str]
+    report: VerifyReport
+
+
+def add_tensors(
+    target: str | Path,
+    values: dict[str, np.ndarray],
+    metadata: dict[str, str],
+    *,
+    kv_scheme: dict,
+    shard: str = DEFAULT_SHARD,
+    out: str | Path | None = None,
+    replace: bool = False,
+    documents: dict[str, dict] | None = None,
+) -> AddResult:
+    """Add tensors computed here (measured KV-cache scales) to the target as one new shard, as `transplant` does.
+
+    Same staging, index re-resolution, KV-cache declaration (`kv_scheme` for compressed-tensors)
+    and verification; `metadata` goes into the new shard's `__metadata__` and `documents` (file
+    name -> JSON) are written in place of those files. Tensors the target already has under the
+    same name or another spelling of the same KV scale are refused unless `replace`.
+    """
+    target_ck = Checkpoint.open(target, require_config=False)
+    homes = _module_prefixes(target_ck.tensors)
+    reasons: list[str] = []
+    removals: dict[str, set[str]] = {}
+    copies = []
+    for name, value in values.items():
+        if names.split(name)[0] not in homes:
+            reasons.append(f"{name}: the target has no module {names.split(name)[0]}")
+            continue
+        clashes = _clashes(name, target_ck)
+        if clashes and not replace:
+            reasons.append(f"{name}: the target already has {', '.join(clashes)}")
+            continue
+        for clash in clashes:
+            removals.setdefault(target_ck.tensors[clash].shard, set()).add(clash)
+        digest = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=32).hexdigest()
+        code = from_numpy(value.dtype).code
+        copies.append(CopiedTensor(name, code, list(value.shape), "", digest, clashes))
+    _shard_reasons(target_ck, shard, removals, reasons)
+    config_changes, declared = _kv_declaration(kv_scheme, target_ck, reasons)
+    _refuse(target_ck, reasons)
+    config_changes.update(documents or {})
+    plan = _Plan(copies, removals, config_changes, declared)
+
+    def write(folder: Path) -> None:
+        specs = [TensorSpec(c.name, c.dtype, tuple(c.shape)) for c in copies]
+        with ShardWriter(folder, shard, specs, {"format": "pt", **metadata}) as writer:
+            for c in copies:
+                writer.write(c.name, np.ascontiguousarray(values[c.name]))
+
+    dest, report, _ = _apply(target_ck, out, shard, plan, write)
+    return AddResult(dest, shard, declared, sorted(n for c in copies for n in c.replaces), report)
 
 
 def _architecture_reasons(donor: Checkpoint, target: Checkpoint) -> list[str]:
@@ -233,8 +328,11 @@ def _clashes(name: str, target: Checkpoint) -> list[str]:
     return found
 
 
-def _kv_declaration(donor: Checkpoint, target: Checkpoint, reasons: list[str]) -> tuple[dict[str, dict], str | None]:
-    """New contents of the target's config file(s) declaring a KV-cache scheme, if it declares none."""
+def _kv_declaration(scheme: dict | None, target: Checkpoint, reasons: list[str]) -> tuple[dict[str, dict], str | None]:
+    """New contents of the target's config file(s) declaring a KV-cache scheme, if it declares none.
+
+    `scheme` is the compressed-tensors `kv_cache_scheme` to declare (None: the short FP8 form).
+    """
     hf_quant = _optional_json(target.root / HF_QUANT_CONFIG_FILE)
     decl = read_declaration(target.config, hf_quant)
     if decl is not None and decl.kv_cache is not None:
@@ -248,9 +346,7 @@ def _kv_declaration(donor: Checkpoint, target: Checkpoint, reasons: list[str]) -
     config = copy.deepcopy(target.config)
     qc = config.get("quantization_config")
     if decl.method == ct.QUANT_METHOD:
-        donor_qc = donor.config.get("quantization_config") or {}
-        scheme = donor_qc.get("kv_cache_scheme") if isinstance(donor_qc, dict) else None
-        qc["kv_cache_scheme"] = copy.deepcopy(scheme) if isinstance(scheme, dict) else dict(CT_FP8_KV_SCHEME)
+        qc["kv_cache_scheme"] = copy.deepcopy(scheme) if scheme is not None else dict(CT_FP8_KV_SCHEME)
         return {CONFIG_FILE: config}, f"{CONFIG_FILE} quantization_config.kv_cache_scheme"
     if decl.method == MODELOPT:
         changes, where = {}, []

@@ -8,8 +8,9 @@ from weightsmith import names
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import CONFIG_FILE, INSPECT_FILE, CardSources
 from weightsmith.card.target import named_target
-from weightsmith.manifest import MANIFEST_FILE, RecipeRecord, RuleRecord
+from weightsmith.manifest import MANIFEST_FILE, Manifest, RecipeRecord, RuleRecord
 from weightsmith.plan import PRESETS
+from weightsmith.schemes import REGISTRY
 
 M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE
 
@@ -151,6 +152,7 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         if why and row["params"] and row["bits_per_param"] is not None:
             bits = c.num(f"{row['bits_per_param']:.3f}", INS, f"rows[{row['key']}].bits_per_param")
             lines.append(f"- **Kept at source precision** {row['key']} ({bits} bits per parameter): {why}.")
+    lines += _calibration_lines(m, src.config, c)
     lines += _coverage(src, c)
     lines.append(
         f"- **Tool**: {m.tool.name} {c.text(m.tool.version, M, 'tool.version')}, "
@@ -162,6 +164,48 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         hashed = f"sha256 {c.text(digest, M, f'source.files[{shard}].sha256')}" if digest else "not hashed (--no-hash)"
         lines.append(f"- **Source file** `{shard}`: {size} bytes, {hashed}.")
     return lines
+
+
+_ACTIVATIONS = {
+    "original": "the original model's activations",
+    "quantized": "the quantized model's own activations (its layers dequantized, as it is served)",
+}
+
+
+def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> list[str]:
+    """Scales measured on calibration data by weightsmith (the manifest's `calibration`), not transplanted.
+
+    What the statistics gave: the static activation scales of a calibrated scheme among the rules;
+    the KV-cache scales where the config declares a KV-cache scheme and either this quantize run
+    wrote them (its sizes count KV scales after, none before) or no calibrated scheme used the
+    statistics (so they were recorded by `calibrate-kv`).
+    """
+    cal = m.calibration
+    if cal is None:
+        return []
+    made = []
+    calibrated = [
+        r.scheme for r in m.recipe.rules if r.quantized and getattr(REGISTRY.get(r.scheme), "NEEDS_CALIBRATION", False)
+    ]
+    if calibrated:
+        made.append(f"the static activation scales of {', '.join(sorted(set(calibrated)))}")
+    qc = config.get("quantization_config")
+    kv = m.sizes.by_category.get(names.KV_SCALES_CATEGORY)
+    written_here = kv is not None and kv.bytes_after > 0 and kv.bytes_before == 0
+    if isinstance(qc, dict) and qc.get("kv_cache_scheme") and (written_here or not calibrated):
+        made.append(
+            "the KV-cache scales (k_scale, v_scale: the largest |K| after the rotary embedding and |V| "
+            "entering the cache, / 448)"
+        )
+    tokens = c.num(f"{cal.tokens:,}", M, "calibration.tokens")
+    sequences = c.num(str(cal.sequences), M, "calibration.sequences")
+    seq_len = c.num(str(cal.seq_len), M, "calibration.seq_len")
+    return [
+        f"- **Calibration**: {' and '.join(made) or 'statistics'} measured by weightsmith (not transplanted from "
+        f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) "
+        f"of {c.text(cal.text, M, 'calibration.text')} (sha256 {c.text(cal.text_sha256, M, 'calibration.text_sha256')}"
+        f"), on {_ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
+    ]
 
 
 def _coverage(src: CardSources, c: Citations) -> list[str]:

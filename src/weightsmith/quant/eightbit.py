@@ -186,6 +186,39 @@ def quantize_rows(x: np.ndarray, kind: str, block: Block) -> tuple[np.ndarray, n
     return q.view(STORAGE[kind]), scale, bad
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def _fp8_with_scale(x, mode, s, q):
+    for r in range(x.shape[0]):
+        xr, qr = x[r], q[r]
+        for c in range(x.shape[1]):
+            qr[c] = _code(mode, True, xr[c], s)
+
+
+def fp8_rows_with_scale(x: np.ndarray, scale: np.float32, out: np.ndarray | None = None) -> np.ndarray:
+    """FP8 (E4M3) codes of rows of `x` under one given scale (a per-tensor scale decided beforehand).
+
+    The element formula is the kernel's above; the caller has already scanned `x` for NaN and Inf
+    (a per-tensor scale needs the whole tensor's maximum first). Releases the GIL.
+    """
+    q = np.empty(x.shape, np.uint8) if out is None else out
+    _fp8_with_scale(kernel_input(np.ascontiguousarray(x)), mode_of(x.dtype), np.float32(scale), q)
+    return q.view(STORAGE[FLOAT])
+
+
+def static_scale(amax: float, dtype: np.dtype, half: float = 448.0) -> np.float32:
+    """compressed-tensors' symmetric per-tensor scale `amax / half`, as torch computes it in `dtype`.
+
+    `amax` is first rounded to `dtype` (an observer's maximum is an element of the tensor it saw);
+    the quotient is the float32 one rounded once to `dtype`, as torch divides bf16 and fp16 on
+    CPU; a zero scale becomes `dtype`'s eps. Static FP8 weights and activations (half = 448) and
+    FP8 KV-cache scales use it.
+    """
+    dt = np.dtype(dtype)
+    a = np.float32(np.float32(amax).astype(dt))
+    s = np.float32(np.float32(a / np.float32(half)).astype(dt))
+    return s if s != 0 else np.float32(ml_dtypes.finfo(dt).eps)
+
+
 def expand(scale: np.ndarray, shape: tuple[int, int], block: Block) -> np.ndarray:
     """Each weight element's scale (float32 [rows, cols]) from a scale per block."""
     rows, cols = shape

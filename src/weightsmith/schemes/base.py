@@ -59,6 +59,9 @@ class Scheme(ABC):
     FORMAT: ClassVar[str]
     #: Row blocks are cut at multiples of this many rows (packed zero points span 8 rows).
     ROW_MULTIPLE: ClassVar[int] = 1
+    #: Whether the scheme stores static activation parameters measured on calibration data
+    #: (`input_params`): a plan refuses to quantize with it without statistics for every module.
+    NEEDS_CALIBRATION: ClassVar[bool] = False
     # --- construction ---
 
     @classmethod
@@ -113,6 +116,15 @@ class Scheme(ABC):
     def input_args(self) -> dict | None:
         """The config group's `input_activations` block: None for weight-only schemes."""
         return None
+
+    def input_params(self, input_absmax: float, weight_dtype: str) -> list[tuple[str, np.ndarray]]:
+        """The static activation parameters stored beside a module's weight (`NEEDS_CALIBRATION` schemes).
+
+        `input_absmax` is the largest |x| that reached the module (and its fused partners, which
+        vLLM runs on one input) on the calibration tokens; `weight_dtype` is the source weight's
+        float dtype, the dtype the activations had. Returns (parameter name, value array) pairs.
+        """
+        raise NotImplementedError(f"{type(self).__name__} takes no calibration data")
 
     def quantization_config(self, ignore: list[str]) -> dict:
         return ct.quantization_config(
@@ -171,12 +183,6 @@ class Scheme(ABC):
         """The dense weight a module stands for, from its on-disk parameters (as compressed-tensors gives it)."""
 
 
-#: compressed-tensors presets a user may name that cannot be made data-free, and why.
-CALIBRATED = {
-    "fp8": "static FP8 activation scales come from calibration data (use fp8-dynamic)",
-    "nvfp4": "NVFP4's activation global scales come from calibration data (use nvfp4a16)",
-}
-
 #: Command-line name -> the class that serves it, in registration order.
 REGISTRY: dict[str, type[Scheme]] = {}
 
@@ -193,11 +199,6 @@ def register(cls: type[Scheme]) -> type[Scheme]:
 def make_scheme(name: str, group_size: int | None = None, scale_search: str | None = None) -> Scheme:
     """The scheme a user named, or a one-line usage error."""
     cls = REGISTRY.get(name)
-    if cls is None and name in CALIBRATED:
-        raise WeightsmithError(
-            f"scheme {name!r} needs calibration data: {CALIBRATED[name]}; weightsmith quantizes data-free",
-            code="usage",
-        )
     if cls is None:
         raise WeightsmithError(f"unknown scheme {name!r} (choose from {', '.join(REGISTRY)})", code="usage")
     searches = dict.fromkeys(s for c in REGISTRY.values() for s in c.SEARCHES)

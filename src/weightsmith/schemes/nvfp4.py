@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from weightsmith import names
+from weightsmith.dtypes import DTYPES
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import int4, nvfp4
@@ -87,3 +88,41 @@ class Nvfp4(Scheme):
     def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
         packed, scale = params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE]
         return nvfp4.dequantize(nvfp4.Nvfp4Weight(packed, scale, params[names.WEIGHT_GLOBAL_SCALE]))
+
+
+@register
+@dataclass(frozen=True)
+class Nvfp4W4A4(Nvfp4):
+    """NVFP4 (W4A4): NVFP4A16's weights byte for byte, plus a static activation global scale per module.
+
+    At run time each group of 16 activations gets its own FP8 scale (compressed-tensors'
+    `dynamic: local`) under a float32 `input_global_scale` = 448 * 6 / (largest |x| the module's
+    input reached on calibration data), which the fused NVFP4 kernels need. The formula is
+    compressed-tensors' `generate_gparam`, the one the weight global scale uses.
+    """
+
+    NAMES: ClassVar[tuple[str, ...]] = ("nvfp4",)
+    NEEDS_CALIBRATION: ClassVar[bool] = True
+
+    @property
+    def config_group_name(self) -> str:
+        return "NVFP4"
+
+    def weight_args(self) -> dict:
+        # as llm-compressor's oneshot writes the NVFP4 preset's weights (its memoryless observer named)
+        return dict(super().weight_args(), observer="memoryless_minmax")
+
+    def input_args(self) -> dict:
+        args = ct.weight_args(4, True, 16, type_="float", strategy="tensor_group", scale_dtype="torch.float8_e4m3fn")
+        return dict(args, dynamic="local", observer="static_minmax")
+
+    def input_params(self, input_absmax: float, weight_dtype: str) -> list[tuple[str, np.ndarray]]:
+        dtype = DTYPES[weight_dtype].numpy
+        amax = np.float32(np.float32(input_absmax).astype(dtype))  # the observer's maximum is an activation
+        return [(names.INPUT_GLOBAL_SCALE, np.array([nvfp4.global_scale(amax, int4.mode_of(dtype))], np.float32))]
+
+    def weights_words(self) -> str:
+        return (
+            f"{self.stored_words()}; activations quantized to FP4 (E2M1) at run time, one FP8 scale per group "
+            f"of {self.group_size} under a float32 global scale measured on calibration data"
+        )

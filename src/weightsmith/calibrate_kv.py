@@ -1,0 +1,177 @@
+"""`weightsmith calibrate-kv QUANT [--from SRC]`: measure FP8 KV-cache scales and add them to a checkpoint.
+
+A checkpoint that declares an FP8 KV cache without `k_scale`/`v_scale` runs at scale 1.0 in vLLM;
+one quantized without a KV-cache scheme has none to declare. This runs calibration tokens through
+a model one decoder layer at a time (the engine's `measure`): the original `--from SRC`, or the
+quantized checkpoint itself, its layers dequantized as they are read (the activations it will be
+served with). The provenance says which. Each scale is `max / 448` (calibrated.py) and goes into a
+new shard with the index re-resolved and `kv_cache_scheme` declared if the config lacks it, staged
+and verified beside the checkpoint and renamed into place whole (audit/transplant.py), so an
+interrupted run leaves the checkpoint as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from weightsmith import calibrated, calibration, names
+from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_target
+from weightsmith.checkpoint import Checkpoint, read_json
+from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
+from weightsmith.errors import CheckpointError, WeightsmithError
+from weightsmith.manifest import MANIFEST_FILE, Manifest
+from weightsmith.outputdir import remove_stale
+
+KV_CACHE = "fp8"
+SHARD = DEFAULT_SHARD
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+
+def existing_scales(ckpt: Checkpoint, attention: list[str]) -> list[str]:
+    """KV-cache scales the checkpoint already holds for these attention layers, under any accepted name."""
+    return [n for a in attention for k in ("k", "v") for n in names.kv_scale_names(a, k) if n in ckpt.tensors]
+
+
+def calibrate_kv(
+    quant: Path,
+    source: Path | None = None,
+    *,
+    text: str | None = None,
+    builtin: str | None = None,
+    tokens: int = DEFAULT_TOKENS,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    force: bool = False,
+    out: Path | None = None,
+    trust_remote_code: bool = False,
+    progress=None,
+) -> tuple[Path, dict]:
+    """Measure and add the KV-cache scales of `quant` (in place, or into `out`); returns (output, calibration entry)."""
+    from weightsmith.engine.calibrate import calibration_tokens, measure
+    from weightsmith.fidelity.logits import missing_library
+
+    remove_stale(out if out is not None else quant)
+    target = Checkpoint.open(quant)
+    attention = calibrated.attention_modules(list(target.tensors))
+    if not attention:
+        raise CheckpointError(
+            "has no attention layer (no k_proj or qkv_proj weight), so there are no KV-cache scales to measure",
+            file=target.root,
+            code="kv.no-attention",
+        )
+    check_kv_target(target)
+    found = existing_scales(target, attention)
+    if found and not force:
+        raise CheckpointError(
+            f"already has KV-cache scales ({len(found)}); pass --force to measure and replace them",
+            file=target.file_of(found[0]),
+            tensor=found[0],
+            code="kv.exists",
+        )
+    missing = missing_library()
+    if missing is not None:
+        raise WeightsmithError(missing, code="engine.libraries")
+    measured_on = source if source is not None else quant
+    ckpt = Checkpoint.open(measured_on) if source is not None else target
+    if source is not None:
+        _same_architecture(ckpt, target)
+    sequences, label, sha = calibration_tokens(measured_on, text, builtin, tokens, seq_len)
+    if sum(map(len, sequences)) < calibration.MIN_TOKENS:
+        err.print(
+            f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "
+            f"{calibration.MIN_TOKENS:,} is not stable"
+        )
+    kv, _ = measure(measured_on, sequences, trust_remote_code=trust_remote_code, progress=progress)
+    values = calibrated.kv_scales(kv, attention, measured_on)
+    prov = calibration.Provenance(
+        model_fingerprint=calibration.fingerprint(ckpt),
+        tokens=sum(map(len, sequences)),
+        sequences=len(sequences),
+        seq_len=max(map(len, sequences)),
+        text=label,
+        text_sha256=sha,
+        activations="original" if source is not None else "quantized",
+    )
+    entry = {"measured_on": str(measured_on), **asdict(prov), "kv_cache": KV_CACHE, "kv_scales": len(values)}
+    documents = {}
+    manifest_path = target.root / MANIFEST_FILE
+    if manifest_path.is_file():  # a weightsmith checkpoint: its card reads where measured scales came from
+        manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE), manifest_path)
+        # a record already there is the quantize run's, for its activation scales: it stays, and
+        # these scales' provenance is in the new shard's metadata
+        if manifest.calibration is None:
+            manifest.calibration = prov
+            documents[MANIFEST_FILE] = manifest.to_json()
+    metadata = {"calibration": json.dumps(entry, sort_keys=True)}
+    result = add_tensors(
+        target.root,
+        values,
+        metadata,
+        kv_scheme=calibrated.kv_cache_scheme(KV_CACHE),
+        shard=SHARD,
+        out=out,
+        replace=force,
+        documents=documents,
+    )
+    return result.output, entry
+
+
+def _same_architecture(src: Checkpoint, target: Checkpoint) -> None:
+    """Refuse a `--from` model that is not the quantized checkpoint's base: its scales would be another's."""
+    for key in ("model_type", "num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size"):
+        a, b = src.config.get(key), target.config.get(key)
+        if a != b:
+            raise CheckpointError(
+                f"config.json {key} is {a!r} but {target.root}'s is {b!r}: not the model it was quantized from",
+                file=src.root / "config.json",
+                code="kv.other-model",
+            )
+
+
+def command(
+    quant: Path = typer.Argument(..., help="Quantized checkpoint folder to add k_scale/v_scale to (in place)."),
+    source: Path | None = typer.Option(
+        None,
+        "--from",
+        help="Measure on this original checkpoint's activations (default: on QUANT's own, dequantized).",
+    ),
+    text: str | None = typer.Option(None, "--text", help="Calibration text file (default: --builtin code)."),
+    builtin: str | None = typer.Option(None, "--builtin", help="Built-in calibration text: code or prose."),
+    tokens: int = typer.Option(DEFAULT_TOKENS, "--tokens", help="Calibration tokens to run."),
+    seq_len: int = typer.Option(DEFAULT_SEQ_LEN, "--seq-len", help="Tokens per sequence."),
+    out: Path | None = typer.Option(None, "--out", help="Write the result here instead of replacing QUANT."),
+    force: bool = typer.Option(False, "--force", help="Replace KV-cache scales QUANT already has."),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Let transformers run the checkpoint's own modelling code."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+) -> None:
+    """Measure FP8 KV-cache scales (k_scale, v_scale) on calibration text and add them to a checkpoint."""
+    output, entry = calibrate_kv(
+        quant,
+        source,
+        text=text,
+        builtin=builtin,
+        tokens=tokens,
+        seq_len=seq_len,
+        force=force,
+        out=out,
+        trust_remote_code=trust_remote_code,
+        progress=None if json_out or not err.is_terminal else lambda line: err.print(line, end="\r"),
+    )
+    if json_out:
+        print(json.dumps({"output": str(output), "calibration": entry}, indent=2))
+        return
+    console.print(
+        f"[bold green]wrote[/] {entry['kv_scales']} KV-cache scales into {output}/{SHARD}, measured on "
+        f"{entry['tokens']:,} tokens of {entry['text']} ({entry['activations']} activations)"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate-kv")(command)

@@ -1,0 +1,112 @@
+"""What a quantize run makes of a calibration file: static activation scales and KV-cache scales.
+
+`weightsmith calibrate` measures, per Linear, the largest |x| entering it and, per attention layer,
+the largest |K| (after the rotary embedding) and |V| entering the KV cache (calibration.py). Here
+those maxima become tensors: a scheme's static activation parameters (`Scheme.input_params`, one
+value per fused set, since vLLM runs q/k/v and gate/up on one input) and FP8 KV-cache scales,
+`k_scale`/`v_scale` = max / 448 as llm-compressor computes them (compressed-tensors'
+`calculate_qparams` for a symmetric per-tensor FP8 observer), with the `kv_cache_scheme` that
+declares them. The plan asks this module; it knows no scheme by name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from weightsmith import calibration, names
+from weightsmith.checkpoint import Checkpoint
+from weightsmith.errors import CheckpointError, WeightsmithError
+from weightsmith.formats import compressed_tensors as ct
+from weightsmith.quant import eightbit
+
+#: `--kv-cache` values: the KV-cache formats whose scales we can write.
+KV_CACHE_FORMATS = ("fp8",)
+#: How a user makes a statistics file, quoted where one is missing.
+HOW = "measure one with `weightsmith calibrate SRC --out STATS`"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A statistics file read, checked, and known to belong to the checkpoint being quantized."""
+
+    path: Path
+    stats: calibration.CalibrationStats
+
+
+def load(path: str | os.PathLike[str], ckpt: Checkpoint) -> Calibration:
+    """Read `path` (every entry checked) and refuse it if it was measured on another model than `ckpt`."""
+    path = Path(path)
+    if not path.exists():
+        raise WeightsmithError(f"does not exist ({HOW})", file=path, code="usage")
+    stats = calibration.read(path)
+    calibration.check_model(path, stats, ckpt)
+    return Calibration(path, stats)
+
+
+def require(cal: Calibration | None, what: str) -> Calibration:
+    """`cal`, or a one-line usage error saying that `what` needs a statistics file."""
+    if cal is None:
+        raise WeightsmithError(f"{what} needs calibration statistics: pass --calibration STATS ({HOW})", code="usage")
+    return cal
+
+
+def input_absmax(cal: Calibration, module: str, quantized: set[str]) -> float:
+    """The largest input |x| of `module` and of its fused partners among `quantized` (one scale per fused set)."""
+    fused = names.fused_partners(module)
+    members = [m for m in (fused[1] if fused else (module,)) if m in quantized] or [module]
+    for m in members:
+        if m not in cal.stats.inputs:
+            raise CheckpointError(
+                f"has no input maximum for {m}, which the scheme quantizes with a static activation scale "
+                "(measured on another architecture, or with that module skipped?)",
+                file=cal.path,
+                tensor=f"{m}.{calibration.INPUT_ABSMAX}",
+                code="calibration.missing",
+            )
+    return max(cal.stats.inputs[m] for m in members)
+
+
+def attention_modules(tensor_names: list[str]) -> list[str]:
+    """Attention modules, recognised as the parents of a K (or fused QKV) projection weight."""
+    found = set()
+    for name in tensor_names:
+        module, param = names.split(name)
+        if param in (names.WEIGHT, names.WEIGHT_PACKED) and names.leaf(module) in names.ATTENTION_KEY_PROJECTIONS:
+            found.add(module.rpartition(".")[0])
+    return sorted(found, key=lambda a: (len(a), a))
+
+
+def kv_scales(kv: dict[str, tuple[float, float]], attention: list[str], where: Path) -> dict[str, np.ndarray]:
+    """FP8 KV-cache scales by tensor name: `max / 448` in float32, shape [1] as llm-compressor writes them.
+
+    `kv` holds the (|K|, |V|) maxima by attention module, measured on `where` (named in errors).
+    """
+    out = {}
+    for module in attention:
+        pair = kv.get(module)
+        if pair is None:
+            raise CheckpointError(
+                f"has no KV maximum for attention layer {module} (a KV-cache scale is needed for each)",
+                file=where,
+                tensor=f"{module}.{calibration.KEY_ABSMAX}",
+                code="calibration.missing",
+            )
+        for kind, amax in zip(("k", "v"), pair, strict=True):
+            out[names.kv_scale_name(module, kind)] = np.array([eightbit.static_scale(amax, np.float32)], np.float32)
+    return out
+
+
+def kv_cache_scheme(fmt: str) -> dict:
+    """The `kv_cache_scheme` compressed-tensors writes for a static per-tensor FP8 cache (every field)."""
+    assert fmt in KV_CACHE_FORMATS, fmt
+    # observer: the scales are the maximum over every calibration token, as llm-compressor's static_minmax
+    return dict(ct.weight_args(8, True, None, type_="float", strategy="tensor"), observer="static_minmax")
+
+
+def provenance(cal: Calibration) -> dict:
+    """Where the statistics came from, for the manifest and the card (plain JSON)."""
+    return {"file": cal.path.name, **asdict(cal.stats.provenance)}
