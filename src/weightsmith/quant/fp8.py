@@ -107,4 +107,5 @@ def quantize_blocks(w: np.ndarray, block: Block = DEFAULT_BLOCK) -> tuple[np.nda
     amax = np.abs(blocks).max(axis=(1, 3))
     scale = np.where(amax == 0, 1.0, amax / 448.0).astype(np.float32)
     q = (blocks / scale[:, None, :, None]).astype(ml_dtypes.float8_e4m3fn)
-    return q.reshape(nr * br, nc * bc)[:rows, :cols], scale
+    # contiguous: a writer handed the strided slice (the safetensors library) would store the padded rows
+    return np.ascontiguousarray(q.reshape(nr * br, nc * bc)[:rows, :cols]), scale
