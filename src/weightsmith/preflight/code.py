@@ -1,0 +1,389 @@
+"""What vLLM's source does, found by parsing it with `ast`: each answer carries the file, the line
+and the line itself, so a user can open the file and see it.
+
+Detection is by what the code does, not by version numbers: a call to a quant-config method no
+class in the config's hierarchy defines, a `.weight` read of a Linear outside any guard, a cache
+hash that does (or does not) fold in the draft's model config, MoE backends that set the
+activation scales to None. A patched installation therefore reads as patched.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from weightsmith.preflight.source import VllmSource
+
+MODELS = "vllm/model_executor/models"
+QUANTIZATION = "vllm/model_executor/layers/quantization"
+REGISTRY = f"{MODELS}/registry.py"
+SPECULATIVE = "vllm/config/speculative.py"
+MODEL_CONFIG = "vllm/config/model.py"
+ENVS = "vllm/envs.py"
+NVFP4_MOE = "vllm/model_executor/layers/fused_moe/oracle/nvfp4.py"
+#: The proposer code each method runs besides the draft's model file.
+PROPOSERS = {"dflash": ("vllm/v1/spec_decode/dflash.py",), "eagle3": ("vllm/v1/spec_decode/eagle.py",)}
+#: How vLLM's EAGLEConfig renames a draft's architecture before asking the registry (prefix, suffix test).
+ARCH_PREFIX = {"dflash": "DFlash", "eagle3": "Eagle3", "eagle": "Eagle"}
+#: Exceptions whose handler makes a missing attribute harmless.
+_CATCHES = {"AttributeError", "Exception", "BaseException", "NotImplementedError"}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One line of vLLM's source: where it is and what it says."""
+
+    file: str
+    line: int
+    text: str
+
+    def show(self) -> str:
+        return f"{self.file.rpartition('/')[2]}:{self.line}: {self.text}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"file": self.file, "line": self.line, "text": self.text}
+
+
+def _parse(src: VllmSource, rel: str) -> tuple[ast.Module, list[str]] | None:
+    text = src.text(rel)
+    if text is None:
+        return None
+    try:
+        return ast.parse(text), text.splitlines()
+    except SyntaxError:
+        return None
+
+
+def _evidence(rel: str, lines: list[str], node: ast.AST) -> Evidence:
+    line = getattr(node, "lineno", 1)
+    return Evidence(rel, line, lines[line - 1].strip() if line <= len(lines) else "")
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _ancestors(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.AST]:
+    found = []
+    while node in parents:
+        node = parents[node]
+        found.append(node)
+    return found
+
+
+# ---- which file vLLM loads the draft from -------------------------------------------------------
+
+
+def draft_model_file(src: VllmSource, architectures: list[str], method: str) -> tuple[str, str, Evidence] | None:
+    """(vLLM architecture, model file, registry line) for the draft, renamed as EAGLEConfig renames it."""
+    parsed = _parse(src, REGISTRY)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    entries: dict[str, tuple[str, Evidence]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        for key, value in zip(node.keys, node.values, strict=True):
+            if (
+                isinstance(key, ast.Constant)
+                and isinstance(key.value, str)
+                and isinstance(value, ast.Tuple)
+                and value.elts
+                and isinstance(value.elts[0], ast.Constant)
+                and isinstance(value.elts[0].value, str)
+            ):
+                entries.setdefault(key.value, (value.elts[0].value, _evidence(REGISTRY, lines, key)))
+    prefix = ARCH_PREFIX.get(method)
+    for arch in architectures:
+        name = arch if prefix is None or arch.startswith(prefix) or arch.endswith(prefix) else prefix + arch
+        if name in entries:
+            module, ev = entries[name]
+            rel = module.replace(".", "/") if module.startswith("vllm.") else f"{MODELS}/{module}"
+            rel = rel + ".py" if src.text(rel + ".py") is not None else rel + "/__init__.py"
+            return name, rel, ev
+    return None
+
+
+# ---- quant-config methods the model file calls ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantCall:
+    """A call `...quant_config.METHOD(...)` in a model file."""
+
+    method: str
+    evidence: Evidence
+    guarded: bool
+
+
+def quant_config_class(src: VllmSource, quant_method: str) -> str | None:
+    """The class vLLM builds for a `quant_method` (its `method_to_config` table), or None."""
+    parsed = _parse(src, f"{QUANTIZATION}/__init__.py")
+    if parsed is None:
+        return None
+    for node in ast.walk(parsed[0]):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == quant_method and isinstance(value, ast.Name):
+                    return value.id
+    return None
+
+
+def class_defines(src: VllmSource, cls: str, method: str) -> bool | None:
+    """Whether `cls` or a base class under vLLM's quantization package defines `method` (None: class not found)."""
+    classes: dict[str, tuple[list[str], set[str]]] = {}
+    for rel in src.files(QUANTIZATION):
+        parsed = _parse(src, rel)
+        if parsed is None:
+            continue
+        for node in ast.walk(parsed[0]):
+            if isinstance(node, ast.ClassDef) and node.name not in classes:
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                defined = {
+                    n.name
+                    for n in node.body
+                    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                }
+                defined |= {
+                    t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+                }
+                classes[node.name] = (bases, defined)
+    if cls not in classes:
+        return None
+    seen, todo = set(), [cls]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in classes:
+            continue
+        seen.add(name)
+        bases, defined = classes[name]
+        if method in defined:
+            return True
+        todo += bases
+    return False
+
+
+def quant_config_calls(src: VllmSource, rel: str) -> list[QuantCall]:
+    """Every `quant_config.METHOD(...)` call in `rel`, and whether a guard keeps a missing METHOD harmless."""
+    parsed = _parse(src, rel)
+    if parsed is None:
+        return []
+    tree, lines = parsed
+    parents = _parents(tree)
+    calls = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner = node.func.value
+        if (isinstance(owner, ast.Name) and owner.id == "quant_config") or (
+            isinstance(owner, ast.Attribute) and owner.attr == "quant_config"
+        ):
+            method = node.func.attr
+            guarded = _guarded(node, parents, lambda test, m=method: _mentions_attr(test, m))
+            calls.append(QuantCall(method, _evidence(rel, lines, node), guarded))
+    return calls
+
+
+def _mentions_attr(test: ast.AST, attr: str) -> bool:
+    """`hasattr(x, "attr")` or `getattr(x, "attr", ...)` somewhere in an `if` test."""
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id in ("hasattr", "getattr")
+        and any(isinstance(a, ast.Constant) and a.value == attr for a in n.args)
+        for n in ast.walk(test)
+    )
+
+
+def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST], guard_test) -> bool:  # type: ignore[no-untyped-def]
+    """Inside an `if`/conditional whose test passes `guard_test`, or a `try` that catches AttributeError.
+
+    The test of an `if` guards its body, and an earlier operand of `and` guards the later ones
+    (`hasattr(q, "m") and q.m()`), so the node's own expression counts too.
+    """
+    chain = [node, *_ancestors(node, parents)]
+    for child, anc in zip(chain, chain[1:], strict=False):
+        if isinstance(anc, ast.If | ast.IfExp | ast.While) and child is not anc.test and guard_test(anc.test):
+            return True
+        if isinstance(anc, ast.BoolOp) and isinstance(anc.op, ast.And):
+            before = anc.values[: anc.values.index(child)] if child in anc.values else []
+            if any(guard_test(v) for v in before):
+                return True
+        if isinstance(anc, ast.Try) and child in anc.body:
+            for handler in anc.handlers:
+                names = (
+                    [handler.type] if not isinstance(handler.type, ast.Tuple) else handler.type.elts
+                ) if handler.type is not None else []
+                if handler.type is None or any(getattr(n, "id", None) in _CATCHES for n in names):
+                    return True
+    return False
+
+
+# ---- direct weight reads ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightRead:
+    """A read of `<module>.weight` of a Linear (`qkv_proj`, `fc`, ...), outside or inside a guard."""
+
+    module: str
+    evidence: Evidence
+    guarded: bool
+
+
+def _is_linear_name(name: str) -> bool:
+    return name.endswith("_proj") or name in ("fc", "lm_head")
+
+
+def _quant_guard(test: ast.AST) -> bool:
+    """A test that asks whether the layer is quantized: its quant method, or whether it has a `weight`."""
+    for n in ast.walk(test):
+        if isinstance(n, ast.Name) and n.id in ("UnquantizedLinearMethod", "quant_config"):
+            return True
+        if isinstance(n, ast.Attribute) and n.attr in ("quant_method", "UnquantizedLinearMethod", "quant_config"):
+            return True
+    return _mentions_attr(test, "weight")
+
+
+def weight_reads(src: VllmSource, rel: str) -> list[WeightRead]:
+    """Every `X.<linear>.weight` in `rel`, and whether it sits behind a quantization guard."""
+    parsed = _parse(src, rel)
+    if parsed is None:
+        return []
+    tree, lines = parsed
+    parents = _parents(tree)
+    reads = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "weight"
+            and isinstance(node.value, ast.Attribute)
+            and _is_linear_name(node.value.attr)
+            and isinstance(node.ctx, ast.Load)
+        ):
+            reads.append(
+                WeightRead(node.value.attr, _evidence(rel, lines, node), _guarded(node, parents, _quant_guard))
+            )
+    return reads
+
+
+# ---- compile cache ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompileKey:
+    """Whether compiled graphs are keyed on the draft's model config (its quantization included)."""
+
+    keyed: bool | None
+    evidence: tuple[Evidence, ...]
+
+
+def compile_key(src: VllmSource) -> CompileKey:
+    """Read `SpeculativeConfig.compute_hash`: does it fold in `draft_model_config.compute_hash()`, and does
+    `ModelConfig.compute_hash` leave `quantization` among its factors?"""
+    spec = _method(src, SPECULATIVE, "SpeculativeConfig", "compute_hash")
+    if spec is None:
+        return CompileKey(None, ())
+    node, lines = spec
+    head = _evidence(SPECULATIVE, lines, node)
+    for call in ast.walk(node):
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "compute_hash"
+            and isinstance(call.func.value, ast.Attribute)
+            and call.func.value.attr == "draft_model_config"
+        ):
+            ev = _evidence(SPECULATIVE, lines, call)
+            model = _method(src, MODEL_CONFIG, "ModelConfig", "compute_hash")
+            if model is not None and _ignores(model[0], "quantization"):
+                return CompileKey(False, (ev, _evidence(MODEL_CONFIG, model[1], model[0])))
+            return CompileKey(True, (ev,))
+    return CompileKey(False, (head,))
+
+
+def _method(src: VllmSource, rel: str, cls: str, name: str) -> tuple[ast.FunctionDef, list[str]] | None:
+    parsed = _parse(src, rel)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return item, lines
+    return None
+
+
+def _ignores(func: ast.FunctionDef, factor: str) -> bool:
+    return any(
+        isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "ignored_factors" for t in n.targets)
+        and any(isinstance(c, ast.Constant) and c.value == factor for c in ast.walk(n.value))
+        for n in ast.walk(func)
+    )
+
+
+def cache_root_default(src: VllmSource) -> Evidence | None:
+    """The line of `envs.py` that gives `VLLM_CACHE_ROOT` its default."""
+    text = src.text(ENVS)
+    if text is None:
+        return None
+    lines = text.splitlines()
+    for i, line in enumerate(lines, 1):
+        if '"VLLM_CACHE_ROOT"' in line and "lambda" in line:
+            return Evidence(ENVS, i, line.strip())
+    return None
+
+
+# ---- NVFP4 MoE backends -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoeBackends:
+    """Which NVFP4 MoE backends drop the activation scales, which keep them, and their `--moe-backend` names."""
+
+    drops: dict[str, Evidence]
+    keeps: tuple[str, ...]
+    flag: dict[str, str]
+
+
+def nvfp4_moe_backends(src: VllmSource) -> MoeBackends | None:
+    """Read the NVFP4 MoE oracle: a backend whose branch of the weight conversion sets `a13_scale = None`
+    runs without activation scales (weight-only FP4 numerics)."""
+    parsed = _parse(src, NVFP4_MOE)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    members: list[str] = []
+    flag: dict[str, str] = {}
+    drops: dict[str, Evidence] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "NvFp4MoeBackend":
+            members = [t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+        if isinstance(node, ast.FunctionDef) and node.name == "map_nvfp4_backend":
+            for d in ast.walk(node):
+                if isinstance(d, ast.Dict):
+                    for k, v in zip(d.keys, d.values, strict=True):
+                        if isinstance(k, ast.Constant) and isinstance(v, ast.Attribute):
+                            flag.setdefault(v.attr, str(k.value))
+        if isinstance(node, ast.If):
+            backends = [
+                n.attr
+                for n in ast.walk(node.test)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "NvFp4MoeBackend"
+            ]
+            for stmt in node.body:
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "a13_scale" for t in stmt.targets)
+                    and isinstance(stmt.value, ast.Constant)
+                    and stmt.value.value is None
+                ):
+                    for b in backends:
+                        drops.setdefault(b, _evidence(NVFP4_MOE, lines, stmt))
+    if not members:
+        return None
+    keeps = tuple(m for m in members if m not in drops and "CUTLASS" in m)
+    return MoeBackends(drops, keeps, flag)
