@@ -31,6 +31,7 @@ COMMAND_MODULES = {
     "calibrate": "weightsmith.engine.cli",
     "calibrate-kv": "weightsmith.calibrate_kv",
     "card": "weightsmith.card.cli",
+    "preflight": "weightsmith.preflight.cli",
 }
 err_console = Console(stderr=True, highlight=False)
 

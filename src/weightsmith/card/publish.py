@@ -11,6 +11,7 @@ config.json declares an FP8 KV cache and `verify` found its scales; the speculat
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from weightsmith.card.cite import Citations
@@ -25,17 +26,24 @@ K_PARAM = "num_speculative_tokens"
 B, C, V, M = BENCH_FILE, CONFIG_FILE, VERIFY_FILE, MANIFEST_FILE
 
 
+def serve_command(model: str, spec: dict[str, Any] | None = None, flags: Sequence[str] = ()) -> str:
+    """`vllm serve MODEL [--speculative-config 'JSON'] [FLAGS]`: the one spelling of the command, shared by
+    the card and `weightsmith preflight`."""
+    parts = [f"vllm serve {model}"]
+    if spec is not None:
+        parts.append(f"--speculative-config '{json.dumps(spec)}'")
+    return " ".join([*parts, *flags])
+
+
 def serving_it(src: CardSources, c: Citations, repo: str) -> list[str]:
     """The commands in a code block, then one cited line per value or flag they carry (or leave out)."""
     local = repo.split("/", 1)[1]
     kind = draft_kind(src.config)
     facts: list[str] = []
     if kind is None:
-        command = f"vllm serve ./{local}"
         kv_flag, kv_facts = _kv(src, c)
         facts += kv_facts
-        if kv_flag:
-            command += " " + kv_flag
+        command = serve_command(f"./{local}", None, [kv_flag] if kv_flag else [])
     else:
         target = named_target(src.config)
         spec: dict[str, Any] = {"method": METHODS[kind], "model": f"./{local}"}
@@ -43,7 +51,7 @@ def serving_it(src: CardSources, c: Citations, repo: str) -> list[str]:
         if k is not None:
             spec[K_PARAM] = k
         facts += k_facts
-        command = f"vllm serve {target.name if target else '$TARGET'} --speculative-config '{json.dumps(spec)}'"
+        command = serve_command(target.name if target else "$TARGET", spec)
         facts.append(
             f"- `{METHODS[kind]}`: vLLM's method for {article(kind).lower()} {kind} draft "
             f"({c.text((src.config.get('architectures') or ['no architecture named'])[0], C, 'architectures[0]')})."

@@ -10,6 +10,7 @@ activation scales to None. A patched installation therefore reads as patched.
 from __future__ import annotations
 
 import ast
+import itertools
 from dataclasses import dataclass
 
 from weightsmith.preflight.source import VllmSource
@@ -140,11 +141,7 @@ def class_defines(src: VllmSource, cls: str, method: str) -> bool | None:
         for node in ast.walk(parsed[0]):
             if isinstance(node, ast.ClassDef) and node.name not in classes:
                 bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
-                defined = {
-                    n.name
-                    for n in node.body
-                    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-                }
+                defined = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
                 defined |= {
                     t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
                 }
@@ -203,7 +200,7 @@ def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST], guard_test) -> bool
     (`hasattr(q, "m") and q.m()`), so the node's own expression counts too.
     """
     chain = [node, *_ancestors(node, parents)]
-    for child, anc in zip(chain, chain[1:], strict=False):
+    for child, anc in itertools.pairwise(chain):
         if isinstance(anc, ast.If | ast.IfExp | ast.While) and child is not anc.test and guard_test(anc.test):
             return True
         if isinstance(anc, ast.BoolOp) and isinstance(anc.op, ast.And):
@@ -213,8 +210,10 @@ def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST], guard_test) -> bool
         if isinstance(anc, ast.Try) and child in anc.body:
             for handler in anc.handlers:
                 names = (
-                    [handler.type] if not isinstance(handler.type, ast.Tuple) else handler.type.elts
-                ) if handler.type is not None else []
+                    ([handler.type] if not isinstance(handler.type, ast.Tuple) else handler.type.elts)
+                    if handler.type is not None
+                    else []
+                )
                 if handler.type is None or any(getattr(n, "id", None) in _CATCHES for n in names):
                     return True
     return False
@@ -361,7 +360,9 @@ def nvfp4_moe_backends(src: VllmSource) -> MoeBackends | None:
     drops: dict[str, Evidence] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "NvFp4MoeBackend":
-            members = [t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+            members = [
+                t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+            ]
         if isinstance(node, ast.FunctionDef) and node.name == "map_nvfp4_backend":
             for d in ast.walk(node):
                 if isinstance(d, ast.Dict):

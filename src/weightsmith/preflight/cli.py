@@ -1,0 +1,72 @@
+"""`weightsmith preflight TARGET [--draft DRAFT --method M --k N] [--vllm PATH] [--json]`.
+
+Findings grouped by what the user would see (will not load / serves wrong numbers / slower than it
+could / note), each with vLLM's own line as evidence and the fix, then the suggested `vllm serve`
+command. Exit 1 when anything would fail or silently degrade, 2 when an input cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from weightsmith.preflight.checks import IMPACTS, NOTE, Preflight, preflight
+
+_HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
+
+
+def print_preflight(result: Preflight, console: Console | None = None) -> None:
+    console = console or Console(highlight=False, soft_wrap=True)
+    pair = f"{result.target}" + (f" + draft {result.draft} ({result.method})" if result.draft else "")
+    against = f"vLLM {result.vllm_version} ({result.vllm})"
+    console.print(f"[bold]preflight[/] {escape(pair)} against {escape(against)}")
+    for impact in IMPACTS:
+        items = [i for i in result.items if i.impact == impact]
+        if not items:
+            continue
+        style = "dim" if impact == NOTE else "bold red" if impact != "slower than it could" else "bold yellow"
+        console.print(f"\n[{style}]{_HEADINGS[impact]}[/] ({len(items)})")
+        for item in items:
+            where = ": ".join(p for p in (item.file, f"tensor '{item.tensor}'" if item.tensor else None) if p)
+            console.print(escape(f"- [{item.check}] ") + escape(f"{where}: {item.message}" if where else item.message))
+            for ev in item.evidence:
+                console.print("    " + escape(ev.show()))
+            if item.fix:
+                console.print("    fix: " + escape(item.fix))
+    console.print("\n[bold]Suggested command[/]")
+    console.print(escape(result.serve))
+    verdict = "FAIL: something would not load or would silently degrade" if result.failed else "OK"
+    console.print(f"\n{verdict}")
+
+
+def _preflight(
+    target: Annotated[Path, typer.Argument(help="The target checkpoint folder.")],
+    draft: Annotated[Path | None, typer.Option("--draft", help="A speculative draft checkpoint folder.")] = None,
+    method: Annotated[
+        str | None,
+        typer.Option("--method", help="Speculative method (dflash, eagle3, ...); read from the draft if omitted."),
+    ] = None,
+    k: Annotated[int | None, typer.Option("--k", min=1, help="num_speculative_tokens for the serve line.")] = None,
+    vllm: Annotated[
+        Path | None,
+        typer.Option("--vllm", help="A vLLM wheel or site-packages folder (default: the vllm installed here)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (docs/preflight.md).")] = False,
+) -> None:
+    """Will this vLLM load and serve this pair correctly? Read from its source and the checkpoints, no GPU."""
+    result = preflight(target, vllm=vllm, draft=draft, method=method, k=k)
+    if as_json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print_preflight(result)
+    if result.failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("preflight")(_preflight)
