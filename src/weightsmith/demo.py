@@ -69,13 +69,14 @@ def _values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     return w.astype(ml_dtypes.bfloat16)
 
 
-def write_demo_checkpoint(folder: Path, seed: int = 0) -> Path:
-    """Write the demo draft (config.json + model.safetensors) into `folder` and return it."""
+def write_demo_checkpoint(folder: Path, seed: int = 0, config: dict = DEMO_CONFIG) -> Path:
+    """Write the demo draft (config.json + model.safetensors) into `folder` and return it; tests pass
+    a smaller `config` of the same shape."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    specs = demo_tensors()
+    specs = demo_tensors(config)
     with ShardWriter(folder, "model.safetensors", specs, {"format": "pt"}) as writer:
         for spec in specs:
             writer.write(spec.name, _values(spec, rng))
-    (folder / "config.json").write_text(json.dumps(DEMO_CONFIG, indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder

@@ -369,7 +369,7 @@ def _quant_calls(src: VllmSource, drf: Side, model_file: str) -> list[Item]:
                     NOTE,
                     f"{model_file} calls quant_config.{call.method}(), which {cls} does not define, behind a guard "
                     "(patched)",
-                    evidence=(call.evidence,),
+                    evidence=(call.guard, call.evidence) if call.guard else (call.evidence,),
                 )
             )
             continue
@@ -405,7 +405,7 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
                     NOTE,
                     f"{rel} reads {read.module}.weight only where the layer is unquantized (guarded), so the "
                     f"draft's quantized {read.module} is handled",
-                    evidence=(read.evidence,),
+                    evidence=(read.guard, read.evidence) if read.guard else (read.evidence,),
                 )
             )
             continue

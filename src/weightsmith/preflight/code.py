@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from weightsmith.preflight.source import VllmSource
@@ -27,6 +28,7 @@ PROPOSERS = {"dflash": ("vllm/v1/spec_decode/dflash.py",), "eagle3": ("vllm/v1/s
 #: How vLLM's EAGLEConfig renames a draft's architecture before asking the registry (prefix, suffix test).
 ARCH_PREFIX = {"dflash": "DFlash", "eagle3": "Eagle3", "eagle": "Eagle"}
 #: Exceptions whose handler makes a missing attribute harmless.
+_GUARD_WORDS = ("hasattr", "getattr", "UnquantizedLinearMethod", "quant_method", "except")
 _CATCHES = {"AttributeError", "Exception", "BaseException", "NotImplementedError"}
 
 
@@ -58,6 +60,16 @@ def _parse(src: VllmSource, rel: str) -> tuple[ast.Module, list[str]] | None:
 def _evidence(rel: str, lines: list[str], node: ast.AST) -> Evidence:
     line = getattr(node, "lineno", 1)
     return Evidence(rel, line, lines[line - 1].strip() if line <= len(lines) else "")
+
+
+def _guard_evidence(rel: str, lines: list[str], guard: ast.AST) -> Evidence:
+    """The line of a (possibly multi-line) guard that says what it tests."""
+    first = getattr(guard, "lineno", 1)
+    last = getattr(guard, "end_lineno", None) or first
+    for line in range(first, min(last, len(lines)) + 1):
+        if any(word in lines[line - 1] for word in _GUARD_WORDS):
+            return Evidence(rel, line, lines[line - 1].strip())
+    return _evidence(rel, lines, guard)
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -115,7 +127,12 @@ class QuantCall:
 
     method: str
     evidence: Evidence
-    guarded: bool
+    #: The line of the guard (hasattr test, try) that keeps a missing method harmless, if any.
+    guard: Evidence | None
+
+    @property
+    def guarded(self) -> bool:
+        return self.guard is not None
 
 
 def quant_config_class(src: VllmSource, quant_method: str) -> str | None:
@@ -177,8 +194,8 @@ def quant_config_calls(src: VllmSource, rel: str) -> list[QuantCall]:
             isinstance(owner, ast.Attribute) and owner.attr == "quant_config"
         ):
             method = node.func.attr
-            guarded = _guarded(node, parents, lambda test, m=method: _mentions_attr(test, m))
-            calls.append(QuantCall(method, _evidence(rel, lines, node), guarded))
+            guard = _guard(node, parents, lambda test, m=method: _mentions_attr(test, m))
+            calls.append(QuantCall(method, _evidence(rel, lines, node), guard and _guard_evidence(rel, lines, guard)))
     return calls
 
 
@@ -193,8 +210,9 @@ def _mentions_attr(test: ast.AST, attr: str) -> bool:
     )
 
 
-def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST], guard_test) -> bool:  # type: ignore[no-untyped-def]
-    """Inside an `if`/conditional whose test passes `guard_test`, or a `try` that catches AttributeError.
+def _guard(node: ast.AST, parents: dict[ast.AST, ast.AST], guard_test: Callable[[ast.AST], bool]) -> ast.AST | None:
+    """The guard around `node`: an `if`/conditional whose test passes `guard_test`, or a `try` that
+    catches AttributeError; None when nothing guards it.
 
     The test of an `if` guards its body, and an earlier operand of `and` guards the later ones
     (`hasattr(q, "m") and q.m()`), so the node's own expression counts too.
@@ -202,11 +220,12 @@ def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST], guard_test) -> bool
     chain = [node, *_ancestors(node, parents)]
     for child, anc in itertools.pairwise(chain):
         if isinstance(anc, ast.If | ast.IfExp | ast.While) and child is not anc.test and guard_test(anc.test):
-            return True
+            return anc.test
         if isinstance(anc, ast.BoolOp) and isinstance(anc.op, ast.And):
             before = anc.values[: anc.values.index(child)] if child in anc.values else []
-            if any(guard_test(v) for v in before):
-                return True
+            for value in before:
+                if guard_test(value):
+                    return value
         if isinstance(anc, ast.Try) and child in anc.body:
             for handler in anc.handlers:
                 names = (
@@ -215,8 +234,8 @@ def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST], guard_test) -> bool
                     else []
                 )
                 if handler.type is None or any(getattr(n, "id", None) in _CATCHES for n in names):
-                    return True
-    return False
+                    return handler
+    return None
 
 
 # ---- direct weight reads ------------------------------------------------------------------------
@@ -228,7 +247,12 @@ class WeightRead:
 
     module: str
     evidence: Evidence
-    guarded: bool
+    #: The line of the quantization check the read sits behind, if any.
+    guard: Evidence | None
+
+    @property
+    def guarded(self) -> bool:
+        return self.guard is not None
 
 
 def _is_linear_name(name: str) -> bool:
@@ -261,8 +285,9 @@ def weight_reads(src: VllmSource, rel: str) -> list[WeightRead]:
             and _is_linear_name(node.value.attr)
             and isinstance(node.ctx, ast.Load)
         ):
+            guard = _guard(node, parents, _quant_guard)
             reads.append(
-                WeightRead(node.value.attr, _evidence(rel, lines, node), _guarded(node, parents, _quant_guard))
+                WeightRead(node.value.attr, _evidence(rel, lines, node), guard and _guard_evidence(rel, lines, guard))
             )
     return reads
 

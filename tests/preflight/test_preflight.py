@@ -1,0 +1,311 @@
+"""`weightsmith preflight` against the real vLLM 0.25.1 and 0.33.0 wheels, read in place.
+
+Known answers, checked against the wheels' source: 0.25.1's `laguna_dflash.py` calls
+`quant_config.get_cache_scale(name)` unguarded (no quant-config class defines it); 0.33.0 uses
+`get_cache_scale_mapper()`, which the base class defines. Both versions' `laguna_dflash.py` read
+`qkv_proj.weight` directly; 0.33.0's `qwen3_dflash.py` reads it only behind an
+`UnquantizedLinearMethod` check. 0.25.1 does not key compiled graphs on the draft, 0.33.0 does.
+Pairs come from the synthetic builders; vLLM itself is never imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from audit.doctor_builders import FP8_KV, cli, tiny_moe, write
+from vllm_wheels import vllm_wheel
+from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.preflight import checks
+from weightsmith.preflight.checks import LOAD, NOTE, SLOW, WRONG, preflight
+from weightsmith.preflight.source import VllmSource
+
+OLD, NEW = "0.25.1", "0.33.0"
+#: The demo draft's shape, small: w4a16 groups of 128 still fit every Linear.
+SMALL_DEMO = {
+    **DEMO_CONFIG,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+LAGUNA_DRAFT = ["DFlashLagunaForCausalLM"]
+#: The guard the published card adds to 0.25.1's laguna_dflash.py.
+UNGUARDED = "if self.quant_config is not None and ("
+GUARDED = 'if self.quant_config is not None and hasattr(self.quant_config, "get_cache_scale") and ('
+#: What preflight reads of an installation, extracted for the patched copy.
+READ = re.compile(
+    r"vllm/(__init__\.py|envs\.py|config/(speculative|model)\.py|model_executor/models/(registry|laguna_dflash)\.py"
+    r"|model_executor/layers/quantization/.*\.py|v1/spec_decode/dflash\.py"
+    r"|model_executor/layers/fused_moe/oracle/nvfp4\.py)$|vllm-[^/]*\.dist-info/METADATA$"
+)
+
+
+@pytest.fixture(scope="module")
+def wheels() -> dict[str, Path]:
+    return {v: vllm_wheel(v) for v in (OLD, NEW)}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A Laguna-shaped NVFP4 target (24 layers, hidden 256) and the demo draft: BF16, quantized w4a16
+    without the dflash-draft preset, and with it; the drafts named as Laguna DFlash drafts are."""
+    root = tmp_path_factory.mktemp("pair")
+    target = write(tiny_moe(layers=24, experts=2, hidden=256, kv_scales=True), root / "target")
+    bf16 = write_demo_checkpoint(root / "draft-bf16", config=SMALL_DEMO)
+    plain, preset = root / "draft-w4a16", root / "draft-preset"
+    assert cli(["quantize", str(bf16), str(plain), "--scheme", "w4a16", "--no-hash"]) == 0
+    assert cli(["quantize", str(bf16), str(preset), "--scheme", "w4a16", "--preset", "dflash-draft", "--no-hash"]) == 0
+    laguna = {}
+    for name, folder in (("bf16", bf16), ("plain", plain), ("preset", preset)):
+        laguna[name] = relabel(folder, root / f"laguna-{name}", LAGUNA_DRAFT)
+    return {
+        "target": target,
+        "bf16": bf16,
+        "plain": plain,
+        "preset": preset,
+        **{f"laguna-{k}": v for k, v in laguna.items()},
+    }
+
+
+def relabel(src: Path, dst: Path, architectures: list[str], **config: object) -> Path:
+    """A copy of checkpoint SRC with its config's architectures (and any other fields) replaced."""
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).symlink_to(f.resolve())
+    (dst / "config.json").unlink()
+    doc = json.loads((src / "config.json").read_text())
+    doc.update(architectures=architectures, **config)
+    (dst / "config.json").write_text(json.dumps(doc))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def patched_old(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site-packages folder holding 0.25.1's files with the guard added to laguna_dflash.py."""
+    root = tmp_path_factory.mktemp("site-packages")
+    with zipfile.ZipFile(wheels[OLD]) as wheel:
+        wheel.extractall(root, [n for n in wheel.namelist() if READ.search(n)])
+    model = root / "vllm/model_executor/models/laguna_dflash.py"
+    text = model.read_text()
+    assert text.count(UNGUARDED) == 1
+    model.write_text(text.replace(UNGUARDED, GUARDED))
+    return root
+
+
+def run(target: Path, vllm: Path, draft: Path | None = None, cache: Path | None = None, **kw: object):
+    env = {"VLLM_CACHE_ROOT": str(cache)} if cache else {"VLLM_CACHE_ROOT": "/nonexistent/vllm-cache"}
+    return preflight(target, vllm=vllm, draft=draft, env=env, **kw)  # type: ignore[arg-type]
+
+
+def by_check(result: checks.Preflight, check: str, impact: str | None = None) -> list[checks.Item]:
+    return [i for i in result.items if i.check == check and (impact is None or i.impact == impact)]
+
+
+def loads_failures(result: checks.Preflight) -> list[str]:
+    return sorted(i.check for i in result.items if i.impact == LOAD)
+
+
+# ---- the known answers on the real source ----------------------------------------------------------
+
+
+def test_versions_read_from_the_wheels(wheels: dict[str, Path]) -> None:
+    assert [VllmSource.open(wheels[v]).version for v in (OLD, NEW)] == [OLD, NEW]
+
+
+def test_done_when_old_vllm_reports_both_load_failures_with_evidence(pair, wheels) -> None:
+    result = run(pair["target"], wheels[OLD], pair["laguna-plain"], method="dflash", k=6)
+    assert loads_failures(result) == ["draft.quant-config-call", "draft.weight-read"]
+    (call,) = by_check(result, "draft.quant-config-call", LOAD)
+    assert call.evidence[0].show() == "laguna_dflash.py:223: scale_name := self.quant_config.get_cache_scale(name)"
+    assert "hasattr(self.quant_config" in call.fix
+    (read,) = by_check(result, "draft.weight-read", LOAD)
+    assert read.evidence[0].file == "vllm/model_executor/models/laguna_dflash.py"
+    assert read.evidence[0].line == 159 and "a.qkv_proj.weight[a.q_size :]" in read.evidence[0].text
+    assert "--preset dflash-draft" in read.fix
+    assert result.failed
+
+
+def test_done_when_new_vllm_reports_only_the_weight_read(pair, wheels) -> None:
+    result = run(pair["target"], wheels[NEW], pair["laguna-plain"], method="dflash")
+    assert loads_failures(result) == ["draft.weight-read"]
+    assert by_check(result, "draft.weight-read", LOAD)[0].evidence[0].line == 161
+    assert not by_check(result, "draft.quant-config-call")  # get_cache_scale_mapper: defined on the base class
+
+
+def test_done_when_the_preset_draft_loads_on_new_vllm(pair, wheels) -> None:
+    result = run(pair["target"], wheels[NEW], pair["laguna-preset"], method="dflash", k=6)
+    assert loads_failures(result) == []
+    assert not result.failed
+    assert result.serve == (
+        f"vllm serve {pair['target']} --speculative-config "
+        f'\'{{"method": "dflash", "model": "{pair["laguna-preset"]}", "num_speculative_tokens": 6}}\' '
+        "--kv-cache-dtype fp8"
+    )
+    # the preset keeps q/k/v BF16, but the MLPs stay quantized: 0.25.1 still calls get_cache_scale
+    old = run(pair["target"], wheels[OLD], pair["laguna-preset"], method="dflash")
+    assert loads_failures(old) == ["draft.quant-config-call"]
+
+
+def test_a_bf16_draft_calls_no_quant_config_method(pair, wheels) -> None:
+    result = run(pair["target"], wheels[OLD], pair["laguna-bf16"])
+    assert result.method == "dflash"  # read from dflash_config
+    assert loads_failures(result) == []
+
+
+def test_patched_install_reads_as_patched(pair, patched_old) -> None:
+    result = run(pair["target"], patched_old, pair["laguna-plain"], method="dflash")
+    assert result.vllm_version == OLD
+    assert loads_failures(result) == ["draft.weight-read"]
+    (note,) = by_check(result, "draft.quant-config-call", NOTE)
+    assert "hasattr(self.quant_config" in note.evidence[0].text and "patched" in note.message
+
+
+def test_the_demo_architecture_resolves_to_qwen3_dflash_which_new_vllm_guards(pair, wheels) -> None:
+    """DFlashDraftModel is registered to qwen3_dflash.py: 0.25.1 reads qkv_proj.weight there unguarded,
+    0.33.0 only when every projection is unquantized."""
+    old = run(pair["target"], wheels[OLD], pair["plain"])
+    assert loads_failures(old) == ["draft.weight-read"]
+    assert by_check(old, "draft.weight-read")[0].evidence[0].show().startswith("qwen3_dflash.py:421:")
+    new = run(pair["target"], wheels[NEW], pair["plain"])
+    assert loads_failures(new) == []
+    (guarded,) = by_check(new, "draft.weight-read", NOTE)
+    assert [e.show() for e in guarded.evidence] == [
+        "qwen3_dflash.py:515: isinstance(proj.quant_method, UnquantizedLinearMethod)",
+        "qwen3_dflash.py:519: kv_weights = [a.qkv_proj.weight[a.q_size :] for a in layers_attn]",
+    ]
+
+
+# ---- compile cache ------------------------------------------------------------------------------------
+
+
+def test_a_cache_root_holding_graphs(pair, wheels, tmp_path: Path) -> None:
+    graph = tmp_path / "torch_compile_cache" / "0123abcd" / "rank_0_0"
+    graph.mkdir(parents=True)
+    (graph / "model.pt").write_bytes(b"graph")
+    old = run(pair["target"], wheels[OLD], pair["laguna-preset"], cache=tmp_path)
+    (item,) = by_check(old, "compile-cache", LOAD)
+    assert "KeyError: 'weight_packed'" in item.message and str(tmp_path) in item.message
+    assert item.evidence[0].show() == "speculative.py:286: def compute_hash(self) -> str:"
+    assert old.serve.startswith(checks.FRESH_CACHE + " vllm serve ")
+    new = run(pair["target"], wheels[NEW], pair["laguna-preset"], cache=tmp_path)
+    (keyed,) = by_check(new, "compile-cache", NOTE)
+    assert keyed.evidence[0].text == "factors.append(self.draft_model_config.compute_hash())"
+    assert new.serve.startswith("vllm serve ")
+
+
+def test_an_empty_cache_root_is_a_note_with_the_fix(pair, wheels, tmp_path: Path) -> None:
+    (item,) = by_check(run(pair["target"], wheels[OLD], pair["laguna-preset"], cache=tmp_path), "compile-cache")
+    assert item.impact == NOTE and checks.FRESH_CACHE in item.fix
+
+
+def test_cache_root_resolution() -> None:
+    assert checks.cache_root({"VLLM_CACHE_ROOT": "/a"}) == Path("/a")
+    assert checks.cache_root({"XDG_CACHE_HOME": "/x"}) == Path("/x/vllm")
+    assert checks.cache_root({}) == Path("~/.cache/vllm").expanduser()
+
+
+# ---- checkpoint side ----------------------------------------------------------------------------------
+
+
+def test_nvfp4_w4a4_moe_target(tmp_path: Path, wheels) -> None:
+    model = tiny_moe(layers=3, experts=2)
+    acts = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "dynamic": "local"}
+    model.config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = acts
+    target = write(model, tmp_path / "w4a4")
+    for version, lines in ((OLD, (391, 400)), (NEW, (452, 461))):
+        result = run(target, wheels[version])
+        (item,) = by_check(result, "moe.w4a4-backend", WRONG)
+        assert [e.line for e in item.evidence] == list(lines)  # HUMMING, MARLIN: a13_scale = None
+        assert all(e.text == "a13_scale = None" for e in item.evidence)
+        assert "HUMMING, MARLIN" in item.message and "flashinfer_cutlass" in item.fix
+        assert "--moe-backend flashinfer_cutlass" in result.serve
+        assert result.failed
+
+
+def test_weight_only_moe_target_has_no_backend_finding(pair, wheels) -> None:
+    result = run(pair["target"], wheels[NEW])
+    assert not by_check(result, "moe.w4a4-backend")
+    assert not result.failed and result.serve == f"vllm serve {pair['target']} --kv-cache-dtype fp8"
+
+
+def test_kv_declared_without_scales(tmp_path: Path, wheels) -> None:
+    model = tiny_moe(layers=3, experts=2, kv_scales=False)
+    model.config["quantization_config"]["kv_cache_scheme"] = dict(FP8_KV)
+    result = run(write(model, tmp_path / "nokv"), wheels[NEW])
+    (item,) = by_check(result, "kv.scales", WRONG)
+    assert item.message.startswith("6 KV scale(s) are missing") and "scale 1.0" in item.message
+    assert "--kv-cache-dtype" not in result.serve
+    assert result.failed
+
+
+# ---- the pair -----------------------------------------------------------------------------------------
+
+
+def test_layer_ids_beyond_the_targets_depth(pair, wheels, tmp_path: Path) -> None:
+    shallow = write(tiny_moe(layers=12, experts=2, hidden=256), tmp_path / "shallow")
+    result = run(shallow, wheels[NEW], pair["laguna-preset"])
+    (item,) = by_check(result, "pair.layer-ids", LOAD)
+    assert "[1, 12, 23]" in item.message and "[12, 23]" in item.message and "12 layers" in item.message
+
+
+def test_hidden_size_and_vocab_must_agree(pair, wheels, tmp_path: Path) -> None:
+    draft = relabel(pair["laguna-preset"], tmp_path / "d", LAGUNA_DRAFT, hidden_size=512, vocab_size=100352)
+    target = write(tiny_moe(layers=24, experts=2, hidden=256), tmp_path / "t")
+    doc = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**doc, "vocab_size": 128}))
+    result = run(target, wheels[NEW], draft)
+    assert {i.check for i in result.items if i.impact == LOAD} >= {"pair.hidden-size", "pair.vocab-size"}
+
+
+def test_recorded_target(pair, wheels, tmp_path: Path) -> None:
+    none = by_check(run(pair["target"], wheels[NEW], pair["laguna-preset"]), "pair.recorded-target")[0]
+    assert none.impact == NOTE and "cannot be checked" in none.message
+    other = relabel(pair["laguna-preset"], tmp_path / "o", LAGUNA_DRAFT, target_model="poolside/Laguna-XS.2-NVFP4")
+    wrong = by_check(run(pair["target"], wheels[NEW], other), "pair.recorded-target")[0]
+    assert wrong.impact == SLOW and "Laguna-XS.2-NVFP4" in wrong.message
+    this = relabel(pair["laguna-preset"], tmp_path / "t", LAGUNA_DRAFT, target_model="org/target")
+    assert by_check(run(pair["target"], wheels[NEW], this), "pair.recorded-target")[0].impact == NOTE
+    card = relabel(pair["laguna-preset"], tmp_path / "c", LAGUNA_DRAFT)
+    (card / "README.md").write_text("---\nbase_model: poolside/Laguna-XS.2-FP8\n---\n\nA draft.\n")
+    carded = by_check(run(pair["target"], wheels[NEW], card), "pair.recorded-target")[0]
+    assert carded.impact == SLOW and "README.md base_model" in carded.message
+
+
+def test_eagle3_aux_layers_and_model_file(wheels, tmp_path: Path) -> None:
+    target = write(tiny_moe(layers=8, experts=2, hidden=256), tmp_path / "t")
+    draft = write_demo_checkpoint(tmp_path / "eagle", config=SMALL_DEMO)
+    relabelled = relabel(draft, tmp_path / "e3", ["LlamaForCausalLMEagle3"], eagle_aux_hidden_state_layer_ids=[2, 4, 9])
+    result = run(target, wheels[NEW], relabelled, method="eagle3")
+    assert "llama_eagle3.py" in by_check(result, "draft.model-file")[0].message
+    (item,) = by_check(result, "pair.layer-ids", LOAD)
+    assert "[9]" in item.message
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+
+
+def test_cli_json_and_exit_status(pair, wheels, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/nonexistent/vllm-cache")
+    args = ["preflight", str(pair["target"]), "--draft", str(pair["laguna-plain"]), "--vllm", str(wheels[OLD])]
+    assert cli([*args, "--json", "--k", "6"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["vllm"]["version"] == OLD and doc["passed"] is False and doc["method"] == "dflash"
+    assert doc["counts"]["will not load"] == 2
+    assert doc["findings"][0]["impact"] == "will not load" and doc["findings"][0]["severity"] == "error"
+    assert {"file", "line", "text"} == set(doc["findings"][0]["evidence"][0])
+    assert doc["serve"].startswith("VLLM_CACHE_ROOT=$(mktemp -d) vllm serve ")
+    ok = ["preflight", str(pair["target"]), "--draft", str(pair["laguna-preset"]), "--vllm", str(wheels[NEW])]
+    assert cli(ok) == 0
+    out = capsys.readouterr().out
+    assert "Suggested command" in out and "vllm serve" in out and "vLLM 0.33.0" in out
+
+
+def test_vllm_is_never_imported() -> None:
+    assert "vllm" not in sys.modules
