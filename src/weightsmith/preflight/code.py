@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -149,33 +150,44 @@ def quant_config_class(src: VllmSource, quant_method: str) -> str | None:
 
 
 def class_defines(src: VllmSource, cls: str, method: str) -> bool | None:
-    """Whether `cls` or a base class under vLLM's quantization package defines `method` (None: class not found)."""
-    classes: dict[str, tuple[list[str], set[str]]] = {}
-    for rel in src.files(QUANTIZATION):
-        parsed = _parse(src, rel)
-        if parsed is None:
-            continue
-        for node in ast.walk(parsed[0]):
-            if isinstance(node, ast.ClassDef) and node.name not in classes:
-                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
-                defined = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-                defined |= {
-                    t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
-                }
-                classes[node.name] = (bases, defined)
-    if cls not in classes:
+    """Whether `cls` or a base class under vLLM's quantization package defines `method` (None: class not found).
+
+    Only the files that define a class of the hierarchy are parsed (the package has over a hundred).
+    """
+    first = _find_class(src, cls)
+    if first is None:
         return None
-    seen, todo = set(), [cls]
+    seen: set[str] = set()
+    todo: list[ast.ClassDef] = [first]
     while todo:
-        name = todo.pop()
-        if name in seen or name not in classes:
+        node = todo.pop()
+        if node.name in seen:
             continue
-        seen.add(name)
-        bases, defined = classes[name]
+        seen.add(node.name)
+        defined = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        defined |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
         if method in defined:
             return True
-        todo += bases
+        for base in node.bases:
+            name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+            found = _find_class(src, name) if name else None
+            if found is not None:
+                todo.append(found)
     return False
+
+
+def _find_class(src: VllmSource, name: str) -> ast.ClassDef | None:
+    """The top-level class `name` in vLLM's quantization package, or None."""
+    pattern = re.compile(rf"^class {re.escape(name)}\b", re.MULTILINE)
+    for rel in src.files(QUANTIZATION):
+        text = src.text(rel)
+        if text is None or not pattern.search(text):
+            continue
+        parsed = _parse(src, rel)
+        for node in parsed[0].body if parsed else []:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return node
+    return None
 
 
 def quant_config_calls(src: VllmSource, rel: str) -> list[QuantCall]:
