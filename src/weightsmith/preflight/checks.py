@@ -112,7 +112,8 @@ class Side:
 
     @property
     def config(self) -> dict:
-        return self.found.config or {}
+        config = self.found.config
+        return config if isinstance(config, dict) else {}
 
     def get(self, key: str) -> Any:
         """A config value, also looked for in `text_config` (multimodal targets keep the LM there)."""
@@ -196,7 +197,8 @@ def infer_method(draft: Side) -> str:
     """The speculative method a draft's config implies, as vLLM's `SpeculativeConfig` infers it."""
     if "dflash_config" in draft.config:
         return "dflash"
-    archs = " ".join(draft.config.get("architectures") or [])
+    listed = draft.config.get("architectures")
+    archs = " ".join(a for a in listed if isinstance(a, str)) if isinstance(listed, list) else ""
     if "Eagle3" in archs or "eagle_aux_hidden_state_layer_ids" in draft.config:
         return "eagle3"
     raise WeightsmithError(
@@ -311,7 +313,8 @@ def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], str | None]:
 
 
 def _draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
-    archs = [a for a in drf.config.get("architectures") or [] if isinstance(a, str)]
+    listed = drf.config.get("architectures")
+    archs = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
     resolved = code.draft_model_file(src, archs, method)
     if resolved is None:
         if src.text(code.REGISTRY) is None:
@@ -336,6 +339,15 @@ def _draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
             file=drf.where(CONFIG_FILE),
         )
     ]
+    for rel in (model_file, *code.PROPOSERS.get(method, ())):
+        if not code.parses(src, rel):
+            items.append(
+                Item(
+                    "draft.model-file",
+                    NOTE,
+                    f"{rel} is missing or does not parse; what it calls and reads was not checked",
+                )
+            )
     items += _quant_calls(src, drf, model_file)
     for rel in (model_file, *code.PROPOSERS.get(method, ())):
         items += _weight_reads(src, drf, rel, method)

@@ -29,6 +29,7 @@ PROPOSERS = {"dflash": ("vllm/v1/spec_decode/dflash.py",), "eagle3": ("vllm/v1/s
 #: How vLLM's EAGLEConfig renames a draft's architecture before asking the registry (prefix, suffix test).
 ARCH_PREFIX = {"dflash": "DFlash", "eagle3": "Eagle3", "eagle": "Eagle"}
 #: Exceptions whose handler makes a missing attribute harmless.
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _GUARD_WORDS = ("hasattr", "getattr", "UnquantizedLinearMethod", "quant_method", "except")
 _CATCHES = {"AttributeError", "Exception", "BaseException", "NotImplementedError"}
 
@@ -56,6 +57,11 @@ def _parse(src: VllmSource, rel: str) -> tuple[ast.Module, list[str]] | None:
         return ast.parse(text), text.splitlines()
     except SyntaxError:
         return None
+
+
+def parses(src: VllmSource, rel: str) -> bool:
+    """Whether `rel` exists and is Python `ast` can parse (else its checks cannot be made)."""
+    return _parse(src, rel) is not None
 
 
 def _evidence(rel: str, lines: list[str], node: ast.AST) -> Evidence:
@@ -111,7 +117,7 @@ def draft_model_file(src: VllmSource, architectures: list[str], method: str) -> 
     prefix = ARCH_PREFIX.get(method)
     for arch in architectures:
         name = arch if prefix is None or arch.startswith(prefix) or arch.endswith(prefix) else prefix + arch
-        if name in entries:
+        if name in entries and _MODULE.fullmatch(entries[name][0]):
             module, ev = entries[name]
             rel = module.replace(".", "/") if module.startswith("vllm.") else f"{MODELS}/{module}"
             rel = rel + ".py" if src.text(rel + ".py") is not None else rel + "/__init__.py"

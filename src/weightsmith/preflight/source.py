@@ -66,6 +66,9 @@ class VllmSource:
         return self._texts[rel]
 
     def _read(self, rel: str) -> str | None:
+        parts = rel.split("/")
+        if parts[0] != "vllm" or ".." in parts or "" in parts:
+            return None  # a name taken from vLLM's own tables never leads out of the package
         try:
             if self._zip is not None:
                 return self._zip.read(rel).decode("utf-8", errors="replace")
