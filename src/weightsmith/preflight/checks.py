@@ -38,6 +38,8 @@ IMPACTS = (LOAD, WRONG, SLOW, NOTE)
 DFLASH_PRESET = "dflash-draft"
 CARD_FILE = "README.md"
 FRESH_CACHE = "VLLM_CACHE_ROOT=$(mktemp -d)"
+#: `--json` output identifies itself, so the card can tell a preflight report from any other JSON.
+SCHEMA, SCHEMA_VERSION = "weightsmith.preflight", 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ class Preflight:
     def as_dict(self) -> dict[str, Any]:
         counts = {impact: sum(i.impact == impact for i in self.items) for impact in IMPACTS}
         return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
             "vllm": {"path": self.vllm, "version": self.vllm_version},
             "target": self.target,
             "draft": self.draft,
