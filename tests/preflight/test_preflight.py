@@ -309,3 +309,30 @@ def test_cli_json_and_exit_status(pair, wheels, capsys: pytest.CaptureFixture[st
 
 def test_vllm_is_never_imported() -> None:
     assert "vllm" not in sys.modules
+
+
+def test_the_card_cites_which_vllm_versions_were_checked(pair, wheels, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "empty-cache"))
+    draft = relabel(pair["preset"], tmp_path / "laguna-dflash-w4a16", LAGUNA_DRAFT)
+    reports = []
+    for version in (OLD, NEW):
+        args = ["preflight", str(pair["target"]), "--draft", str(draft), "--vllm", str(wheels[version]), "--json"]
+        assert cli(args) == (1 if version == OLD else 0)
+        reports.append(tmp_path / f"preflight-{version}.json")
+        reports[-1].write_text(capsys.readouterr().out)
+    args = ["card", str(draft), "--repo", "org/laguna-dflash-w4a16"]
+    assert cli([*args, *(x for r in reports for x in ("--preflight", str(r)))]) == 0
+    card = (draft / "README.md").read_text()
+    line = next(ln for ln in card.splitlines() if "weightsmith preflight" in ln)
+    assert (
+        "vLLM `0.25.1`<!-- preflight.json: runs[0].vllm -->: 1<!-- preflight.json: runs[0].counts[will not load]"
+        in line
+    )
+    assert "vLLM `0.33.0`<!-- preflight.json: runs[1].vllm -->: nothing that would fail or degrade" in line
+    kept = json.loads((draft / "preflight.json").read_text())
+    assert [r["vllm"] for r in kept["runs"]] == [OLD, NEW] and str(tmp_path) not in json.dumps(kept)
+    capsys.readouterr()
+    assert cli(["card", str(draft), "--check"]) == 0, capsys.readouterr().out
+    kept["runs"][0]["counts"]["will not load"] = 0
+    (draft / "preflight.json").write_text(json.dumps(kept))
+    assert cli(["card", str(draft), "--check"]) == 1

@@ -15,11 +15,19 @@ from weightsmith.bench.paths import local_paths
 from weightsmith.card import front
 from weightsmith.card.cite import find_cited
 from weightsmith.card.render import render_card
-from weightsmith.card.sources import BENCH_FILE, CARD_FILE, EVAL_FILE, INSPECT_FILE, VERIFY_FILE, reload
+from weightsmith.card.sources import (
+    BENCH_FILE,
+    CARD_FILE,
+    EVAL_FILE,
+    INSPECT_FILE,
+    PREFLIGHT_FILE,
+    VERIFY_FILE,
+    reload,
+)
 from weightsmith.errors import WeightsmithError
 
 #: The files `card` writes beside the card: published with it, so held to the same rule about paths.
-WRITTEN = (INSPECT_FILE, VERIFY_FILE, EVAL_FILE, BENCH_FILE)
+WRITTEN = (INSPECT_FILE, VERIFY_FILE, EVAL_FILE, BENCH_FILE, PREFLIGHT_FILE)
 _DOWNLOAD = re.compile(r"^hf download (\S+) --local-dir ")
 
 

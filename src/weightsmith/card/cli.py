@@ -46,6 +46,10 @@ def card_command(
     eval_json: Annotated[
         Path | None, typer.Option("--eval", help="`weightsmith eval --json` output for the fidelity section.")
     ] = None,
+    preflight: Annotated[
+        list[Path] | None,
+        typer.Option("--preflight", help="`weightsmith preflight --json` output, one per vLLM version; repeatable."),
+    ] = None,
     base: Annotated[str | None, typer.Option("--base", help="Hub id of the base model, e.g. org/name.")] = None,
     license_id: Annotated[str | None, typer.Option("--license", help="License id for the front matter.")] = None,
     repo: Annotated[
@@ -61,9 +65,10 @@ def card_command(
 ) -> None:
     """A model card with only measured numbers, each citing its file and field. Exit 1 when --check fails."""
     if check:
-        if bench is not None or eval_json is not None or repo is not None:
+        if bench is not None or eval_json is not None or repo is not None or preflight:
             raise WeightsmithError(
-                "--check reads the copies the card cites in OUT and the repo it names; drop --bench/--eval/--repo",
+                "--check reads the copies the card cites in OUT and the repo it names; "
+                "drop --bench/--eval/--preflight/--repo",
                 code="usage",
             )
         result = check_card(out)
@@ -81,7 +86,7 @@ def card_command(
             check_repo_id(value, option)
     if not force:
         refuse_foreign_card(out / CARD_FILE)
-    src = gather(out, eval_json, bench)
+    src = gather(out, eval_json, bench, preflight or ())
     markdown, cited = render_card(src, base, license_id, repo)
     keep(src, markdown)
     sections = [

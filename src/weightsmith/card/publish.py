@@ -16,7 +16,7 @@ from typing import Any
 
 from weightsmith.card.cite import Citations
 from weightsmith.card.made import article, draft_kind
-from weightsmith.card.sources import BENCH_FILE, CONFIG_FILE, VERIFY_FILE, CardSources
+from weightsmith.card.sources import BENCH_FILE, CONFIG_FILE, PREFLIGHT_FILE, VERIFY_FILE, CardSources
 from weightsmith.card.target import named_target
 from weightsmith.manifest import MANIFEST_FILE
 
@@ -60,6 +60,7 @@ def serving_it(src: CardSources, c: Citations, repo: str) -> list[str]:
             facts.append("- `$TARGET`: the target model, which this folder does not name (see Target assignment).")
     facts += _w4a4(src, c)
     facts += _calibration(src, c)
+    facts += _preflight(src, c)
     return [
         "```bash",
         f"hf download {repo} --local-dir {local}",
@@ -170,3 +171,19 @@ def _calibration(src: CardSources, c: Citations) -> list[str]:
         f"{c.num(str(cal.seq_len), M, 'calibration.seq_len')}) of {c.text(cal.text, M, 'calibration.text')}, "
         f"activations {c.text(cal.activations, M, 'calibration.activations')}."
     ]
+
+
+def _preflight(src: CardSources, c: Citations) -> list[str]:
+    """The vLLM versions `weightsmith preflight` checked this checkpoint against, and what each found."""
+    parts = []
+    for i, run in enumerate(src.preflight or []):
+        version = c.text(run["vllm"], PREFLIGHT_FILE, f"runs[{i}].vllm")
+        found = [
+            f"{c.num(str(n), PREFLIGHT_FILE, f'runs[{i}].counts[{impact}]')} {impact}"
+            for impact, n in run["counts"].items()
+            if n and impact != "note"
+        ]
+        parts.append(f"vLLM {version}: " + (", ".join(found) if found else "nothing that would fail or degrade"))
+    if not parts:
+        return []
+    return [f"- Checked before serving with `weightsmith preflight` (vLLM's own source, no GPU): {'; '.join(parts)}."]

@@ -45,6 +45,16 @@ CONFIG = {
     ),
 }
 
+#: `weightsmith preflight --json` output (what the card keeps of it), and the card's kept copy.
+PREFLIGHT = {
+    "schema": str,
+    "vllm": {"version": str},
+    "method": OPT_STR,
+    "passed": bool,
+    "counts": Each(int),
+}
+PREFLIGHT_KEPT = {"runs": [{"vllm": str, "method": OPT_STR, "passed": bool, "counts": Each(int)}]}
+
 _SUMMARY = {"name": str, "layers": int, "numel": NUM, "rel_mse": OPT_NUM, "sqnr_db": OPT_NUM}
 EVAL = {
     "weights": {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ INSPECT_FILE = "inspect.json"
 VERIFY_FILE = "verify.json"
 EVAL_FILE = "eval.json"
 BENCH_FILE = "bench.json"
+PREFLIGHT_FILE = "preflight.json"
+#: The `schema` field of `weightsmith preflight --json` output.
+PREFLIGHT_SCHEMA = "weightsmith.preflight"
 
 
 @dataclass
@@ -47,6 +51,8 @@ class CardSources:
     eval: dict[str, Any] | None = None
     bench: BenchResults | None = None
     analysis: Analysis | None = None
+    #: `weightsmith preflight` runs: which vLLM versions the checkpoint was checked against, and what they found.
+    preflight: list[dict[str, Any]] | None = None
     #: One line per source saying whether it was measured now or read from a kept file.
     provenance: list[str] = field(default_factory=list)
 
@@ -102,15 +108,32 @@ def _bench(path: Path | None) -> tuple[BenchResults | None, Analysis | None]:
     return results, analyse(results)
 
 
-def gather(folder: Path, eval_path: Path | None, bench_path: Path | None) -> CardSources:
+def _preflight_runs(paths: Sequence[Path]) -> list[dict[str, Any]] | None:
+    """What the card keeps of each `weightsmith preflight --json` report: version, method, verdict, counts.
+
+    The report's paths (the user's folders, the wheel) stay out: the kept copy is published.
+    """
+    runs = []
+    for path in paths:
+        data = _read_checked(path, schema.PREFLIGHT)
+        if data["schema"] != PREFLIGHT_SCHEMA:
+            raise WeightsmithError(f"is not `weightsmith preflight --json` output ({PREFLIGHT_SCHEMA})", file=path)
+        runs.append({k: data[k] for k in ("method", "passed", "counts")} | {"vllm": data["vllm"]["version"]})
+    return runs or None
+
+
+def gather(
+    folder: Path, eval_path: Path | None, bench_path: Path | None, preflight_paths: Sequence[Path] = ()
+) -> CardSources:
     """Read every input and measure the checkpoint now (for writing a card); nothing is written yet."""
     manifest, config = _load_common(folder)
     if not has_weights(folder):
         raise WeightsmithError("has no .safetensors files to inspect and verify", file=folder)
     evaluated = _eval_checked(eval_path) if eval_path is not None else None
     bench, analysis = _bench(bench_path)
+    preflight = _preflight_runs(preflight_paths)
     inspected, verified = _measure(folder)
-    return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis)
+    return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis, preflight)
 
 
 def keep(src: CardSources, card: str) -> None:
@@ -127,6 +150,8 @@ def keep(src: CardSources, card: str) -> None:
         _write(src.folder / EVAL_FILE, {**src.eval, **paths})
     if src.bench is not None:
         _write(src.folder / BENCH_FILE, {**to_jsonable(src.bench), "analysis": to_jsonable(src.analysis)})
+    if src.preflight is not None:
+        _write(src.folder / PREFLIGHT_FILE, {"runs": src.preflight})
     replace_file(src.folder / CARD_FILE, card.encode("utf-8"))
 
 
@@ -148,4 +173,8 @@ def reload(folder: Path) -> CardSources:
     bench, analysis = _bench(folder / BENCH_FILE if (folder / BENCH_FILE).exists() else None)
     if bench is not None:
         provenance.append(f"{BENCH_FILE}: read, analysis recomputed from the raw samples")
-    return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis, provenance)
+    preflight = None
+    if (folder / PREFLIGHT_FILE).exists():
+        preflight = _read_checked(folder / PREFLIGHT_FILE, schema.PREFLIGHT_KEPT)["runs"]
+        provenance.append(f"{PREFLIGHT_FILE}: read")
+    return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis, preflight, provenance)
