@@ -128,3 +128,32 @@ def test_registry_naming_a_file_outside_the_package(sandbox, pair, capsys, monke
     assert doc["vllm"]["version"] == "unknown"
     assert any("broken.py is missing or does not parse" in f["message"] for f in doc["findings"])
     sandbox.assert_untouched()
+
+
+@pytest.mark.parametrize(
+    ("report", "says"),
+    [
+        ({"schema": "weightsmith.eval", "vllm": {"version": "1"}, "method": None, "passed": True, "counts": {}},
+         "is not `weightsmith preflight --json` output"),
+        ({"schema": "weightsmith.preflight", "vllm": {"version": 25}, "method": None, "passed": True, "counts": {}},
+         "vllm.version is an integer"),
+        ({"schema": "weightsmith.preflight", "vllm": {"version": "0.33.0"}, "passed": "yes", "counts": {}},
+         "has no field method"),
+    ],
+)  # fmt: skip
+def test_card_refuses_a_report_that_is_not_preflight_output(
+    sandbox: Sandbox, capsys, monkeypatch, report: dict, says: str
+) -> None:
+    from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+    from weightsmith.api import quantize
+
+    tiny = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(tiny), tiny)
+    out = quantize(src, sandbox.root / "quant", "w4a16", group_size=32, workers=1, hash_sources=False).output
+    path = sandbox.root / "report.json"
+    path.write_text(json.dumps(report))
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "card", out, "--preflight", path)
+    assert r.code == 2 and "report.json" in r.error_line and says in r.error_line
+    sandbox.assert_untouched()
