@@ -16,9 +16,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import pytest
 
-from audit.doctor_builders import FP8_KV, cli, tiny_moe, write
+from audit.doctor_builders import FP8_KV, cli, tiny_moe, write, write_shard
 from vllm_wheels import vllm_wheel
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.preflight import checks
@@ -336,3 +338,27 @@ def test_the_card_cites_which_vllm_versions_were_checked(pair, wheels, tmp_path:
     kept["runs"][0]["counts"]["will not load"] = 0
     (draft / "preflight.json").write_text(json.dumps(kept))
     assert cli(["card", str(draft), "--check"]) == 1
+
+
+def test_eagle3_draft_with_a_quantized_embedding(wheels, tmp_path: Path) -> None:
+    """llama_eagle3.py builds embed_tokens without a quant config (lm_head with one, in both versions)."""
+    target = write(tiny_moe(layers=8, experts=2, hidden=256), tmp_path / "t")
+    draft = tmp_path / "e3"
+    draft.mkdir()
+    rng = np.random.default_rng(0)
+    tensors = {
+        "embed_tokens.weight_packed": rng.integers(0, 2**31, (128, 32), dtype=np.int32),
+        "embed_tokens.weight_scale": np.ones((128, 2), ml_dtypes.bfloat16),
+        "embed_tokens.weight_shape": np.array([128, 256], np.int64),
+        "lm_head.weight": np.zeros((128, 256), ml_dtypes.bfloat16),
+        "midlayer.self_attn.q_proj.weight": np.zeros((256, 512), ml_dtypes.bfloat16),
+    }
+    write_shard(draft / "model.safetensors", tensors)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 256, "num_hidden_layers": 1}
+    (draft / "config.json").write_text(json.dumps(config))
+    for version in (OLD, NEW):
+        result = run(target, wheels[version], draft)
+        assert result.method == "eagle3"
+        (item,) = by_check(result, "draft.plain-build", LOAD)
+        assert item.tensor == "embed_tokens" and "--preset eagle3-draft" in item.fix
+        assert item.evidence[0].text == "self.embed_tokens = VocabParallelEmbedding("

@@ -355,6 +355,35 @@ def _draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
     items += _quant_calls(src, drf, model_file)
     for rel in (model_file, *code.PROPOSERS.get(method, ())):
         items += _weight_reads(src, drf, rel, method)
+    items += _plain_builds(src, drf, model_file, method)
+    return items
+
+
+def _plain_builds(src: VllmSource, drf: Side, model_file: str, method: str) -> list[Item]:
+    """An embedding or LM head vLLM builds without the quant config, which the draft stores quantized."""
+    items = []
+    for build in code.plain_builds(src, model_file):
+        quantized = [m for m in drf.modules.values() if names.leaf(m.name) == build.module and m.quantized]
+        if not quantized:
+            continue
+        first = quantized[0]
+        fix = (
+            "quantize the draft with `--preset eagle3-draft` (keeps embed_tokens and lm_head BF16)"
+            if method == "eagle3"
+            else f"keep {build.module} unquantized (list it in the recipe's ignore)"
+        )
+        items.append(
+            Item(
+                "draft.plain-build",
+                LOAD,
+                f"the draft stores {build.module} quantized, and {model_file} builds it without a quant config "
+                "(a plain BF16 `weight`), so its packed tensors have nowhere to load",
+                fix,
+                (build.evidence,),
+                file=drf.where(first.params[next(iter(first.params))].shard),
+                tensor=first.name,
+            )
+        )
     return items
 
 

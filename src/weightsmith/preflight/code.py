@@ -310,6 +310,43 @@ def weight_reads(src: VllmSource, rel: str) -> list[WeightRead]:
     return reads
 
 
+# ---- modules built without the quant config ------------------------------------------------------
+
+#: vLLM layer classes that take a `quant_config` keyword: built without it they hold a plain `weight`.
+QUANTIZABLE_LAYERS = ("VocabParallelEmbedding", "ParallelLMHead")
+
+
+@dataclass(frozen=True)
+class PlainBuild:
+    """`self.<module> = VocabParallelEmbedding(...)` (or ParallelLMHead) with no `quant_config`."""
+
+    module: str
+    evidence: Evidence
+
+
+def plain_builds(src: VllmSource, rel: str) -> list[PlainBuild]:
+    """Every embedding or LM head `rel` builds without passing a quant config."""
+    parsed = _parse(src, rel)
+    if parsed is None:
+        return []
+    tree, lines = parsed
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name not in QUANTIZABLE_LAYERS:
+            continue
+        keyword = next((k for k in node.value.keywords if k.arg == "quant_config"), None)
+        if keyword is not None and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Attribute):
+                found.append(PlainBuild(target.attr, _evidence(rel, lines, node.value)))
+    return found
+
+
 # ---- compile cache ------------------------------------------------------------------------------
 
 
