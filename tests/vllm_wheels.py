@@ -47,3 +47,8 @@ def vllm_wheel(version: str) -> Path:
                 raise RuntimeError(f"pip download vllm=={version} left no wheel")
             os.rename(got[0], CACHE / got[0].name)
         return CACHE / got[0].name
+
+
+if __name__ == "__main__":  # `make test` fetches them before the tests run
+    for v in VERSIONS:
+        print(vllm_wheel(v))
