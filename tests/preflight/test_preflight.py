@@ -24,7 +24,8 @@ from audit.doctor_builders import FP8_KV, cli, tiny_moe, write, write_shard
 from vllm_wheels import vllm_wheel
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.preflight import checks
-from weightsmith.preflight.checks import LOAD, NOTE, SLOW, WRONG, preflight
+from weightsmith.preflight.checks import preflight
+from weightsmith.preflight.report import LOAD, NOTE, SLOW, WRONG, Item, Preflight
 from weightsmith.preflight.source import VllmSource
 
 OLD, NEW = "0.25.1", "0.33.0"
@@ -106,11 +107,11 @@ def run(target: Path, vllm: Path, draft: Path | None = None, cache: Path | None 
     return preflight(target, vllm=vllm, draft=draft, env=env, **kw)  # type: ignore[arg-type]
 
 
-def by_check(result: checks.Preflight, check: str, impact: str | None = None) -> list[checks.Item]:
+def by_check(result: Preflight, check: str, impact: str | None = None) -> list[Item]:
     return [i for i in result.items if i.check == check and (impact is None or i.impact == impact)]
 
 
-def loads_failures(result: checks.Preflight) -> list[str]:
+def loads_failures(result: Preflight) -> list[str]:
     return sorted(i.check for i in result.items if i.impact == LOAD)
 
 

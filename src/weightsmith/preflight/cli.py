@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from weightsmith.preflight.checks import IMPACTS, NOTE, Preflight, preflight
+from weightsmith.preflight.checks import preflight
+from weightsmith.preflight.report import IMPACTS, NOTE, Preflight
 
 _HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
 

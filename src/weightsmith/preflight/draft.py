@@ -1,0 +1,179 @@
+"""The draft against vLLM's code: what the model file vLLM loads it with calls, reads and builds.
+
+A quantized draft dies on load where that code calls a quant-config method the config class does
+not define, reads `<linear>.weight` of a Linear the draft stores packed (it has no `weight` then),
+or builds an embedding or LM head without the quant config while the draft stores it quantized.
+"""
+
+from __future__ import annotations
+
+from weightsmith import names
+from weightsmith.checkpoint import CONFIG_FILE
+from weightsmith.preflight import code
+from weightsmith.preflight.report import LOAD, NOTE, Item, Side
+from weightsmith.preflight.source import VllmSource
+
+#: The preset that keeps a DFlash draft's attention projections BF16 (`plan.PRESETS`).
+DFLASH_PRESET = "dflash-draft"
+
+
+def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
+    listed = drf.config.get("architectures")
+    archs = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
+    resolved = code.draft_model_file(src, archs, method)
+    if resolved is None:
+        if src.text(code.REGISTRY) is None:
+            return [Item("draft.model-file", NOTE, f"this vLLM has no {code.REGISTRY}; the draft's code was not read")]
+        return [
+            Item(
+                "draft.architecture",
+                LOAD,
+                f"names architecture(s) {archs or 'none'}, which vLLM's registry does not know under method "
+                f"{method!r} (it looks them up as {code.ARCH_PREFIX.get(method, '')}<architecture>)",
+                "set `architectures` to one this vLLM registers, or use a vLLM that has this draft's model",
+                file=drf.where(CONFIG_FILE),
+            )
+        ]
+    arch, model_file, registry_line = resolved
+    items = [
+        Item(
+            "draft.model-file",
+            NOTE,
+            f"vLLM loads this draft as {arch} from {model_file}",
+            evidence=(registry_line,),
+            file=drf.where(CONFIG_FILE),
+        )
+    ]
+    for rel in (model_file, *code.PROPOSERS.get(method, ())):
+        if not code.parses(src, rel):
+            items.append(
+                Item(
+                    "draft.model-file",
+                    NOTE,
+                    f"{rel} is missing or does not parse; what it calls and reads was not checked",
+                )
+            )
+    items += _quant_calls(src, drf, model_file)
+    for rel in (model_file, *code.PROPOSERS.get(method, ())):
+        items += _weight_reads(src, drf, rel, method)
+    items += _plain_builds(src, drf, model_file, method)
+    return items
+
+
+def _plain_builds(src: VllmSource, drf: Side, model_file: str, method: str) -> list[Item]:
+    """An embedding or LM head vLLM builds without the quant config, which the draft stores quantized."""
+    items = []
+    for build in code.plain_builds(src, model_file):
+        quantized = [m for m in drf.modules.values() if names.leaf(m.name) == build.module and m.quantized]
+        if not quantized:
+            continue
+        first = quantized[0]
+        fix = (
+            "quantize the draft with `--preset eagle3-draft` (keeps embed_tokens and lm_head BF16)"
+            if method == "eagle3"
+            else f"keep {build.module} unquantized (list it in the recipe's ignore)"
+        )
+        items.append(
+            Item(
+                "draft.plain-build",
+                LOAD,
+                f"the draft stores {build.module} quantized, and {model_file} builds it without a quant config "
+                "(a plain BF16 `weight`), so its packed tensors have nowhere to load",
+                fix,
+                (build.evidence,),
+                file=drf.where(first.params[next(iter(first.params))].shard),
+                tensor=first.name,
+            )
+        )
+    return items
+
+
+def _quant_calls(src: VllmSource, drf: Side, model_file: str) -> list[Item]:
+    """A quant-config method the draft's config class lacks, called outside a guard: an AttributeError on load."""
+    quant_method = drf.quant_method
+    if quant_method is None:
+        return []
+    cls = code.quant_config_class(src, quant_method)
+    if cls is None:
+        return [
+            Item(
+                "draft.quant-config",
+                NOTE,
+                f"declares quant_method {quant_method!r}, which this vLLM's quantization table does not name; "
+                "the methods its model file calls on it were not checked",
+                file=drf.where(CONFIG_FILE),
+            )
+        ]
+    items = []
+    for call in code.quant_config_calls(src, model_file):
+        if code.class_defines(src, cls, call.method) is not False:
+            continue
+        if call.guarded:
+            items.append(
+                Item(
+                    "draft.quant-config-call",
+                    NOTE,
+                    f"{model_file} calls quant_config.{call.method}(), which {cls} does not define, behind a guard "
+                    "(patched)",
+                    evidence=(call.guard, call.evidence) if call.guard else (call.evidence,),
+                )
+            )
+            continue
+        items.append(
+            Item(
+                "draft.quant-config-call",
+                LOAD,
+                f"the draft declares {quant_method} ({cls}), and {model_file} calls quant_config.{call.method}() "
+                f"unconditionally; {cls} has no such method, so loading dies with AttributeError: "
+                f"'{cls}' object has no attribute '{call.method}'",
+                f'guard the call (`hasattr(self.quant_config, "{call.method}") and ...`) in that file on every '
+                "node, or use a vLLM whose model file does not call it",
+                (call.evidence,),
+                file=drf.where(CONFIG_FILE),
+            )
+        )
+    return items
+
+
+def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Item]:
+    """A direct `<linear>.weight` read where the draft stores that Linear quantized (no `weight` then)."""
+    items = []
+    for read in code.weight_reads(src, rel):
+        parts = names.FUSED_LAYERS.get(read.module, (read.module,))
+        quantized = [m for m in drf.modules.values() if names.leaf(m.name) in parts and m.quantized]
+        if not quantized:
+            continue
+        first = quantized[0]
+        if read.guarded:
+            items.append(
+                Item(
+                    "draft.weight-read",
+                    NOTE,
+                    f"{rel} reads {read.module}.weight only where the layer is unquantized (guarded), so the "
+                    f"draft's quantized {read.module} is handled",
+                    evidence=(read.guard, read.evidence) if read.guard else (read.evidence,),
+                )
+            )
+            continue
+        fix = (
+            f"quantize the draft with `--preset {DFLASH_PRESET}` (keeps q/k/v_proj BF16)"
+            if method == "dflash"
+            else f"keep {', '.join(parts)} unquantized (list them in the recipe's ignore)"
+        )
+        items.append(
+            Item(
+                "draft.weight-read",
+                LOAD,
+                f"{len(quantized)} quantized {'/'.join(parts)} module(s) in the draft, and {rel} reads "
+                f"{read.module}.weight directly; a quantized {read.module} has no `weight`, so loading dies with "
+                "AttributeError: 'QKVParallelLinear' object has no attribute 'weight'"
+                if read.module == "qkv_proj"
+                else f"{len(quantized)} quantized {'/'.join(parts)} module(s) in the draft, and {rel} reads "
+                f"{read.module}.weight directly; a quantized {read.module} has no `weight`",
+                fix,
+                (read.evidence,),
+                file=drf.where(first.params[next(iter(first.params))].shard),
+                tensor=first.name,
+            )
+        )
+    return items

@@ -1,0 +1,144 @@
+"""What preflight reports: findings by what the user would see, and the checkpoints they concern.
+
+Impacts: it will not load, it will load but serve wrong numbers, it will be slower than it could,
+or a note. They map onto the project's severities (`audit.findings`): the first two are errors, the
+third a warning, a note an info; an error or a warning makes the command exit 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weightsmith.audit.findings import ERROR, INFO, WARNING
+from weightsmith.audit.modules import Module, group_modules
+from weightsmith.audit.quant_config import MODELOPT, QuantDeclaration, read_declaration
+from weightsmith.audit.survey import Survey, survey
+from weightsmith.errors import WeightsmithError
+from weightsmith.preflight.code import Evidence
+
+LOAD, WRONG, SLOW, NOTE = "will not load", "serves wrong numbers", "slower than it could", "note"
+#: The project's severity for each impact: what fails or silently degrades is an error or a warning.
+SEVERITY = {LOAD: ERROR, WRONG: ERROR, SLOW: WARNING, NOTE: INFO}
+IMPACTS = (LOAD, WRONG, SLOW, NOTE)
+#: `--json` output identifies itself, so the card can tell a preflight report from any other JSON.
+SCHEMA, SCHEMA_VERSION = "weightsmith.preflight", 1
+
+
+@dataclass(frozen=True)
+class Item:
+    """One preflight finding: what happens, why (vLLM's own lines), and what to do."""
+
+    check: str
+    impact: str
+    message: str
+    fix: str | None = None
+    evidence: tuple[Evidence, ...] = ()
+    #: The checkpoint file (relative to its folder, prefixed by the folder's role) it concerns.
+    file: str | None = None
+    tensor: str | None = None
+
+    @property
+    def severity(self) -> str:
+        return SEVERITY[self.impact]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "impact": self.impact,
+            "severity": self.severity,
+            "message": self.message,
+            "fix": self.fix,
+            "file": self.file,
+            "tensor": self.tensor,
+            "evidence": [e.as_dict() for e in self.evidence],
+        }
+
+
+@dataclass
+class Preflight:
+    """The whole answer: which vLLM, which pair, the findings and the command to serve it."""
+
+    vllm: str
+    vllm_version: str
+    target: str
+    draft: str | None
+    method: str | None
+    items: list[Item] = field(default_factory=list)
+    serve: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """Something would fail or silently degrade."""
+        return any(i.severity in (ERROR, WARNING) for i in self.items)
+
+    def as_dict(self) -> dict[str, Any]:
+        counts = {impact: sum(i.impact == impact for i in self.items) for impact in IMPACTS}
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "vllm": {"path": self.vllm, "version": self.vllm_version},
+            "target": self.target,
+            "draft": self.draft,
+            "method": self.method,
+            "passed": not self.failed,
+            "counts": counts,
+            "findings": [i.as_dict() for i in sorted(self.items, key=lambda i: IMPACTS.index(i.impact))],
+            "serve": self.serve,
+        }
+
+
+@dataclass
+class Side:
+    """One checkpoint of the pair as preflight needs it."""
+
+    role: str
+    found: Survey
+    decl: QuantDeclaration | None
+    modules: dict[str, Module]
+
+    @property
+    def config(self) -> dict:
+        config = self.found.config
+        return config if isinstance(config, dict) else {}
+
+    def get(self, key: str) -> Any:
+        """A config value, also looked for in `text_config` (multimodal targets keep the LM there)."""
+        if key in self.config:
+            return self.config[key]
+        text = self.config.get("text_config")
+        return text.get(key) if isinstance(text, dict) else None
+
+    def where(self, file: str | None) -> str | None:
+        return f"{self.role}/{file}" if file else self.role
+
+    @property
+    def depth(self) -> int | None:
+        layers = self.get("num_hidden_layers")
+        if isinstance(layers, int) and not isinstance(layers, bool):
+            return layers
+        seen = [m.layer for m in self.modules.values() if m.layer is not None]
+        return max(seen) + 1 if seen else None
+
+    @property
+    def quant_method(self) -> str | None:
+        """The `quant_method` vLLM looks its config class up by (`modelopt_fp4` for ModelOpt NVFP4)."""
+        if self.decl is None:
+            return None
+        if self.decl.method == MODELOPT:
+            algo = " ".join(s.format or "" for s in self.decl.schemes)
+            return "modelopt_fp4" if "FP4" in algo.upper() else "modelopt"
+        return self.decl.method
+
+
+def open_side(path: Path, role: str) -> Side:
+    found = survey(path)
+    if found.single_file:
+        raise WeightsmithError(
+            "is one shard; preflight needs the checkpoint folder (its config.json names the architecture)",
+            file=path,
+            code="file.missing",
+        )
+    found.refuse_hostile_index()
+    return Side(role, found, read_declaration(found.config, found.hf_quant_config), group_modules(found.headers))
