@@ -23,7 +23,7 @@ import pytest
 from audit.doctor_builders import FP8_KV, cli, tiny_moe, write, write_shard
 from vllm_wheels import vllm_wheel
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
-from weightsmith.preflight import checks
+from weightsmith.preflight import checks, code
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import LOAD, NOTE, SLOW, WRONG, Item, Preflight
 from weightsmith.preflight.source import VllmSource
@@ -363,3 +363,36 @@ def test_eagle3_draft_with_a_quantized_embedding(wheels, tmp_path: Path) -> None
         (item,) = by_check(result, "draft.plain-build", LOAD)
         assert item.tensor == "embed_tokens" and "--preset eagle3-draft" in item.fix
         assert item.evidence[0].text == "self.embed_tokens = VocabParallelEmbedding("
+
+
+@pytest.mark.parametrize(
+    ("body", "guarded"),
+    [
+        ("    s = self.quant_config.get_cache_scale(name)\n", False),
+        ("    if hasattr(self.quant_config, 'get_cache_scale'):\n        s = self.quant_config.get_cache_scale(name)\n",
+         True),
+        ("    try:\n        s = self.quant_config.get_cache_scale(name)\n    except AttributeError:\n        pass\n",
+         True),
+        ("    try:\n        s = self.quant_config.get_cache_scale(name)\n    except KeyError:\n        s = None\n",
+         False),
+        ("    s = getattr(self.quant_config, 'get_cache_scale', None) and self.quant_config.get_cache_scale(name)\n",
+         True),
+        ("    if self.quant_config is not None:\n        s = self.quant_config.get_cache_scale(name)\n", False),
+    ],
+)  # fmt: skip
+def test_guard_forms(wheels, tmp_path: Path, body: str, guarded: bool) -> None:
+    """Each way of writing the call around a missing method, read from a copy of 0.25.1's quant package."""
+    root = tmp_path / "sp"
+    with zipfile.ZipFile(wheels[OLD]) as wheel:
+        wheel.extractall(
+            root, [n for n in wheel.namelist() if n.startswith("vllm/model_executor/layers/quantization/")]
+        )
+    (root / "vllm" / "__init__.py").write_text("")
+    model = root / "vllm/model_executor/models/m.py"
+    model.parent.mkdir(parents=True)
+    model.write_text(f"def load_weights(self, name):\n{body}")
+    src = VllmSource.open(root)
+    (call,) = code.quant_config_calls(src, "vllm/model_executor/models/m.py")
+    assert call.method == "get_cache_scale" and call.guarded is guarded
+    assert code.class_defines(src, "CompressedTensorsConfig", "get_cache_scale") is False
+    assert code.class_defines(src, "CompressedTensorsConfig", "get_cache_scale_mapper") is True
