@@ -63,13 +63,16 @@ PRESETS: dict[str, Preset] = {
         ("re:.*\\.(q|k|v|qkv)_proj$", "re:.*\\.g_proj$"),
         "vLLM's DFlash proposer reads qkv_proj.weight directly; the g_proj gate stays BF16",
     ),
-    # vLLM vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM, LlamaModel, load_weights).
+    # vLLM vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM, LlamaModel, load_weights);
+    # the wheels 0.25.1 (lines 158, 295) and 0.33.0 (192, 329): embed_tokens gets no quant_config,
+    # lm_head gets the draft's, which compressed-tensors applies to a ParallelLMHead only when a target
+    # names it (its class is not a Linear); `quantize` keeps lm_head anyway.
     "eagle3-draft": Preset(
         (),
-        "required for EAGLE3: vLLM builds the draft's embed_tokens (VocabParallelEmbedding) and lm_head "
-        "(ParallelLMHead) without its quant_config, so both stay BF16; fc and the midlayer's attention and MLP "
-        "are built with it and may be quantized",
-        requires_kept=("embeddings", "lm_head"),
+        "required for EAGLE3: vLLM builds the draft's embed_tokens (VocabParallelEmbedding) without its "
+        "quant_config, so it stays BF16; fc and the midlayer's attention and MLP are built with it and may be "
+        "quantized",
+        requires_kept=("embeddings",),
         runtime_names="vLLM loads midlayer.* as model.layers.{the target's layer count}.* and fc as model.fc",
     ),
 }
