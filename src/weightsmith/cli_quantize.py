@@ -16,6 +16,7 @@ from rich.table import Table
 
 from weightsmith.api import plan_quantize
 from weightsmith.audit.verify import verify
+from weightsmith.cli import paused_gc
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
@@ -129,6 +130,7 @@ def _breakdown_tables(plan: Plan) -> list[Table]:
     return tables
 
 
+@paused_gc()  # the run loads numba's kernels: long-lived objects; reference counting frees the rest
 def run_quantize(
     src: Path,
     out: Path,
