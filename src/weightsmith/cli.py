@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,10 @@ COMMAND_MODULES = {
     "eval": "weightsmith.fidelity.cli",
     "card": "weightsmith.card.cli",
 }
+#: Commands that multiply no matrices. numpy and scipy each load an OpenBLAS that starts a thread
+#: per core, which spins for about a tenth of a second looking for work: CPU the quantize workers
+#: need (5-10% of a one-second run on two cores). For these commands OpenBLAS starts none.
+NO_BLAS_THREADS = ("quantize", "demo")
 err_console = Console(stderr=True, highlight=False)
 
 
@@ -81,6 +86,8 @@ def build_app(args: list[str]) -> typer.Typer:
     )
     app.callback()(_root)  # a root callback also keeps a one-command app a group
     named = COMMAND_MODULES.get(args[0]) if args else None
+    if args and args[0] in NO_BLAS_THREADS and "numpy" not in sys.modules:  # read once, as numpy loads
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for module in [named] if named else dict.fromkeys(COMMAND_MODULES.values()):
         importlib.import_module(module).register(app)
     return app
