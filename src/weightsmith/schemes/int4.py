@@ -135,7 +135,7 @@ class Int4(Scheme):
             writes.append((names.WEIGHT_ZERO_POINT, int4.pack_nibbles(zp, axis=0), (r0 // int4.PACK) * (cols // g) * 4))
         if r0 == 0:
             writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
-        return writes, bad
+        return writes, -1
 
     @classmethod
     def recognizes(cls, fmt: str, weights: dict) -> bool:
