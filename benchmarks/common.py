@@ -94,29 +94,39 @@ def build(
     return total
 
 
+#: Prepended to each child's Python: at exit it reports its own peak RSS on stderr. The parent's
+#: rusage cannot say: Linux carries a process's high-water mark across fork and exec, so every child
+#: would report at least this process's peak (the pool `build` fills: over 400 MiB).
+PEAK_RSS = """
+import atexit, sys
+def _peak():
+    kib = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    sys.stderr.write("\\nPEAK_RSS_KIB " + kib + "\\n")  # no braces: REFERENCE is a format string
+atexit.register(_peak)
+"""
+
+
 def timed(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MiB) of the child, and its stdout."""
+    """Wall seconds, peak RSS (MiB) of the child (as it reports with PEAK_RSS), and its stdout."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = proc.stdout.read() if proc.stdout else ""
-    err = proc.stderr.read() if proc.stderr else ""
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"command failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, out
+    if proc.returncode != 0:
+        raise SystemExit(f"command failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return wall, int(proc.stderr.split("PEAK_RSS_KIB")[-1].split()[0]) / 1024, proc.stdout
 
 
 def ours(src: Path, out: Path, workers: int, *extra: str) -> dict:
     """One `weightsmith quantize` run in a fresh process: wall and work seconds, peak RSS."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "weightsmith.cli", "quantize", str(src), str(out), "--json", "--no-hash", *extra]
+    run_cli = PEAK_RSS + "import runpy; runpy.run_module('weightsmith.cli', run_name='__main__', alter_sys=True)"
+    cmd = [sys.executable, "-c", run_cli, "quantize", str(src), str(out), "--json", "--no-hash", *extra]
     cmd += [a for i in IGNORE for a in ("--ignore", i)] + (["--workers", str(workers)] if workers else [])
     wall, rss, stdout = timed(cmd)
     return {"wall": wall, "rss_mib": rss, "work": json.loads(stdout)["seconds"]}
 
 
-REFERENCE = """
+REFERENCE = PEAK_RSS + """
 import sys, time
 from llmcompressor import model_free_ptq
 {setup}

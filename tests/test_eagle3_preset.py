@@ -1,13 +1,14 @@
 """`--preset eagle3-draft`: an EAGLE3 draft quantized so that vLLM loads it.
 
-Facts from vLLM `vllm/model_executor/models/llama_eagle3.py` (commit 00bd1493b3e8; the 0.25.1 and
-0.33.0 wheels): `embed_tokens` is built without the draft's quant_config; `fc` (a ReplicatedLinear),
-the midlayer's attention and MLP, and `lm_head` with it (a ParallelLMHead, which a `Linear` target
-never claims, so the plain lm_head `quantize` keeps is what vLLM builds). `load_weights` renames
-`midlayer.` to `layers.0.` and prepends `model.`, and the layer is built at prefix
-`model.layers.{i + the target's layer count}`, so the names vLLM matches against `ignore` are not the names on disk. The draft below is named as
-real EAGLE3 drafts are on disk: `midlayer.*`, top-level `fc`, `norm`, `lm_head`, and `d2t` (int64)
-and `t2d` (bool) vocabulary maps (vLLM speculators `research/eagle3/convert_checkpoint.py`).
+Facts from vLLM `vllm/model_executor/models/llama_eagle3.py` (commit 00bd1493b3e8; the 0.25.1
+and 0.33.0 wheels): `embed_tokens` is built without the draft's quant_config; `fc` (a
+ReplicatedLinear), the midlayer's attention and MLP, and `lm_head` with it (a ParallelLMHead,
+which a `Linear` target never claims, so the plain lm_head `quantize` keeps is what vLLM builds).
+`load_weights` renames `midlayer.` to `layers.0.` and prepends `model.`, and the layer is built at
+prefix `model.layers.{i + the target's layer count}`, so the names vLLM matches against `ignore`
+are not the names on disk. The draft below is named as real EAGLE3 drafts are on disk:
+`midlayer.*`, top-level `fc`, `norm`, `lm_head`, and `d2t` (int64) and `t2d` (bool) vocabulary
+maps (vLLM speculators `research/eagle3/convert_checkpoint.py`).
 """
 
 from __future__ import annotations

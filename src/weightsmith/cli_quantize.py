@@ -11,12 +11,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
 from weightsmith.api import plan_quantize
-from weightsmith.audit.verify import verify
 from weightsmith.calibration import MIN_TOKENS
+from weightsmith.cli import paused_gc
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
@@ -157,6 +156,7 @@ def _breakdown_tables(plan: Plan) -> list[Table]:
     return tables
 
 
+@paused_gc()  # the run loads numba's kernels: long-lived objects; reference counting frees the rest
 def run_quantize(
     src: Path,
     out: Path,
@@ -191,6 +191,16 @@ def run_quantize(
             if not show_progress:
                 result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
                 return result, time.perf_counter() - started
+            # imported here: a run without a bar (--json, no terminal) starts without them
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
             columns = (
                 TextColumn("quantizing"),
                 BarColumn(),
@@ -311,6 +321,8 @@ def demo(
     workers: int = typer.Option(0, help="Worker threads (default: one per core)."),
 ) -> None:
     """Make a DFlash-like draft, quantize it with the dflash-draft preset, verify it, print sizes."""
+    from weightsmith.audit.verify import verify  # here: `quantize` starts without the audit modules
+
     src, out = folder / "draft-bf16", folder / "draft-w4a16"
     if folder.exists() and not (folder / ".weightsmith-demo").exists() and any(folder.iterdir()):
         raise WeightsmithError("exists and was not made by the demo; choose another --dir", file=folder, code="usage")

@@ -34,8 +34,9 @@ from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
 from weightsmith.schemes.base import FUSED, TENSOR, Scheme
 
-#: Input bytes per row block: large enough to amortise calls, small enough to bound memory.
-BLOCK_BYTES = 32 << 20
+#: Input bytes per row block: large enough to amortise calls, small enough that a block read,
+#: quantized and written stays in the processor's caches (32 MiB blocks cost 10% more CPU).
+BLOCK_BYTES = 4 << 20
 #: Small jobs are handed to the workers together, up to these many bytes or jobs per hand-over.
 BATCH_BYTES, BATCH_JOBS = 4 << 20, 1024
 #: llm-compressor writes no `__metadata__`; we match it so the shards are byte-identical.

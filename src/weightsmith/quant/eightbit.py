@@ -171,16 +171,19 @@ _KERNELS = {
 }
 
 
-def quantize_rows(x: np.ndarray, kind: str, block: Block) -> tuple[np.ndarray, np.ndarray, int]:
+def quantize_rows(
+    x: np.ndarray, kind: str, block: Block, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Quantize rows of `x` (bf16, fp16 or fp32) whose first row starts a block of rows.
 
     Returns (q [rows, cols] int8 or float8_e4m3fn, scale float32 [row blocks, column blocks] with
-    values exact in x's dtype, flat index of a NaN/Inf or -1). Releases the GIL.
+    values exact in x's dtype, flat index of a NaN/Inf or -1). `out` (uint8 [rows, cols]) is where
+    q goes, a reused buffer rather than fresh pages; a new array without it. Releases the GIL.
     """
     mode = mode_of(x.dtype)
     rows, cols = x.shape
     br, bc = block[0], block[1] or cols
-    q = np.empty((rows, cols), np.uint8)
+    q = np.empty((rows, cols), np.uint8) if out is None else out
     scale = np.empty((-(-rows // br), -(-cols // bc)), np.float32)
     bad = _KERNELS[(mode, kind)](kernel_input(np.ascontiguousarray(x)), br, bc, q, scale)
     return q.view(STORAGE[kind]), scale, bad

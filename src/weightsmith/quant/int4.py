@@ -124,8 +124,12 @@ def group_params(mode, symmetric, lo, hi, p):
 
 
 @njit(inline="always", nogil=True)
-def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point):
-    """The kernel body; `mode` and `symmetric` are compile-time constants in each caller."""
+def _quantize_rows(x, mode, group, symmetric, bytewise, shrink, packed, scale, zero_point):
+    """The kernel body; `mode`, `symmetric` and `bytewise` are compile-time constants in each caller.
+
+    `bytewise`: each value as an int8 of its own in `packed` ([rows, cols], W4AFP8's storage)
+    rather than nibbles packed eight to a uint32.
+    """
     rows, cols = x.shape
     qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
     nibbles = np.empty(group, np.uint32)
@@ -143,7 +147,13 @@ def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point)
                 t = round_to(mode, decode(mode, x[r, c0 + i]) / s)
                 if not symmetric:
                     t = round_to(mode, t + zp)
-                nibbles[i] = np.uint32(np.int32(rint_small(min(max(t, qmin), qmax))) + OFFSET)
+                q = np.int32(rint_small(min(max(t, qmin), qmax)))
+                if bytewise:
+                    packed[r, c0 + i] = np.int8(q)
+                else:
+                    nibbles[i] = np.uint32(q + OFFSET)
+            if bytewise:
+                continue
             for w in range(group // PACK):
                 b = w * PACK
                 packed[r, c0 // PACK + w] = (
@@ -159,45 +169,64 @@ def _quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zero_point)
     return -1
 
 
-# One compiled kernel per (dtype, symmetry): with both known at compile time the per-element
-# rounding branches vanish and the loops vectorise (about 2x faster than a runtime switch).
+# One compiled kernel per (dtype, symmetry, storage): with all three known at compile time the
+# per-element rounding branches vanish and the loops vectorise (about 2x faster than a runtime switch).
 @njit(nogil=True, cache=True, error_model="numpy")
 def _bf16_sym(x, group, shrink, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_BF16, group, True, shrink, packed, scale, zero_point)
+    return _quantize_rows(x, MODE_BF16, group, True, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _bf16_asym(x, group, shrink, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_BF16, group, False, shrink, packed, scale, zero_point)
+    return _quantize_rows(x, MODE_BF16, group, False, False, shrink, packed, scale, zero_point)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _bf16_sym_bytes(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_BF16, group, True, True, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _f16_sym(x, group, shrink, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F16, group, True, shrink, packed, scale, zero_point)
+    return _quantize_rows(x, MODE_F16, group, True, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _f16_asym(x, group, shrink, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F16, group, False, shrink, packed, scale, zero_point)
+    return _quantize_rows(x, MODE_F16, group, False, False, shrink, packed, scale, zero_point)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f16_sym_bytes(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_F16, group, True, True, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _f32_sym(x, group, shrink, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F32, group, True, shrink, packed, scale, zero_point)
+    return _quantize_rows(x, MODE_F32, group, True, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _f32_asym(x, group, shrink, packed, scale, zero_point):
-    return _quantize_rows(x, MODE_F32, group, False, shrink, packed, scale, zero_point)
+    return _quantize_rows(x, MODE_F32, group, False, False, shrink, packed, scale, zero_point)
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f32_sym_bytes(x, group, shrink, packed, scale, zero_point):
+    return _quantize_rows(x, MODE_F32, group, True, True, shrink, packed, scale, zero_point)
+
+
+#: By (mode, symmetric, one int8 per value); W4AFP8, the one preset stored bytewise, is symmetric.
 _KERNELS = {
-    (MODE_BF16, True): _bf16_sym,
-    (MODE_BF16, False): _bf16_asym,
-    (MODE_F16, True): _f16_sym,
-    (MODE_F16, False): _f16_asym,
-    (MODE_F32, True): _f32_sym,
-    (MODE_F32, False): _f32_asym,
+    (MODE_BF16, True, False): _bf16_sym,
+    (MODE_BF16, False, False): _bf16_asym,
+    (MODE_BF16, True, True): _bf16_sym_bytes,
+    (MODE_F16, True, False): _f16_sym,
+    (MODE_F16, False, False): _f16_asym,
+    (MODE_F16, True, True): _f16_sym_bytes,
+    (MODE_F32, True, False): _f32_sym,
+    (MODE_F32, False, False): _f32_asym,
+    (MODE_F32, True, True): _f32_sym_bytes,
 }
 
 
@@ -214,11 +243,13 @@ def quantize_rows(
     """Quantize rows of `x` (bf16/fp16 bits as uint16, or float32) into caller-owned outputs.
 
     shrink: float32 [rows, cols/group], the factor each group's range is clipped by (1.0 is plain
-    RTN); packed: uint32 [rows, cols/8]; scale: float32 [rows, cols/group] (values exact in the
-    emulated dtype); zero_point: int8 [rows, cols/group] (written only when asymmetric).
+    RTN); packed: uint32 [rows, cols/8], or int8 [rows, cols] for one value per byte (symmetric
+    only); scale: float32 [rows, cols/group] (values exact in the emulated dtype); zero_point: int8
+    [rows, cols/group] (written only when asymmetric).
     Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
     """
-    return _KERNELS[(mode, bool(symmetric))](x, group, shrink, packed, scale, zero_point)
+    kernel = _KERNELS[(mode, bool(symmetric), packed.dtype == np.int8)]
+    return kernel(x, group, shrink, packed, scale, zero_point)
 
 
 def supports(cols: int, group: int) -> str | None:
@@ -254,23 +285,6 @@ def unpack_nibbles(packed: np.ndarray, n: int, axis: int) -> np.ndarray:
     nib = np.stack([(w >> np.uint32(4 * j)) & np.uint32(0xF) for j in range(PACK)], axis=-1)
     q = nib.reshape(*w.shape[:-1], -1)[..., :n].astype(np.int8) - OFFSET
     return np.moveaxis(q, -1, axis)
-
-
-@njit(nogil=True, cache=True)
-def _unpack_rows(packed, out):
-    rows, words = packed.shape
-    for r in range(rows):
-        pr, qr = packed[r], out[r]
-        for w in range(words):
-            for j in range(PACK):
-                qr[PACK * w + j] = np.int8(np.int32((pr[w] >> np.uint32(4 * j)) & np.uint32(0xF)) - OFFSET)
-
-
-def unpack_rows(packed: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """`unpack_nibbles(packed, cols, axis=1)` into `out` (int8 [rows, 8 * words]), compiled: the
-    numpy version takes longer than quantizing (W4AFP8 stores one int4 value per byte)."""
-    _unpack_rows(np.ascontiguousarray(packed).view(np.uint32), out)
-    return out
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class EightBit(Scheme):
     ) -> tuple[list[Write], int]:
         if x.size == 0:
             return [], -1
-        q, scale, bad = eightbit.quantize_rows(x, self.KIND, self.block)
+        q, scale, bad = eightbit.quantize_rows(x, self.KIND, self.block, alloc("q", x.shape, np.uint8))
         if bad >= 0:
             return [], bad
         stored = scale.astype(x.dtype)

@@ -78,12 +78,17 @@ class Int4(Scheme):
         """memoryless_mse: each group's clipping factor, once the whole tensor was seen."""
         return {module: int4_search.memoryless_choice(*state) for module, state in states.items()}
 
-    def encode(
-        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
-    ) -> tuple[list[Write], int]:
+    def quantize_into(
+        self, x: np.ndarray, r0: int, tensor_param: Any, alloc: Alloc, packed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Rows of `x` quantized into `packed` (see `int4.quantize_rows`): (scale in its stored
+        dtype, zero points int8 [rows, groups], flat index of a NaN/Inf or -1; when it is not -1
+        the rest is not to be written)."""
         xin, mode = int4.kernel_input(x), int4.mode_of(x.dtype)
         n, cols = x.shape
         g = self.group_size
+        scale = alloc("scale", (n, cols // g), np.float32)
+        zp = alloc("zp", (n, cols // g), np.int8)
         if isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
             shrink = tensor_param[r0 : r0 + n]
         else:
@@ -92,12 +97,19 @@ class Int4(Scheme):
             if self.scale_search == "mse":
                 bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric)
                 if bad >= 0:
-                    return [], bad
-        packed = alloc("packed", (n, cols // int4.PACK), np.uint32)
-        scale = alloc("scale", (n, cols // g), np.float32)
-        zp = alloc("zp", (n, cols // g), np.int8)
+                    return scale, zp, bad
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
-        stored_scale = int4.scale_storage(scale, mode)
+        return int4.scale_storage(scale, mode), zp, bad
+
+    def encode(
+        self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
+    ) -> tuple[list[Write], int]:
+        n, cols = x.shape
+        g = self.group_size
+        packed = alloc("packed", (n, cols // int4.PACK), np.uint32)
+        stored_scale, zp, bad = self.quantize_into(x, r0, tensor_param, alloc, packed)
+        if bad >= 0:
+            return [], bad
         writes: list[Write] = [
             (names.WEIGHT_PACKED, packed, r0 * (cols // int4.PACK) * 4),
             (names.WEIGHT_SCALE, stored_scale, r0 * (cols // g) * stored_scale.itemsize),
@@ -106,7 +118,7 @@ class Int4(Scheme):
             writes.append((names.WEIGHT_ZERO_POINT, int4.pack_nibbles(zp, axis=0), (r0 // int4.PACK) * (cols // g) * 4))
         if r0 == 0:
             writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
-        return writes, bad
+        return writes, -1
 
     @classmethod
     def recognizes(cls, fmt: str, weights: dict) -> bool:

@@ -75,7 +75,7 @@ class W8A16(EightBit):
             return writes, bad
         (_, q, offset), scale = writes
         raw = q.view(np.uint8)
-        raw ^= np.uint8(OFFSET)  # q + 128 in two's complement, in place: q is this call's own array
+        raw ^= np.uint8(OFFSET)  # q + 128 in two's complement, in place: q is this call's buffer
         packed = raw.view(np.int32)
         writes = [(names.WEIGHT_PACKED, packed, offset), scale]
         if r0 == 0:

@@ -2,8 +2,8 @@
 
 The weights are exactly W4A16's (the same kernel, groups of 128, symmetric), but compressed-tensors
 stores this preset `int-quantized`: one int4 value per int8 byte in `weight` [out, in], with
-`weight_scale` [out, in/group] and no `weight_shape`. So `encode` is W4A16's with the nibbles
-unpacked, and decoding is the unpacked int decode.
+`weight_scale` [out, in/group] and no `weight_shape`. So `encode` is W4A16's with the kernel's
+bytewise output, and decoding is the unpacked int decode.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.quant import eightbit, int4
+from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import block_of, dynamic_activations
 from weightsmith.schemes.int4 import Int4
@@ -42,16 +42,16 @@ class W4Afp8(Int4):
     def encode(
         self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
     ) -> tuple[list[Write], int]:
-        writes, bad = super().encode(x, r0, shape, tensor_param, alloc)
-        cols = shape[1]
-        unpacked: list[Write] = []
-        for param, data, offset in writes:
-            if param == names.WEIGHT_PACKED:
-                q = int4.unpack_rows(data, alloc("unpacked", (len(data), cols), np.int8))
-                unpacked.append((names.WEIGHT, q, r0 * cols))
-            elif param == names.WEIGHT_SCALE:
-                unpacked.append((param, data, offset))
-        return unpacked, bad
+        n, cols = x.shape
+        q = alloc("q", (n, cols), np.int8)  # the kernel writes one value per byte: nothing to unpack
+        stored_scale, _, bad = self.quantize_into(x, r0, tensor_param, alloc, q)
+        if bad >= 0:
+            return [], bad
+        groups = cols // self.group_size
+        return [
+            (names.WEIGHT, q, r0 * cols),
+            (names.WEIGHT_SCALE, stored_scale, r0 * groups * stored_scale.itemsize),
+        ], -1
 
     @classmethod
     def recognizes(cls, fmt: str, weights: dict) -> bool:
