@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from weightsmith.bench.kinds import tokenize_body
+
 
 @dataclass
 class TokenLogprob:
@@ -270,14 +272,10 @@ def fetch_model_id(client: httpx.Client, base_url: str) -> str:
 def count_tokens(client: httpx.Client, base_url: str, model: str, text: str) -> int | None:
     """Tokens in `text` per the server's own tokenizer (`/tokenize`), or None if it has none.
 
-    The body carries both spellings: vLLM reads `prompt`, llama.cpp reads `content`.
+    The body carries the text under every kind's field (`kinds.tokenize_body`).
     """
     try:
-        r = client.post(
-            base_url.rstrip("/") + "/tokenize",
-            json={"model": model, "prompt": text, "content": text, "add_special_tokens": False},
-            timeout=30.0,
-        )
+        r = client.post(base_url.rstrip("/") + "/tokenize", json=tokenize_body(model, text), timeout=30.0)
         if r.status_code != 200:
             return None
         data = r.json()

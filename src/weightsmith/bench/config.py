@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from weightsmith.bench import kinds
+from weightsmith.bench.kinds import KIND_NAMES, ServerKind
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import open_regular
 
@@ -25,7 +27,6 @@ from weightsmith.files import open_regular
 PORT_PLACEHOLDER = "{port}"
 
 ENDPOINTS = ("completions", "chat")
-KINDS = ("auto", "vllm", "llama.cpp", "other")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class ArmSpec:
     url: str | None = None
     command: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
-    kind: str = "auto"
+    #: A `ServerKind` name, or `auto`: guessed from the command (`server_kind`).
+    kind: str = kinds.AUTO
     model: str | None = None
     fresh_cache: bool = True
     startup_timeout_s: float = 600.0
@@ -64,17 +66,14 @@ class ArmSpec:
     sweep_value: Any = None
 
     @property
+    def server_kind(self) -> ServerKind:
+        """The kind of server the arm runs: its cache isolation, metric names and log patterns."""
+        return kinds.detect(self.command) if self.kind == kinds.AUTO else kinds.kind_named(self.kind)
+
+    @property
     def resolved_kind(self) -> str:
-        """`vllm`, `llama.cpp` or `other`: decides the cache isolation and is shown in reports."""
-        if self.kind != "auto":
-            return self.kind
-        for token in (self.command or [])[:3]:
-            base = Path(token).name.lower()
-            if "vllm" in base:
-                return "vllm"
-            if "llama-server" in base:
-                return "llama.cpp"
-        return "other"
+        """The kind's name, as results and reports show it."""
+        return self.server_kind.name
 
 
 @dataclass
@@ -379,9 +378,9 @@ def _parse_arm(raw: dict[str, Any], index: int, path: str) -> ArmSpec:
         )
     if url is not None:
         _check_url(url, where, path)
-    kind = raw.get("kind", "auto")
-    if kind not in KINDS:
-        raise WeightsmithError(f"{where}: kind {_q(kind)} is not one of {', '.join(KINDS)}", file=path)
+    kind = raw.get("kind", kinds.AUTO)
+    if kind not in KIND_NAMES:
+        raise WeightsmithError(f"{where}: kind {_q(kind)} is not one of {', '.join(KIND_NAMES)}", file=path)
     extra_body = raw.get("extra_body", {})
     _finite_json(extra_body, where, path)
     sweep = None

@@ -20,6 +20,7 @@ from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_regular, replace_file
 from weightsmith.jsonable import jsonable
+from weightsmith.severity import ERROR, WARNING, Severity
 
 SCHEMA = "weightsmith.bench.results"
 #: Bump on any change a reader of an older file would misread. Version 2 records paths portably
@@ -31,6 +32,10 @@ READABLE_VERSIONS = (1, 2)
 VISIT_OK = "ok"
 VISIT_FAILED = "failed"
 VISIT_SKIPPED = "skipped"
+
+#: The log check's former words for the project's severities, as files written before the scale was
+#: shared spell them; read as the words they stand for.
+_FORMER_SEVERITIES = {"bad": ERROR, "warn": WARNING}
 
 
 @dataclass
@@ -63,7 +68,7 @@ class Evidence:
 
     pattern: str
     meaning: str
-    severity: str
+    severity: Severity
     count: int
     first_line: str
     value: str | None = None
@@ -197,6 +202,11 @@ def _build(tp: Any, data: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return data
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if data not in allowed:
+            raise _Malformed(where, f"must be one of {', '.join(map(str, allowed))}, got {_kind(data)}")
+        return data
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
         if data is None:
@@ -275,11 +285,31 @@ def results_from_dict(data: dict[str, Any], path: str = "<results>") -> BenchRes
         supported = " or ".join(map(str, READABLE_VERSIONS))
         raise WeightsmithError(f"results schema version {shown} is not a supported one ({supported})", file=path)
     try:
-        results = _build(BenchResults, data, "")
+        results = _build(BenchResults, _current_severities(data), "")
         _check_values(results)
     except _Malformed as exc:
         raise WeightsmithError(f"results file is malformed: field {exc}", file=path) from None
     return results
+
+
+def _current_severities(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with each evidence severity in the current words (a copy where one was rewritten)."""
+    arms = data.get("arms")
+    if not isinstance(arms, list):
+        return data
+    upgraded = []
+    for arm in arms:
+        evidence = arm.get("evidence") if isinstance(arm, dict) else None
+        if isinstance(evidence, list):
+            evidence = [
+                {**e, "severity": _FORMER_SEVERITIES[e["severity"]]}
+                if isinstance(e, dict) and isinstance(e.get("severity"), str) and e["severity"] in _FORMER_SEVERITIES
+                else e
+                for e in evidence
+            ]
+            arm = {**arm, "evidence": evidence}
+        upgraded.append(arm)
+    return {**data, "arms": upgraded}
 
 
 def _depth(data: Any) -> int:

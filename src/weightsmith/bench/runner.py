@@ -300,8 +300,8 @@ def _fail(state: _RunState, vr: VisitResult, line: str, log_tail: str | None = N
 
 
 def _cache_root(state: _RunState, arm: ArmSpec) -> Path | None:
-    """A fresh VLLM_CACHE_ROOT per vLLM arm (cleared once per run, shared by its visits)."""
-    if arm.resolved_kind != "vllm" or not arm.fresh_cache:
+    """A fresh compile cache per arm whose kind has one (cleared once per run, shared by its visits)."""
+    if arm.server_kind.cache_env is None or not arm.fresh_cache:
         return None
     root = state.out_dir / "cache" / slug(arm.name)
     if arm.name not in state.caches_cleared:
@@ -363,6 +363,10 @@ def _visit(state: _RunState, arm: ArmSpec, visit: Visit) -> VisitResult:
             vr.spec = m.unavailable(reason or reason_after)
         else:
             vr.spec = m.spec_window(before, after, model)
+            mismatch = m.kind_mismatch(vr.spec, arm.server_kind)
+            if mismatch:
+                vr.spec.detail = "; ".join(d for d in (vr.spec.detail, mismatch) if d)
+                state.observer.message(f"arm '{arm.name}': {mismatch}")
         errors = [r for r in vr.requests if not r.ok]
         if errors and len(errors) == len(vr.requests):
             _fail(state, vr, f"every measured request failed, e.g. {errors[0].error}")
@@ -429,7 +433,7 @@ def run_bench(
     file's folder, the model folder and `out_dir`, else as file names; never this machine's layout.
     """
     observer = observer or QuietObserver()
-    out_dir = out_dir.resolve()  # servers run with this in their environment (VLLM_CACHE_ROOT)
+    out_dir = out_dir.resolve()  # servers run with this in their environment (their cache root)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = new_results(config)
     arms_dir = _arms_dir(config)
