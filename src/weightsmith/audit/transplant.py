@@ -45,7 +45,6 @@ HASH = "blake2b-256"
 CT_FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 #: ModelOpt's `convert_hf_quant_config_format` form of `kv_cache_quant_algo: FP8`.
 MODELOPT_FP8_KV_SCHEME = {"dynamic": False, "num_bits": 8, "type": "float"}
-STRUCTURAL_FAMILIES = ("files", "safetensors", "index")
 _MAX_REASONS = 3
 
 
@@ -471,7 +470,7 @@ def _check_result(folder: Path, shard: str, copies: list[CopiedTensor]) -> Verif
     reported, not fatal: the transplant did not cause them.
     """
     report = verify(folder)
-    structural = [fam for fam in FAMILIES if fam.id in STRUCTURAL_FAMILIES]
+    structural = [fam for fam in FAMILIES if fam.structural]
     broken = [f for f in report.findings if f.severity == ERROR and any(fam.owns(f.check) for fam in structural)]
     if broken:
         raise OutputError(
