@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightsmith.bench.client import TokenLogprob
+from weightsmith.bench.client import RequestTiming, TokenLogprob
 from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_regular, replace_file
@@ -39,21 +39,20 @@ _FORMER_SEVERITIES = {"bad": ERROR, "warn": WARNING}
 
 
 @dataclass
-class RequestRecord:
-    """One measured request; `error` is set when it produced no usable timing."""
+class PromptRef:
+    """Which prompt a request sent."""
 
     prompt_key: str
     target_tokens: int
     prompt_index: int
-    error: str | None = None
-    ttft_s: float | None = None
-    decode_tok_s: float | None = None
-    e2e_s: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    token_chunks: int = 0
-    finish_reason: str | None = None
+
+
+# Fields come base-last-first: the prompt's, then the timing's, then `started_s`, the order
+# results.json has always had.
+@dataclass
+class RequestRecord(RequestTiming, PromptRef):
+    """One measured request; `error` is set when it produced no usable timing."""
+
     started_s: float = 0.0
 
     @property

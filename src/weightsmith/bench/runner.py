@@ -194,21 +194,7 @@ def _send(
 
 
 def _record(prompt: Prompt, outcome: cl.StreamOutcome, started_s: float) -> RequestRecord:
-    return RequestRecord(
-        prompt_key=prompt.key,
-        target_tokens=prompt.target_tokens,
-        prompt_index=prompt.index,
-        error=outcome.error,
-        ttft_s=outcome.ttft_s,
-        decode_tok_s=outcome.decode_tok_s,
-        e2e_s=outcome.e2e_s,
-        prompt_tokens=outcome.prompt_tokens,
-        completion_tokens=outcome.completion_tokens,
-        cached_tokens=outcome.cached_tokens,
-        token_chunks=outcome.token_chunks,
-        finish_reason=outcome.finish_reason,
-        started_s=started_s,
-    )
+    return RequestRecord(prompt.key, prompt.target_tokens, prompt.index, started_s=started_s, **outcome.timing())
 
 
 def _server_gone(server: RunningServer, consecutive_failures: int) -> str | None:
