@@ -139,8 +139,8 @@ def logcheck_command(
     if as_json:
         print(json.dumps({k: [vars(e) for e in v] for k, v in found.items()}, indent=1))
     else:
-        for log, evidence in found.items():
-            print(f"{log}:")
+        for shown, evidence in found.items():
+            print(f"{shown}:")
             if not evidence:
                 print("  nothing matched")
             for e in evidence:

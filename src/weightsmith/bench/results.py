@@ -235,7 +235,8 @@ def _build(tp: Any, data: Any, where: str) -> Any:
         if missing is not None:
             raise _Malformed(f"{prefix}{missing}", "missing")
         names = {f.name for f in fields}
-        return tp(**{k: _build(hints[k], v, f"{prefix}{k}") for k, v in data.items() if k in names})
+        built: Any = tp  # a dataclass type, called with its fields
+        return built(**{k: _build(hints[k], v, f"{prefix}{k}") for k, v in data.items() if k in names})
     if tp is bool:
         ok = isinstance(data, bool)
     elif tp is int:
@@ -264,10 +265,11 @@ def _check_values(results: BenchResults) -> None:
     names = {a.name for a in results.arms}
     if results.baseline not in names:
         raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")
-    for field_name, items in (("visits", results.visits), ("determinism", results.determinism)):
-        for i, item in enumerate(items):
-            if item.arm not in names:
-                raise _Malformed(f"{field_name}[{i}].arm", f"{item.arm[:60]!r} is not one of the arms")
+    named = (("visits", [v.arm for v in results.visits]), ("determinism", [d.arm for d in results.determinism]))
+    for field_name, arms in named:
+        for i, arm in enumerate(arms):
+            if arm not in names:
+                raise _Malformed(f"{field_name}[{i}].arm", f"{arm[:60]!r} is not one of the arms")
     statuses = (VISIT_OK, VISIT_FAILED, VISIT_SKIPPED)
     for i, visit in enumerate(results.visits):
         if visit.status not in statuses:
@@ -284,7 +286,7 @@ def results_from_dict(data: dict[str, Any], path: str = "<results>") -> BenchRes
         supported = " or ".join(map(str, READABLE_VERSIONS))
         raise WeightsmithError(f"results schema version {shown} is not a supported one ({supported})", file=path)
     try:
-        results = _build(BenchResults, _current_severities(data), "")
+        results: BenchResults = _build(BenchResults, _current_severities(data), "")
         _check_values(results)
     except _Malformed as exc:
         raise WeightsmithError(f"results file is malformed: field {exc}", file=path) from None
