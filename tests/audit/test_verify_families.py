@@ -14,26 +14,25 @@ LAYER1 = "model-layer01.safetensors"
 
 
 def test_structural_families_are_those_that_need_nothing() -> None:
+    # transplant refuses its output on these families' errors
     assert [f.id for f in v.FAMILIES if f.structural] == ["files", "safetensors", "index"]
-    assert [f.id for f in v.FAMILIES if v.CONFIG in f.needs] == ["quantization", "kv-cache", "names"]
-    assert [f.id for f in v.FAMILIES if v.SCAN in f.needs] == ["values"]
+    assert {"quantization", "kv-cache", "names"} <= {f.id for f in v.FAMILIES if v.CONFIG in f.needs}
+    assert "values" in {f.id for f in v.FAMILIES if v.SCAN in f.needs}
     ids = [f.id for f in v.FAMILIES]
     assert len(set(ids)) == len(ids)
 
 
 def test_the_skips_and_their_reasons_follow_from_the_needs(tmp_path: Path) -> None:
+    needing_config = [f.id for f in v.FAMILIES if v.CONFIG in f.needs]
     root = write(tiny_moe(), tmp_path / "ckpt")
     scopes = {c.id: c.scope for c in v.verify(root / LAYER1).checks}
     config_reason = v.NOT_RUN + "a single file has no config to compare with"
-    assert [k for k, s in scopes.items() if s == config_reason] == ["quantization", "kv-cache", "names"]
+    assert [k for k, s in scopes.items() if s == config_reason] == needing_config
     assert scopes["values"] == v.NOT_RUN + "add --scan-values to read every value"
     (root / "config.json").unlink()
     scopes = {c.id: c.scope for c in v.verify(root).checks}
-    assert [k for k, s in scopes.items() if s == v.NOT_RUN + "no readable config.json"] == [
-        "quantization",
-        "kv-cache",
-        "names",
-    ]
+    assert [k for k, s in scopes.items() if s == v.NOT_RUN + "no readable config.json"] == needing_config
+    assert {k for k, s in scopes.items() if not s.startswith(v.NOT_RUN)} == {"files", "safetensors", "index"}
 
 
 def test_a_new_family_is_one_entry_and_its_check_reads_the_context(
