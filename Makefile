@@ -29,6 +29,7 @@ demo: $(VENV)/.core
 
 test: $(VENV)/.test
 	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/mypy
 	$(BIN)/python tests/vllm_wheels.py
 	$(BIN)/python -m pytest -q
 

@@ -138,3 +138,21 @@ def test_cli_reports_a_bad_arms_file_as_one_line_and_exit_2(tmp_path: Path) -> N
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "unknown key 'repeatz'" in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_the_arms_file_keys_are_the_spec_fields() -> None:
+    """Each table's keys are its dataclass's fields, less those only the run sets."""
+    import dataclasses
+
+    from weightsmith.bench import config as c
+
+    for spec, keys, run_only in (
+        (c.BenchConfig, c._TOP_KEYS, {"source"}),
+        (c.WorkloadSpec, c._WORKLOAD_KEYS, set()),
+        (c.DeterminismSpec, c._DETERMINISM_KEYS, set()),
+        (c.ArmSpec, c._ARM_KEYS, {"sweep_param", "sweep_value"}),
+        (c.SweepSpec, c._SWEEP_KEYS, set()),
+    ):
+        assert set(keys) == {f.name for f in dataclasses.fields(spec)} - run_only
+    assert c._ARM_KEYS["command"] == (str, list) and c._ARM_KEYS["sweep"] is dict
+    assert c._WORKLOAD_KEYS["max_tokens"] == c.Bound(int, 0, c.MAX_TOKENS, low_open=True)

@@ -36,8 +36,8 @@ def test_vllm_evidence_lines(tmp_path: Path) -> None:
     log.write_text(VLLM_LOG)
     found = _by_id(logcheck.scan_log(log))
     assert found["nvfp4-moe-backend"].value == "MARLIN"
-    assert found["nvfp4-moe-drops-activation-scales"].severity == logcheck.BAD
-    assert found["fp4-marlin-fallback"].severity == logcheck.WARN
+    assert found["nvfp4-moe-drops-activation-scales"].severity == logcheck.ERROR
+    assert found["fp4-marlin-fallback"].severity == logcheck.WARNING
     assert found["kv-cache-scale-1.0"].count == 2
     assert "reasoning-parser-autoinit-failed" in found
     assert "weights-not-initialized" in found
@@ -67,7 +67,7 @@ def test_llamacpp_lines_and_the_command_echo_is_ignored() -> None:
 def test_think_close_in_content() -> None:
     found = logcheck.scan_contents(["plain answer", "reasoning...</think>answer", "</think>x"])
     assert len(found) == 1 and found[0].pattern == "think-close-in-content" and found[0].count == 2
-    assert logcheck.scan_contents(["<think>kept apart</think>"])[0].severity == logcheck.BAD
+    assert logcheck.scan_contents(["<think>kept apart</think>"])[0].severity == logcheck.ERROR
     assert logcheck.scan_lines(["</think> in a log line"]) == []
 
 
@@ -83,4 +83,4 @@ def test_merge_adds_counts_and_keeps_values() -> None:
 def test_every_pattern_is_documented_and_unique() -> None:
     ids = [p.id for p in logcheck.PATTERNS]
     assert len(ids) == len(set(ids))
-    assert all(p.meaning and p.severity in (logcheck.INFO, logcheck.WARN, logcheck.BAD) for p in logcheck.PATTERNS)
+    assert all(p.meaning and p.severity in (logcheck.INFO, logcheck.WARNING, logcheck.ERROR) for p in logcheck.PATTERNS)

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from weightsmith.bench import metrics as m
+from weightsmith.bench.kinds import VLLM_METRICS
 
 
 def _snap(text: str) -> m.Snapshot:
@@ -89,7 +90,7 @@ def test_vllm_window_sums_engines_and_filters_the_model() -> None:
 
 def test_family_names_drop_total_but_sample_names_keep_it() -> None:
     samples = m.parse_exposition(VLLM_BEFORE)
-    assert m.VLLM.drafts in samples and "vllm:spec_decode_num_drafts" not in samples
+    assert VLLM_METRICS.drafts in samples and "vllm:spec_decode_num_drafts" not in samples
     assert "vllm:spec_decode_num_drafts_created" in samples
 
 
@@ -200,7 +201,7 @@ def test_standin_emits_vllm_names_that_move_with_requests(standin) -> None:
     url = standin(k=3, accept_pattern=[3, 1, 2, 0], engines=2)
     with httpx.Client(trust_env=False) as client:
         raw = client.get(url + "/metrics").text
-        for name in (m.VLLM.drafts, m.VLLM.draft_tokens, m.VLLM.accepted, m.VLLM.accepted_per_pos):
+        for name in VLLM_METRICS.counters():
             assert f"# TYPE {name} counter" in raw
             assert f'{name}{{engine="0",model_name="standin/model"' in raw
         before = m.scrape(client, url)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from weightsmith.audit.findings import ERROR, Finding
 from weightsmith.audit.modules import Located
 from weightsmith.names import RUNTIME_NAME_RULES, model_type
 
 
-def check_runtime_names(config: dict | None, tensors: dict[str, Located]) -> tuple[list[Finding], str]:
+def check_runtime_names(config: dict[str, Any] | None, tensors: dict[str, Located]) -> tuple[list[Finding], str]:
     arch = model_type(config)
     if arch is None:
         return [], "no model_type or architectures in config.json, no rules apply"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from weightsmith import names
 from weightsmith.audit import coverage as cov
-from weightsmith.audit.findings import ERROR, WARNING, Finding
+from weightsmith.audit.findings import ERROR, WARNING, Finding, Severity
 from weightsmith.audit.modules import Located, Module
 from weightsmith.audit.quant_config import QuantDeclaration, Scheme
 from weightsmith.audit.values import SmallReads
@@ -56,7 +56,7 @@ def _main(module: Module) -> Located:
     return module.params[_main_param(module)]
 
 
-def _finding(module: Module, check: str, severity: str, message: str, param: str | None = None) -> Finding:
+def _finding(module: Module, check: str, severity: Severity, message: str, param: str | None = None) -> Finding:
     """A finding on `module.param` (the main weight by default), in the shard that holds it."""
     param = param or _main_param(module)
     shard = (module.params.get(param) or _main(module)).shard
@@ -71,6 +71,7 @@ def _module_findings(decl: QuantDeclaration, module: Module, reads: SmallReads) 
     status = cov.status_of(decl, module)
     scheme = decl.scheme_for(module.name, module.lm_head)
     if status == cov.MISSED:
+        assert scheme is not None  # a module is missed only when a scheme targets it
         dtype = _main(module).info.dtype.code
         return [
             _finding(
@@ -261,9 +262,9 @@ def _precedence_findings(decl: QuantDeclaration, linear: list[Module]) -> list[F
 def _fused_findings(decl: QuantDeclaration, linear: list[Module], reads: SmallReads) -> list[Finding]:
     groups: dict[str, list[Module]] = {}
     for module in linear:
-        fused = names.fused_partners(module.name)
-        if fused is not None:
-            groups.setdefault(fused[0], []).append(module)
+        partners = names.fused_partners(module.name)
+        if partners is not None:
+            groups.setdefault(partners[0], []).append(module)
     found = []
     for fused, members in groups.items():
         if len(members) < 2:
@@ -293,8 +294,8 @@ def _storage(module: Module) -> str:
 
 def _global_scale_findings(fused: str, members: list[Module], reads: SmallReads) -> list[Finding]:
     for param in (names.WEIGHT_GLOBAL_SCALE, names.WEIGHT_SCALE_2):
-        located = [m.params.get(param) for m in members]
-        if any(loc is None or loc.info.numel != 1 or loc.info.dtype.code != "F32" for loc in located):
+        located = [loc for m in members if (loc := m.params.get(param)) is not None]
+        if len(located) < len(members) or any(loc.info.numel != 1 or loc.info.dtype.code != "F32" for loc in located):
             continue
         values = [reads.scalar(loc.shard, f"{m.name}.{param}") for m, loc in zip(members, located, strict=True)]
         if len(set(values)) > 1:

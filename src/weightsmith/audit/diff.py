@@ -162,7 +162,7 @@ def _hash(located: Located, readers: _Readers, buffer: np.ndarray) -> str:
     for start in range(0, nbytes, len(buffer)):
         view = buffer[: min(len(buffer), nbytes - start)]
         readers.read(located, start, view)
-        digest.update(view)
+        digest.update(view.data)
     return digest.hexdigest()
 
 
@@ -225,6 +225,7 @@ def _errors(a: Located, b: Located, ra: _Readers, rb: _Readers, buffers: tuple[n
     `max()` over a NaN quietly returns the other operand, which printed as an error of 0.
     """
     ta, tb = a.info.dtype.numpy, b.info.dtype.numpy
+    assert ta is not None and tb is not None  # only float dtypes, each with its numpy type, are compared
     step = CHUNK_BYTES // max(ta.itemsize, tb.itemsize)
     errors = _Errors()
     for first in range(0, a.info.numel, step):
@@ -244,6 +245,6 @@ def _summary(results: list[TensorDiff], counts: dict[str, int]) -> str:
         parts.append(f"{counts[RETYPED]:,} changed dtype or shape")
     parts += [f"{counts[ONLY_A]:,} only in A", f"{counts[ONLY_B]:,} only in B"]
     measured = [t for t in results if t.relative_error is not None]
-    worst = max(measured, key=lambda t: t.relative_error, default=None)
+    worst = max(measured, key=lambda t: t.relative_error or 0.0, default=None)
     tail = f"; largest relative error {worst.relative_error:.3g} in {worst.name}" if worst is not None else ""
     return f"diff: {total:,} tensors: " + ", ".join(parts) + tail

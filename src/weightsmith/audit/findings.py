@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightsmith.errors import WeightsmithError
+from weightsmith.severity import ERROR, INFO, SEVERITY_ORDER, WARNING, Severity
 
-ERROR, WARNING, INFO = "error", "warning", "info"
-SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
+__all__ = ["ERROR", "INFO", "SEVERITY_ORDER", "WARNING", "Finding", "Severity", "from_error", "relative"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Finding:
     """One result of one check."""
 
     check: str
-    severity: str
+    severity: Severity
     message: str
     file: str | None = None
     tensor: str | None = None

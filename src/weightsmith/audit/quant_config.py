@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, Finding
@@ -120,7 +121,7 @@ class QuantDeclaration:
         return layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
 
 
-def read_declaration(config: dict | None, hf_quant_config: dict | None) -> QuantDeclaration | None:
+def read_declaration(config: dict[str, Any] | None, hf_quant_config: dict[str, Any] | None) -> QuantDeclaration | None:
     """The checkpoint's quantization declaration, or None when it declares none."""
     qc = config.get("quantization_config") if config else None
     if isinstance(qc, dict):
@@ -155,7 +156,7 @@ def _invalid(message: str, file: str) -> Finding:
     return Finding("quant.config-invalid", ERROR, message, file)
 
 
-def _typed(args: dict, key: str, where: str, problems: list[Finding]) -> object:
+def _typed(args: dict[str, Any], key: str, where: str, problems: list[Finding]) -> Any:
     """`args[key]` when absent, null or of the JSON type the key needs; otherwise None and a finding."""
     value = args.get(key)
     kind, words = _ARG_TYPES[key]
@@ -190,7 +191,7 @@ def _kv_scheme(kv: object, key: str, problems: list[Finding], vllm_rule: bool) -
     return words, kv.get("dynamic") is not True
 
 
-def _compressed_tensors(qc: dict) -> QuantDeclaration:
+def _compressed_tensors(qc: dict[str, Any]) -> QuantDeclaration:
     """Every group as a `Scheme`; each value of the wrong JSON type is a finding and read as absent."""
     source = f"{CONFIG_FILE} quantization_config"
     problems: list[Finding] = []
@@ -286,7 +287,7 @@ def _compressed_tensors(qc: dict) -> QuantDeclaration:
     )
 
 
-def _ignore_list(doc: dict, key: str, problems: list[Finding], file: str = CONFIG_FILE) -> tuple[str, ...]:
+def _ignore_list(doc: dict[str, Any], key: str, problems: list[Finding], file: str = CONFIG_FILE) -> tuple[str, ...]:
     """A list of module names or patterns; anything else is a finding (and ignores nothing)."""
     value = doc.get(key)
     if value is None:
@@ -297,7 +298,7 @@ def _ignore_list(doc: dict, key: str, problems: list[Finding], file: str = CONFI
     return tuple(value)
 
 
-def _modelopt_config_json(qc: dict) -> QuantDeclaration:
+def _modelopt_config_json(qc: dict[str, Any]) -> QuantDeclaration:
     source = f"{CONFIG_FILE} quantization_config"
     algo = str(qc.get("quant_algo") or "").upper()
     key = "quantization_config.kv_cache_scheme"
@@ -306,7 +307,7 @@ def _modelopt_config_json(qc: dict) -> QuantDeclaration:
     return _modelopt(algo, source, qc.get("ignore"), kv, f"{CONFIG_FILE} {key}" if kv else None, problems)
 
 
-def _modelopt_native(doc: dict) -> QuantDeclaration:
+def _modelopt_native(doc: dict[str, Any]) -> QuantDeclaration:
     source = f"{HF_QUANT_CONFIG_FILE} quantization"
     q = doc.get("quantization")
     if not isinstance(q, dict):
@@ -357,7 +358,7 @@ def _modelopt(
     )
 
 
-def _hf_fp8(qc: dict) -> QuantDeclaration:
+def _hf_fp8(qc: dict[str, Any]) -> QuantDeclaration:
     problems: list[Finding] = []
     try:
         block = hf_fp8.block_size(qc)

@@ -104,7 +104,7 @@ def print_inspect(report: Any) -> None:
 
 
 def print_verify(report: Any) -> None:
-    by_check: dict[str, list] = {}
+    by_check: dict[str, list[Any]] = {}
     for f in report.findings:  # already in severity, then check-family order
         by_check.setdefault(f.check, []).append(f)
     for check, findings in by_check.items():

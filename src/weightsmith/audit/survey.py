@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from weightsmith.audit.findings import ERROR, WARNING, Finding, from_error, relative
 from weightsmith.audit.modules import Located
@@ -75,9 +76,9 @@ class Survey:
     root: Path
     #: True when the user named one `.safetensors` file rather than a folder.
     single_file: bool
-    config: dict | None
-    hf_quant_config: dict | None
-    index: dict | None
+    config: dict[str, Any] | None
+    hf_quant_config: dict[str, Any] | None
+    index: dict[str, Any] | None
     shard_names: list[str]
     headers: dict[str, Header]
     findings: list[Finding] = field(default_factory=list)
@@ -144,7 +145,8 @@ def survey(path: str | os.PathLike[str], cross_check: bool = True) -> Survey:
             f"{what} (expected a checkpoint folder or a .safetensors file)", file=path, code="file.missing"
         )
 
-    root, findings = path, []
+    root = path
+    findings: list[Finding] = []
     config = _json(root / CONFIG_FILE, CONFIG_FILE, root, findings, required=True)
     hf_quant = _json(root / HF_QUANT_CONFIG_FILE, HF_QUANT_CONFIG_FILE, root, findings, required=False)
     index, listed = _index(root, findings)
@@ -189,7 +191,7 @@ def _survey_file(path: Path) -> Survey:
     return Survey(path.parent, True, None, None, None, [path.name], headers, findings)
 
 
-def _json(path: Path, what: str, root: Path, findings: list[Finding], required: bool) -> dict | None:
+def _json(path: Path, what: str, root: Path, findings: list[Finding], required: bool) -> dict[str, Any] | None:
     if not required and not (path.exists() or path.is_symlink()):
         return None
     try:
@@ -199,7 +201,7 @@ def _json(path: Path, what: str, root: Path, findings: list[Finding], required: 
         return None
 
 
-def _index(root: Path, findings: list[Finding]) -> tuple[dict | None, list[str] | None]:
+def _index(root: Path, findings: list[Finding]) -> tuple[dict[str, Any] | None, list[str] | None]:
     """The index and the shards it names, or (None, None) when there is no usable index."""
     path = root / INDEX_FILE
     if not (path.exists() or path.is_symlink()):
@@ -241,7 +243,7 @@ def _headers(root: Path, shard_names: list[str], indexed: bool, findings: list[F
     return headers
 
 
-def _index_findings(root: Path, index: dict, headers: dict[str, Header], incomplete: bool) -> list[Finding]:
+def _index_findings(root: Path, index: dict[str, Any], headers: dict[str, Header], incomplete: bool) -> list[Finding]:
     """Index-versus-header disagreements, and a missing `total_size` when every shard was read."""
     found = [_actionable(from_error(problem, root)) for problem in index_problems(root / INDEX_FILE, index, headers)]
     metadata = index.get("metadata")

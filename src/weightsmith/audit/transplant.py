@@ -16,9 +16,10 @@ import copy
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,6 @@ HASH = "blake2b-256"
 CT_FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 #: ModelOpt's `convert_hf_quant_config_format` form of `kv_cache_quant_algo: FP8`.
 MODELOPT_FP8_KV_SCHEME = {"dynamic": False, "num_bits": 8, "type": "float"}
-STRUCTURAL_FAMILIES = ("files", "safetensors", "index")
 _MAX_REASONS = 3
 
 
@@ -80,7 +80,7 @@ class _Plan:
     copies: list[CopiedTensor]
     #: shard -> names to drop from it (for --replace).
     removals: dict[str, set[str]]
-    config_changes: dict[str, dict]
+    config_changes: dict[str, dict[str, Any]]
     declared: str | None
 
 
@@ -198,7 +198,8 @@ def _plan(donor: Checkpoint, target: Checkpoint, chosen: list[str], shard: str, 
             removals.setdefault(target.tensors[clash].shard, set()).add(clash)
         copies.append(CopiedTensor(name, info.dtype.code, list(info.shape), ref.shard, "", clashes))
     _shard_reasons(target, shard, removals, reasons)
-    config_changes, declared = {}, None
+    config_changes: dict[str, dict[str, Any]] = {}
+    declared: str | None = None
     if any(names.is_kv_scale_name(c.name) for c in copies):
         donor_qc = donor.config.get("quantization_config") or {}
         scheme = donor_qc.get("kv_cache_scheme") if isinstance(donor_qc, dict) else None
@@ -249,11 +250,11 @@ def add_tensors(
     values: dict[str, np.ndarray],
     metadata: dict[str, str],
     *,
-    kv_scheme: dict,
+    kv_scheme: dict[str, Any],
     shard: str = DEFAULT_SHARD,
     out: str | Path | None = None,
     replace: bool = False,
-    documents: dict[str, dict] | None = None,
+    documents: dict[str, dict[str, Any]] | None = None,
 ) -> AddResult:
     """Add tensors computed here (measured KV-cache scales) to the target as one new shard, as `transplant` does.
 
@@ -305,7 +306,7 @@ def _architecture_reasons(donor: Checkpoint, target: Checkpoint) -> list[str]:
     return reasons
 
 
-def _module_prefixes(tensors: dict[str, object]) -> set[str]:
+def _module_prefixes(tensors: Mapping[str, object]) -> set[str]:
     """Every module path in the target, ancestors included (`model`, `model.layers`, ...)."""
     modules = {name.rpartition(".")[0] for name in tensors}
     prefixes = set()
@@ -328,7 +329,9 @@ def _clashes(name: str, target: Checkpoint) -> list[str]:
     return found
 
 
-def _kv_declaration(scheme: dict | None, target: Checkpoint, reasons: list[str]) -> tuple[dict[str, dict], str | None]:
+def _kv_declaration(
+    scheme: dict[str, Any] | None, target: Checkpoint, reasons: list[str]
+) -> tuple[dict[str, dict[str, Any]], str | None]:
     """New contents of the target's config file(s) declaring a KV-cache scheme, if it declares none.
 
     `scheme` is the compressed-tensors `kv_cache_scheme` to declare (None: the short FP8 form).
@@ -346,6 +349,7 @@ def _kv_declaration(scheme: dict | None, target: Checkpoint, reasons: list[str])
     config = copy.deepcopy(target.config)
     qc = config.get("quantization_config")
     if decl.method == ct.QUANT_METHOD:
+        assert isinstance(qc, dict)  # a compressed-tensors method is declared there
         qc["kv_cache_scheme"] = copy.deepcopy(scheme) if scheme is not None else dict(CT_FP8_KV_SCHEME)
         return {CONFIG_FILE: config}, f"{CONFIG_FILE} quantization_config.kv_cache_scheme"
     if decl.method == MODELOPT:
@@ -364,7 +368,7 @@ def _kv_declaration(scheme: dict | None, target: Checkpoint, reasons: list[str])
     return {}, None
 
 
-def _optional_json(path: Path) -> dict | None:
+def _optional_json(path: Path) -> dict[str, Any] | None:
     return read_json(path, path.name) if path.exists() else None
 
 
@@ -406,7 +410,7 @@ def _write_new_shard(donor: Checkpoint, folder: Path, shard: str, copies: list[C
                 readers[c.donor_shard] = ShardReader(donor.path(c.donor_shard), donor.headers[c.donor_shard])
             digest = hashlib.blake2b(digest_size=32)
             for chunk in chunks(readers[c.donor_shard], donor.tensors[c.name].info, buffer):
-                digest.update(chunk)
+                digest.update(chunk.data)
             c.blake2b = digest.hexdigest()
         metadata = {
             "format": "pt",
@@ -471,7 +475,7 @@ def _check_result(folder: Path, shard: str, copies: list[CopiedTensor]) -> Verif
     reported, not fatal: the transplant did not cause them.
     """
     report = verify(folder)
-    structural = [fam for fam in FAMILIES if fam.id in STRUCTURAL_FAMILIES]
+    structural = [fam for fam in FAMILIES if fam.structural]
     broken = [f for f in report.findings if f.severity == ERROR and any(fam.owns(f.check) for fam in structural)]
     if broken:
         raise OutputError(
@@ -484,7 +488,7 @@ def _check_result(folder: Path, shard: str, copies: list[CopiedTensor]) -> Verif
         for c in copies:
             digest = hashlib.blake2b(digest_size=32)
             for chunk in chunks(reader, reader.info(c.name), buffer):
-                digest.update(chunk)
+                digest.update(chunk.data)
             if digest.hexdigest() != c.blake2b:
                 raise OutputError(
                     f"the copy of {c.name} does not hash like the donor's; nothing was replaced",

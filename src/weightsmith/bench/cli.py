@@ -128,7 +128,7 @@ def logcheck_command(
     logs: list[Path] = typer.Argument(..., help="Server log files."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Run the evidence patterns over server logs; exit 1 if a 'bad' pattern matched."""
+    """Run the evidence patterns over server logs; exit 1 if an error pattern matched."""
     from weightsmith.bench import logcheck
 
     found = {}
@@ -139,14 +139,14 @@ def logcheck_command(
     if as_json:
         print(json.dumps({k: [vars(e) for e in v] for k, v in found.items()}, indent=1))
     else:
-        for log, evidence in found.items():
-            print(f"{log}:")
+        for shown, evidence in found.items():
+            print(f"{shown}:")
             if not evidence:
                 print("  nothing matched")
             for e in evidence:
                 value = f" [{e.value}]" if e.value else ""
-                print(f"  {e.severity:4} {e.pattern}{value} x{e.count}: {e.meaning}")
-    if any(e.severity == logcheck.BAD for v in found.values() for e in v):
+                print(f"  {e.severity:7} {e.pattern}{value} x{e.count}: {e.meaning}")
+    if any(e.severity == logcheck.ERROR for v in found.values() for e in v):
         raise typer.Exit(1)
 
 

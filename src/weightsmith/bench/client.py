@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx
+
+from weightsmith.bench.kinds import tokenize_body
 
 
 @dataclass
@@ -31,26 +33,37 @@ class TokenLogprob:
     token_id: int | None = None
 
 
-@dataclass
-class StreamOutcome:
-    """What one streamed request produced, with times in seconds from just before the POST."""
+@dataclass(kw_only=True)
+class RequestTiming:
+    """How one request went, timed on the client: the fields a run record keeps of a request."""
 
     error: str | None = None
     ttft_s: float | None = None
-    last_token_s: float | None = None
+    #: Tokens after the first over the time between the first and last token chunks.
+    decode_tok_s: float | None = None
     e2e_s: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     token_chunks: int = 0
     finish_reason: str | None = None
+
+    def timing(self) -> dict[str, Any]:
+        """The timing fields alone, to build another record from (`RequestRecord`)."""
+        return {f.name: getattr(self, f.name) for f in fields(RequestTiming)}
+
+
+@dataclass(kw_only=True)
+class StreamOutcome(RequestTiming):
+    """What one streamed request produced, with times in seconds from just before the POST."""
+
+    last_token_s: float | None = None
     content: str = ""
     reasoning: str = ""
     positions: list[TokenLogprob] = field(default_factory=list)
 
-    @property
-    def decode_tok_s(self) -> float | None:
-        """Tokens after the first over the time between the first and last token chunks."""
+    def decode_rate(self) -> float | None:
+        """`decode_tok_s` from the token counts and chunk times so far (None below two tokens)."""
         if (
             self.completion_tokens is None
             or self.completion_tokens < 2
@@ -175,6 +188,7 @@ def _apply_chunk(chunk: dict[str, Any], outcome: StreamOutcome, now: float) -> N
         if outcome.ttft_s is None:
             outcome.ttft_s = now
         outcome.last_token_s = now
+    outcome.decode_tok_s = outcome.decode_rate()
 
 
 def _error_text(payload: Any) -> str:
@@ -270,14 +284,10 @@ def fetch_model_id(client: httpx.Client, base_url: str) -> str:
 def count_tokens(client: httpx.Client, base_url: str, model: str, text: str) -> int | None:
     """Tokens in `text` per the server's own tokenizer (`/tokenize`), or None if it has none.
 
-    The body carries both spellings: vLLM reads `prompt`, llama.cpp reads `content`.
+    The body carries the text under every kind's field (`kinds.tokenize_body`).
     """
     try:
-        r = client.post(
-            base_url.rstrip("/") + "/tokenize",
-            json={"model": model, "prompt": text, "content": text, "add_special_tokens": False},
-            timeout=30.0,
-        )
+        r = client.post(base_url.rstrip("/") + "/tokenize", json=tokenize_body(model, text), timeout=30.0)
         if r.status_code != 200:
             return None
         data = r.json()

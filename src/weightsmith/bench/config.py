@@ -7,17 +7,22 @@ server starts, with one line that names the file and the key, not an hour later.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
 import shlex
 import tomllib
+import types
+import typing
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from weightsmith.bench import kinds
+from weightsmith.bench.kinds import KIND_NAMES, ServerKind
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import open_regular
 
@@ -25,102 +30,6 @@ from weightsmith.files import open_regular
 PORT_PLACEHOLDER = "{port}"
 
 ENDPOINTS = ("completions", "chat")
-KINDS = ("auto", "vllm", "llama.cpp", "other")
-
-
-@dataclass(frozen=True)
-class SweepSpec:
-    """Expand one arm over the values of one server parameter.
-
-    `flag` is the command-line flag; with `key`, the flag's value is a JSON object (vLLM's
-    `--speculative-config`) and only that key changes.
-    """
-
-    flag: str
-    values: tuple[Any, ...]
-    key: str | None = None
-
-    @property
-    def param(self) -> str:
-        """The name a reader knows the swept parameter by (the JSON key, else the flag)."""
-        return self.key or self.flag.lstrip("-")
-
-
-@dataclass
-class ArmSpec:
-    """One server configuration to measure: an address, or a command that starts a server."""
-
-    name: str
-    url: str | None = None
-    command: list[str] | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    kind: str = "auto"
-    model: str | None = None
-    fresh_cache: bool = True
-    startup_timeout_s: float = 600.0
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    sweep: SweepSpec | None = None
-    sweep_param: str | None = None
-    sweep_value: Any = None
-
-    @property
-    def resolved_kind(self) -> str:
-        """`vllm`, `llama.cpp` or `other`: decides the cache isolation and is shown in reports."""
-        if self.kind != "auto":
-            return self.kind
-        for token in (self.command or [])[:3]:
-            base = Path(token).name.lower()
-            if "vllm" in base:
-                return "vllm"
-            if "llama-server" in base:
-                return "llama.cpp"
-        return "other"
-
-
-@dataclass
-class WorkloadSpec:
-    """The requests every arm receives: identical bodies, unique prefixes, greedy decoding."""
-
-    prompt_tokens: list[int] = field(default_factory=lambda: [80, 600, 2048])
-    prompts_per_length: int = 4
-    max_tokens: int = 64
-    concurrency: int = 1
-    temperature: float = 0.0
-    endpoint: str = "completions"
-    ignore_eos: bool = True
-    seed: int = 0
-    chars_per_token: float | None = None
-    request_timeout_s: float = 300.0
-
-
-@dataclass
-class DeterminismSpec:
-    """The same request sent `replicates` times per arm, with top-k logprobs (0 turns it off)."""
-
-    replicates: int = 5
-    prompt_tokens: int = 600
-    max_tokens: int = 32
-    top_logprobs: int = 5
-
-
-@dataclass
-class BenchConfig:
-    """Everything one benchmark run needs, after sweep expansion."""
-
-    arms: list[ArmSpec]
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    determinism: DeterminismSpec = field(default_factory=DeterminismSpec)
-    repeats: int = 2
-    warmups: int = 2
-    baseline: str | None = None
-    prefill_min_tokens: int = 2000
-    alpha: float = 0.05
-    source: str | None = None
-
-    @property
-    def baseline_arm(self) -> str:
-        """The arm every other arm is compared against (the first one unless named)."""
-        return self.baseline or self.arms[0].name
 
 
 #: Upper bounds of the arms file's numbers: generous for any real benchmark, small enough that a
@@ -167,6 +76,113 @@ def _positive(kind: type, high: float) -> Bound:
     return Bound(kind, 0, high, low_open=True)
 
 
+#: Field metadata: what the arms file may hold for the field (a `Bound`, a type or a tuple of
+#: types) when its Python type does not say it, or `None` for a field the file cannot set.
+TOML = "toml"
+
+
+def _key(default: Any, allowed: Any) -> Any:
+    """A field the arms file sets as `allowed` (a `Bound` for a number), defaulting to `default`."""
+    return field(default=default, metadata={TOML: allowed})
+
+
+_NOT_IN_FILE: dict[str, Any] = {TOML: None}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """Expand one arm over the values of one server parameter.
+
+    `flag` is the command-line flag; with `key`, the flag's value is a JSON object (vLLM's
+    `--speculative-config`) and only that key changes.
+    """
+
+    flag: str
+    values: tuple[Any, ...]
+    key: str | None = None
+
+    @property
+    def param(self) -> str:
+        """The name a reader knows the swept parameter by (the JSON key, else the flag)."""
+        return self.key or self.flag.lstrip("-")
+
+
+@dataclass
+class ArmSpec:
+    """One server configuration to measure: an address, or a command that starts a server."""
+
+    name: str
+    url: str | None = None
+    #: A list of strings, or one string split like a shell would.
+    command: list[str] | None = field(default=None, metadata={TOML: (str, list)})
+    env: dict[str, str] = field(default_factory=dict)
+    #: A `ServerKind` name, or `auto`: guessed from the command (`server_kind`).
+    kind: str = kinds.AUTO
+    model: str | None = None
+    fresh_cache: bool = True
+    startup_timeout_s: float = _key(600.0, _positive(float, MAX_TIMEOUT_S))
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    sweep: SweepSpec | None = None
+    sweep_param: str | None = field(default=None, metadata=_NOT_IN_FILE)
+    sweep_value: Any = field(default=None, metadata=_NOT_IN_FILE)
+
+    @property
+    def server_kind(self) -> ServerKind:
+        """The kind of server the arm runs: its cache isolation, metric names and log patterns."""
+        return kinds.detect(self.command) if self.kind == kinds.AUTO else kinds.kind_named(self.kind)
+
+    @property
+    def resolved_kind(self) -> str:
+        """The kind's name, as results and reports show it."""
+        return self.server_kind.name
+
+
+@dataclass
+class WorkloadSpec:
+    """The requests every arm receives: identical bodies, unique prefixes, greedy decoding."""
+
+    prompt_tokens: list[int] = field(default_factory=lambda: [80, 600, 2048])
+    prompts_per_length: int = _key(4, _positive(int, MAX_PROMPTS_PER_LENGTH))
+    max_tokens: int = _key(64, _positive(int, MAX_TOKENS))
+    concurrency: int = _key(1, _positive(int, MAX_CONCURRENCY))
+    temperature: float = _key(0.0, Bound(float, 0, 2))
+    endpoint: str = "completions"
+    ignore_eos: bool = True
+    seed: int = _key(0, Bound(int, 0, 2**32 - 1))
+    chars_per_token: float | None = _key(None, _positive(float, 100))
+    request_timeout_s: float = _key(300.0, _positive(float, MAX_TIMEOUT_S))
+
+
+@dataclass
+class DeterminismSpec:
+    """The same request sent `replicates` times per arm, with top-k logprobs (0 turns it off)."""
+
+    replicates: int = _key(5, Bound(int, 0, MAX_REPEATS))
+    prompt_tokens: int = _key(600, _positive(int, MAX_TOKENS))
+    max_tokens: int = _key(32, _positive(int, MAX_TOKENS))
+    top_logprobs: int = _key(5, Bound(int, 0, 100))
+
+
+@dataclass
+class BenchConfig:
+    """Everything one benchmark run needs, after sweep expansion."""
+
+    arms: list[ArmSpec]
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    determinism: DeterminismSpec = field(default_factory=DeterminismSpec)
+    repeats: int = _key(2, _positive(int, MAX_REPEATS))
+    warmups: int = _key(2, Bound(int, 0, MAX_REPEATS))
+    baseline: str | None = None
+    prefill_min_tokens: int = _key(2000, Bound(int, 0, MAX_TOKENS))
+    alpha: float = _key(0.05, Bound(float, 0, 0.5, low_open=True, high_open=True))
+    source: str | None = field(default=None, metadata=_NOT_IN_FILE)
+
+    @property
+    def baseline_arm(self) -> str:
+        """The arm every other arm is compared against (the first one unless named)."""
+        return self.baseline or self.arms[0].name
+
+
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
@@ -209,48 +225,43 @@ def _number(value: Any, bound: Bound, where: str, key: str, path: str) -> Any:
     return float(value) if bound.kind is float else value
 
 
-_TOP_KEYS: dict[str, Any] = {
-    "repeats": _positive(int, MAX_REPEATS),
-    "warmups": Bound(int, 0, MAX_REPEATS),
-    "baseline": str,
-    "prefill_min_tokens": Bound(int, 0, MAX_TOKENS),
-    "alpha": Bound(float, 0, 0.5, low_open=True, high_open=True),
-    "workload": dict,
-    "determinism": dict,
-    "arms": list,
-}
-_WORKLOAD_KEYS: dict[str, Any] = {
-    "prompt_tokens": list,
-    "prompts_per_length": _positive(int, MAX_PROMPTS_PER_LENGTH),
-    "max_tokens": _positive(int, MAX_TOKENS),
-    "concurrency": _positive(int, MAX_CONCURRENCY),
-    "temperature": Bound(float, 0, 2),
-    "endpoint": str,
-    "ignore_eos": bool,
-    "seed": Bound(int, 0, 2**32 - 1),
-    "chars_per_token": _positive(float, 100),
-    "request_timeout_s": _positive(float, MAX_TIMEOUT_S),
-}
+def _file_type(hint: Any) -> Any:
+    """What the arms file holds for a field of Python type `hint`: a table for a dataclass, an
+    array for a list or tuple, else the type itself (`X | None` as `X`)."""
+    options = [a for a in typing.get_args(hint) if a is not type(None)] if _is_union(hint) else [hint]
+    (tp,) = options
+    origin = typing.get_origin(tp) or tp
+    if dataclasses.is_dataclass(origin):
+        return dict
+    if origin in (list, tuple):
+        return list
+    if origin not in (str, bool, dict):
+        raise TypeError(f"no arms-file type for {hint!r}: give the field a {TOML!r} metadata entry")
+    return origin
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _file_keys(spec: type) -> dict[str, Any]:
+    """The keys the arms file may give for dataclass `spec`, each with what it may hold: its
+    `toml` metadata where it has one, else what its type says; a field marked `None` is left out."""
+    hints = typing.get_type_hints(spec)
+    keys = {}
+    for f in dataclasses.fields(spec):
+        allowed = f.metadata[TOML] if TOML in f.metadata else _file_type(hints[f.name])
+        if allowed is not None:
+            keys[f.name] = allowed
+    return keys
+
+
+_TOP_KEYS = _file_keys(BenchConfig)
+_WORKLOAD_KEYS = _file_keys(WorkloadSpec)
 _PROMPT_TOKENS = _positive(int, MAX_TOKENS)
-_DETERMINISM_KEYS: dict[str, Any] = {
-    "replicates": Bound(int, 0, MAX_REPEATS),
-    "prompt_tokens": _positive(int, MAX_TOKENS),
-    "max_tokens": _positive(int, MAX_TOKENS),
-    "top_logprobs": Bound(int, 0, 100),
-}
-_ARM_KEYS: dict[str, Any] = {
-    "name": str,
-    "url": str,
-    "command": (str, list),
-    "env": dict,
-    "kind": str,
-    "model": str,
-    "fresh_cache": bool,
-    "startup_timeout_s": _positive(float, MAX_TIMEOUT_S),
-    "extra_body": dict,
-    "sweep": dict,
-}
-_SWEEP_KEYS: dict[str, Any] = {"flag": str, "key": str, "values": list}
+_DETERMINISM_KEYS = _file_keys(DeterminismSpec)
+_ARM_KEYS = _file_keys(ArmSpec)
+_SWEEP_KEYS = _file_keys(SweepSpec)
 #: What an `env` number or a sweep value may be: anything a command line can carry as text.
 _SCALAR = Bound(float, -(2.0**63), 2.0**63)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -379,9 +390,9 @@ def _parse_arm(raw: dict[str, Any], index: int, path: str) -> ArmSpec:
         )
     if url is not None:
         _check_url(url, where, path)
-    kind = raw.get("kind", "auto")
-    if kind not in KINDS:
-        raise WeightsmithError(f"{where}: kind {_q(kind)} is not one of {', '.join(KINDS)}", file=path)
+    kind = raw.get("kind", kinds.AUTO)
+    if kind not in KIND_NAMES:
+        raise WeightsmithError(f"{where}: kind {_q(kind)} is not one of {', '.join(KIND_NAMES)}", file=path)
     extra_body = raw.get("extra_body", {})
     _finite_json(extra_body, where, path)
     sweep = None

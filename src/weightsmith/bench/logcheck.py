@@ -2,9 +2,10 @@
 
 A benchmark can be fast for the wrong reason: a kernel that silently drops the checkpoint's
 activation scales, an FP8 KV cache running with scale 1.0, weights left uninitialised, a reasoning
-parser that never engaged. Servers say so in their logs, once, among thousands of lines. Every
-pattern the tool looks for is in `PATTERNS` below, and nowhere else; each arm's log is run
-through all of them and the report shows what matched.
+parser that never engaged. Servers say so in their logs, once, among thousands of lines. Each
+server kind's log patterns are in its entry in `bench/kinds.py`, the content patterns (any server)
+below; `PATTERNS` joins them, and each arm's log is run through all of them (an arm of kind
+`other` may still run vLLM behind a script) and the report shows what matched.
 
 Log texts are from vLLM's and llama.cpp's sources and from published server logs. Every pattern
 runs on every line, and a line can be very long, so none may backtrack super-linearly: a part of
@@ -13,118 +14,45 @@ free length is either bounded (`{1,64}`) or greedy to the end of the line.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
+from weightsmith.bench import kinds
+from weightsmith.bench.kinds import CONTENT, KINDS, LOG, EvidencePattern
 from weightsmith.bench.results import Evidence
+from weightsmith.severity import ERROR, INFO, WARNING
+
+# The severity scale is the project's (`weightsmith.severity`), re-exported for the log check's readers.
+__all__ = [
+    "COMMAND_LINE_PREFIX",
+    "CONTENT",
+    "ERROR",
+    "INFO",
+    "LOG",
+    "PATTERNS",
+    "WARNING",
+    "EvidencePattern",
+    "merge",
+    "scan_contents",
+    "scan_lines",
+    "scan_log",
+]
 
 #: Prefix of the line the runner writes at the top of each log to record the command; never evidence.
 COMMAND_LINE_PREFIX = "$ "
 
-INFO = "info"
-WARN = "warn"
-BAD = "bad"
-
-LOG = "log"
-CONTENT = "content"
-
-
-@dataclass(frozen=True)
-class EvidencePattern:
-    """One thing to look for: where, the regex (group `value` is reported), and what it means."""
-
-    id: str
-    source: str
-    regex: re.Pattern[str]
-    severity: str
-    meaning: str
-
-
-def _p(id_: str, source: str, regex: str, severity: str, meaning: str) -> EvidencePattern:
-    return EvidencePattern(id_, source, re.compile(regex, re.IGNORECASE), severity, meaning)
-
-
-PATTERNS: tuple[EvidencePattern, ...] = (
-    _p(
-        "nvfp4-moe-backend",
-        LOG,
-        r"Using '?(?P<value>[A-Za-z0-9_ ]{1,64}?)'? NvFp4 MoE backend",
-        INFO,
-        "vLLM chose this NVFP4 MoE kernel backend",
-    ),
-    _p(
-        "nvfp4-moe-drops-activation-scales",
-        LOG,
-        r"Using '?(?P<value>MARLIN|HUMMING)'? NvFp4 MoE backend",
-        BAD,
-        "weight-only (W4A16) MoE backend: the checkpoint's NVFP4 activation scales are not applied",
-    ),
-    _p(
-        "fp4-marlin-fallback",
-        LOG,
-        r"FP4 quantization is being used\. Marlin kernel fallback",
-        WARN,
-        "no native FP4 on this GPU: FP4 layers run through Marlin, activation scales not applied",
-    ),
-    _p(
-        "kv-cache-scale-1.0",
-        LOG,
-        r"Using KV cache scaling factor 1\.0 for fp8_e4m3",
-        BAD,
-        "FP8 KV cache with scale 1.0: the checkpoint's k/v scales are missing or were not loaded",
-    ),
-    _p(
-        "reasoning-parser-autoinit-failed",
-        LOG,
-        r"Auto-initialization of reasoning token IDs failed",
-        BAD,
-        "the reasoning parser could not find its start/end tokens: reasoning may land in content",
-    ),
-    _p(
-        "weights-not-initialized",
-        LOG,
-        r"(?:Following|Some)(?: text encoder)? weights (?:were|are) not initialized from checkpoint",
-        BAD,
-        "some weights were not loaded from the checkpoint (name mapping or missing shard)",
-    ),
-    _p(
-        "quantization-method",
-        LOG,
-        r"(?:\bquantization=|'quantization': ')(?P<value>[A-Za-z0-9_.-]+)",
-        INFO,
-        "quantization method vLLM picked for the model",
-    ),
-    _p(
-        "speculative-config",
-        LOG,
-        r"speculative_config=(?P<value>None|SpeculativeConfig\([^)]{0,4096}\))",
-        INFO,
-        "speculative decoding configuration vLLM runs with",
-    ),
-    _p(
-        "gguf-file-type",
-        LOG,
-        r"\bfile type\s+=\s+(?P<value>\S.*)",
-        INFO,
-        "llama.cpp: quantization type of the GGUF file",
-    ),
-    _p(
-        "llamacpp-draft-acceptance",
-        LOG,
-        r"draft acceptance = (?P<value>[0-9.]+)",
-        INFO,
-        "llama.cpp's own per-request acceptance line (cross-check for /metrics)",
-    ),
-    _p(
+#: Patterns for the text of responses, whatever the server.
+CONTENT_PATTERNS: tuple[EvidencePattern, ...] = (
+    kinds.pattern(
         "think-close-in-content",
         CONTENT,
         r"</think>",
-        BAD,
+        ERROR,
         "`</think>` in response content: reasoning is not being separated from the answer",
     ),
 )
+
+PATTERNS: tuple[EvidencePattern, ...] = (*(p for k in KINDS for p in k.log_patterns), *CONTENT_PATTERNS)
 
 _MAX_LINE = 240
 _MAX_VALUES = 4

@@ -1,6 +1,6 @@
 """Speculative-decoding acceptance from a server's Prometheus `/metrics`, as window deltas.
 
-This module is the one place that knows metric names. vLLM registers counters
+The metric names are each server kind's (`bench/kinds.py`). vLLM registers counters
 `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens` and
 `..._num_accepted_tokens_per_pos` (labels `model_name`, `engine`, and `position`), exposed with the
 `_total` suffix (vllm/v1/spec_decode/metrics.py); llama.cpp's llama-server (`--metrics`) exposes the
@@ -26,36 +26,12 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from weightsmith.bench import kinds
+from weightsmith.bench.kinds import ServerKind, SpecMetricNames, metric_names
 
-@dataclass(frozen=True)
-class SpecMetricNames:
-    """Sample names (as exposed, with `_total`) of one server family's spec-decode counters."""
-
-    flavour: str
-    drafts: str
-    draft_tokens: str
-    accepted: str
-    accepted_per_pos: str
-    generation_tokens: str
-
-
-VLLM = SpecMetricNames(
-    flavour="vllm",
-    drafts="vllm:spec_decode_num_drafts_total",
-    draft_tokens="vllm:spec_decode_num_draft_tokens_total",
-    accepted="vllm:spec_decode_num_accepted_tokens_total",
-    accepted_per_pos="vllm:spec_decode_num_accepted_tokens_per_pos_total",
-    generation_tokens="vllm:generation_tokens_total",
-)
-LLAMACPP = SpecMetricNames(
-    flavour="llamacpp",
-    drafts="llamacpp:spec_decode_num_drafts_total",
-    draft_tokens="llamacpp:spec_decode_num_draft_tokens_total",
-    accepted="llamacpp:spec_decode_num_accepted_tokens_total",
-    accepted_per_pos="llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
-    generation_tokens="llamacpp:tokens_predicted_total",
-)
-FLAVOURS = (VLLM, LLAMACPP)
+#: Every kind's spec-decode names (`bench/kinds.py`); a server is matched against all of them and
+#: the arm's kind is checked against the one found (`kind_mismatch`).
+FLAVOURS = metric_names()
 
 #: prometheus_client's process collector: changes when the server process is a new one.
 PROCESS_START = "process_start_time_seconds"
@@ -115,7 +91,7 @@ def scrape(client: httpx.Client, base_url: str) -> Snapshot:
     except httpx.HTTPError as exc:
         raise MetricsUnavailable(f"GET /metrics failed: {type(exc).__name__}") from None
     if r.status_code != 200:
-        hint = " (llama-server needs --metrics)" if r.status_code in (404, 501) else ""
+        hint = f" ({kinds.metrics_hints()})" if r.status_code in (404, 501) else ""
         raise MetricsUnavailable(f"GET /metrics answered HTTP {r.status_code}{hint}")
     try:
         samples = parse_exposition(r.text)
@@ -167,7 +143,7 @@ def _restart_evidence(before: Snapshot, after: Snapshot, names: SpecMetricNames)
     """A restart that later increments could hide from the went-down check: a counter's
     `_created` time or the process start time changes when the process is new."""
     watched = [PROCESS_START]
-    for name in (names.drafts, names.draft_tokens, names.accepted, names.accepted_per_pos):
+    for name in names.counters():
         watched.append(name.removesuffix("_total") + "_created")
     for name in watched:
         b = _series(before, name, None)
@@ -267,13 +243,18 @@ def settled_scrape(client: httpx.Client, base_url: str, settle_s: float = 0.25, 
 
 
 def _watched(snapshot: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
-    keys = set()
-    for names in FLAVOURS:
-        keys |= {
-            names.drafts,
-            names.draft_tokens,
-            names.accepted,
-            names.accepted_per_pos,
-            names.generation_tokens,
-        }
+    keys = {name for names in FLAVOURS for name in (*names.counters(), names.generation_tokens)}
     return {k: v for k, v in snapshot.samples.items() if k in keys}
+
+
+def kind_mismatch(window: SpecWindow, kind: ServerKind) -> str | None:
+    """Why the counters a window was read from are not the arm's kind's, if they are not.
+
+    The kind comes from the arms file or the command; /metrics shows what really served. An arm
+    of kind `other`, or one whose kind has no spec-decode counters, is not checked.
+    """
+    if window.flavour is None or kind.metrics is None or window.flavour == kind.metrics.flavour:
+        return None
+    served = kinds.with_flavour(window.flavour)
+    shown = served.name if served is not None else window.flavour
+    return f"the arm's kind is {kind.name}, but /metrics has {shown}'s counters ({window.flavour}:)"

@@ -10,20 +10,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from weightsmith.bench.analysis import Analysis
 from weightsmith.bench.results import BenchResults
 
 _DPI = 110
-_COLOURS = plt.get_cmap("tab10").colors
+_COLOURS = cast("tuple[tuple[float, float, float], ...]", cast(ListedColormap, plt.get_cmap("tab10")).colors)
 
 
 def _label(name: str, limit: int = 22) -> str:
@@ -70,7 +74,7 @@ def plot_ttft(results: BenchResults, analysis: Analysis, path: Path) -> Path | N
     longest = max(max(values, default=0.0) for values in samples.values())
     scale, unit = (1.0, "s") if longest > 10 else (1000.0, "ms")
     for ax, length in zip(axes[0], lengths, strict=True):
-        values_all = []
+        values_all: list[float] = []
         for i, arm in enumerate(arms):
             ms = np.array(samples[(arm, length)]) * scale
             if ms.size == 0:
@@ -80,7 +84,7 @@ def plot_ttft(results: BenchResults, analysis: Analysis, path: Path) -> Path | N
             ax.scatter(i + _jitter(ms.size, 0.18, i), ms, s=14, alpha=0.6, color=colour, lw=0)
             p10, med, p90 = np.percentile(ms, [10, 50, 90])
             ax.plot([i - 0.3, i + 0.3], [med, med], color="black", lw=1.6)
-            ax.add_patch(plt.Rectangle((i - 0.3, p10), 0.6, p90 - p10, fill=False, ec="0.4", lw=0.8))
+            ax.add_patch(Rectangle((i - 0.3, p10), 0.6, p90 - p10, fill=False, ec="0.4", lw=0.8))
             if (arm, length) in flagged:
                 ax.annotate(
                     "two modes",
@@ -209,7 +213,7 @@ def plot_sweeps(analysis: Analysis, out_dir: Path) -> list[Path]:
         order = np.argsort(xs)
         xs = [xs[i] for i in order]
         points = [points[i] for i in order]
-        ys = [p.decode_geomean for p in points]
+        ys = [y for p in points if (y := p.decode_geomean) is not None]
         lo = [y - (p.decode_ci[0] if p.decode_ci else y) for y, p in zip(ys, points, strict=True)]
         hi = [(p.decode_ci[1] if p.decode_ci else y) - y for y, p in zip(ys, points, strict=True)]
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -222,11 +226,11 @@ def plot_sweeps(analysis: Analysis, out_dir: Path) -> list[Path]:
             capsize=4,
             label="decode rate (geometric mean over prompts)",
         )
-        for x, p in zip(xs, points, strict=True):
+        for x, y, p in zip(xs, ys, points, strict=True):
             if p.arm == sweep.best_arm:
                 ax.scatter(
                     [x],
-                    [p.decode_geomean],
+                    [y],
                     s=260,
                     marker="*",
                     color="gold",
@@ -270,11 +274,12 @@ def write_plots(results: BenchResults, analysis: Analysis, out_dir: Path) -> dic
     """Every plot that has data, by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
     made: dict[str, Path] = {}
-    for name, fn in (
+    plotters: tuple[tuple[str, Callable[[Path], Path | None]], ...] = (
         ("ttft", lambda p: plot_ttft(results, analysis, p)),
         ("decode", lambda p: plot_decode(results, analysis, p)),
         ("acceptance", lambda p: plot_acceptance(analysis, p)),
-    ):
+    )
+    for name, fn in plotters:
         path = fn(out_dir / f"{name}.png")
         if path is not None:
             made[name] = path

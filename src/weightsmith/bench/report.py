@@ -76,8 +76,8 @@ def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
             if r.error:
                 errors[v.arm] = errors.get(v.arm, 0) + 1
                 example.setdefault(v.arm, r.error)
-    for arm, n in errors.items():
-        lines.append(f"- `{arm}`: {n} request(s) failed, e.g. {example[arm]}")
+    for name, n in errors.items():
+        lines.append(f"- `{name}`: {n} request(s) failed, e.g. {example[name]}")
     for cell in analysis.cells:
         per_request = cell.cached_tokens_total / max(1, cell.n_ok)
         if per_request > _CACHED_TOKENS_NOTED:

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightsmith.bench.client import TokenLogprob
+from weightsmith.bench.client import RequestTiming, TokenLogprob
 from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_regular, replace_file
 from weightsmith.jsonable import jsonable
+from weightsmith.severity import ERROR, WARNING, Severity
 
 SCHEMA = "weightsmith.bench.results"
 #: Bump on any change a reader of an older file would misread. Version 2 records paths portably
@@ -32,23 +33,26 @@ VISIT_OK = "ok"
 VISIT_FAILED = "failed"
 VISIT_SKIPPED = "skipped"
 
+#: The log check's former words for the project's severities, as files written before the scale was
+#: shared spell them; read as the words they stand for.
+_FORMER_SEVERITIES = {"bad": ERROR, "warn": WARNING}
+
 
 @dataclass
-class RequestRecord:
-    """One measured request; `error` is set when it produced no usable timing."""
+class PromptRef:
+    """Which prompt a request sent."""
 
     prompt_key: str
     target_tokens: int
     prompt_index: int
-    error: str | None = None
-    ttft_s: float | None = None
-    decode_tok_s: float | None = None
-    e2e_s: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    token_chunks: int = 0
-    finish_reason: str | None = None
+
+
+# Fields come base-last-first: the prompt's, then the timing's, then `started_s`, the order
+# results.json has always had.
+@dataclass
+class RequestRecord(RequestTiming, PromptRef):
+    """One measured request; `error` is set when it produced no usable timing."""
+
     started_s: float = 0.0
 
     @property
@@ -63,7 +67,7 @@ class Evidence:
 
     pattern: str
     meaning: str
-    severity: str
+    severity: Severity
     count: int
     first_line: str
     value: str | None = None
@@ -197,6 +201,11 @@ def _build(tp: Any, data: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return data
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if data not in allowed:
+            raise _Malformed(where, f"must be one of {', '.join(map(str, allowed))}, got {_kind(data)}")
+        return data
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
         if data is None:
@@ -226,7 +235,8 @@ def _build(tp: Any, data: Any, where: str) -> Any:
         if missing is not None:
             raise _Malformed(f"{prefix}{missing}", "missing")
         names = {f.name for f in fields}
-        return tp(**{k: _build(hints[k], v, f"{prefix}{k}") for k, v in data.items() if k in names})
+        built: Any = tp  # a dataclass type, called with its fields
+        return built(**{k: _build(hints[k], v, f"{prefix}{k}") for k, v in data.items() if k in names})
     if tp is bool:
         ok = isinstance(data, bool)
     elif tp is int:
@@ -255,10 +265,11 @@ def _check_values(results: BenchResults) -> None:
     names = {a.name for a in results.arms}
     if results.baseline not in names:
         raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")
-    for field_name, items in (("visits", results.visits), ("determinism", results.determinism)):
-        for i, item in enumerate(items):
-            if item.arm not in names:
-                raise _Malformed(f"{field_name}[{i}].arm", f"{item.arm[:60]!r} is not one of the arms")
+    named = (("visits", [v.arm for v in results.visits]), ("determinism", [d.arm for d in results.determinism]))
+    for field_name, arms in named:
+        for i, arm in enumerate(arms):
+            if arm not in names:
+                raise _Malformed(f"{field_name}[{i}].arm", f"{arm[:60]!r} is not one of the arms")
     statuses = (VISIT_OK, VISIT_FAILED, VISIT_SKIPPED)
     for i, visit in enumerate(results.visits):
         if visit.status not in statuses:
@@ -275,11 +286,31 @@ def results_from_dict(data: dict[str, Any], path: str = "<results>") -> BenchRes
         supported = " or ".join(map(str, READABLE_VERSIONS))
         raise WeightsmithError(f"results schema version {shown} is not a supported one ({supported})", file=path)
     try:
-        results = _build(BenchResults, data, "")
+        results: BenchResults = _build(BenchResults, _current_severities(data), "")
         _check_values(results)
     except _Malformed as exc:
         raise WeightsmithError(f"results file is malformed: field {exc}", file=path) from None
     return results
+
+
+def _current_severities(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with each evidence severity in the current words (a copy where one was rewritten)."""
+    arms = data.get("arms")
+    if not isinstance(arms, list):
+        return data
+    upgraded = []
+    for arm in arms:
+        evidence = arm.get("evidence") if isinstance(arm, dict) else None
+        if isinstance(evidence, list):
+            evidence = [
+                {**e, "severity": _FORMER_SEVERITIES[e["severity"]]}
+                if isinstance(e, dict) and isinstance(e.get("severity"), str) and e["severity"] in _FORMER_SEVERITIES
+                else e
+                for e in evidence
+            ]
+            arm = {**arm, "evidence": evidence}
+        upgraded.append(arm)
+    return {**data, "arms": upgraded}
 
 
 def _depth(data: Any) -> int:

@@ -1,8 +1,8 @@
 """Drive a benchmark run: visit the arms in counterbalanced order, measure, keep everything.
 
-Per visit: start the server (or find it), warm it up (discarded), scrape /metrics, send the
-measured requests, scrape again once the counters have settled, run the determinism replicates on
-the arm's first visit, stop the server, and read its log. The results file is rewritten after every
+Per visit (`serving` owns the server: start or find it, stop it, read its log): warm it up
+(discarded), scrape /metrics, send the measured requests, scrape again once the counters have
+settled, and run the determinism replicates on the arm's first visit. The results file is rewritten after every
 visit, so a crash, a Ctrl-C or a server that dies keeps what was already measured.
 
 Failures are one line each and never stop the other arms: a server that does not start (with the
@@ -18,8 +18,9 @@ import platform
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -194,21 +195,7 @@ def _send(
 
 
 def _record(prompt: Prompt, outcome: cl.StreamOutcome, started_s: float) -> RequestRecord:
-    return RequestRecord(
-        prompt_key=prompt.key,
-        target_tokens=prompt.target_tokens,
-        prompt_index=prompt.index,
-        error=outcome.error,
-        ttft_s=outcome.ttft_s,
-        decode_tok_s=outcome.decode_tok_s,
-        e2e_s=outcome.e2e_s,
-        prompt_tokens=outcome.prompt_tokens,
-        completion_tokens=outcome.completion_tokens,
-        cached_tokens=outcome.cached_tokens,
-        token_chunks=outcome.token_chunks,
-        finish_reason=outcome.finish_reason,
-        started_s=started_s,
-    )
+    return RequestRecord(prompt.key, prompt.target_tokens, prompt.index, started_s=started_s, **outcome.timing())
 
 
 def _server_gone(server: RunningServer, consecutive_failures: int) -> str | None:
@@ -300,8 +287,8 @@ def _fail(state: _RunState, vr: VisitResult, line: str, log_tail: str | None = N
 
 
 def _cache_root(state: _RunState, arm: ArmSpec) -> Path | None:
-    """A fresh VLLM_CACHE_ROOT per vLLM arm (cleared once per run, shared by its visits)."""
-    if arm.resolved_kind != "vllm" or not arm.fresh_cache:
+    """A fresh compile cache per arm whose kind has one (cleared once per run, shared by its visits)."""
+    if arm.server_kind.cache_env is None or not arm.fresh_cache:
         return None
     root = state.out_dir / "cache" / slug(arm.name)
     if arm.name not in state.caches_cleared:
@@ -310,77 +297,118 @@ def _cache_root(state: _RunState, arm: ArmSpec) -> Path | None:
     return root
 
 
-def _visit(state: _RunState, arm: ArmSpec, visit: Visit) -> VisitResult:
-    vr = VisitResult(arm=arm.name, repeat=visit.repeat, position=visit.position, started_at=_now())
-    state.current = vr
-    log_path = state.out_dir / "logs" / f"{slug(arm.name)}.r{visit.repeat + 1}.log"
+@contextmanager
+def serving(state: _RunState, arm: ArmSpec, vr: VisitResult) -> Iterator[RunningServer]:
+    """The arm's server for one visit: started (or found) on entry, stopped on leaving however the
+    visit ends, and its log recorded and run through the log check either way.
+
+    A server that does not start raises `ServerError` from the `with` (its log kept all the same).
+    """
+    log_path = state.out_dir / "logs" / f"{slug(arm.name)}.r{vr.repeat + 1}.log"
     info = state.arm_infos[arm.name]
     state.observer.phase("starting server")
     try:
         server = start_server(arm, state.client, log_path, _cache_root(state, arm))
-    except ServerError as exc:
-        _fail(state, vr, f"server did not start: {exc}", exc.log_tail)
+    except ServerError:
         if log_path.exists():
-            vr.log_path = str(log_path)
-            info.log_paths.append(vr.log_path)
-            info.evidence = logcheck.merge(info.evidence, logcheck.scan_log(log_path))
-        vr.finished_at = _now()
-        return vr
+            _keep_log(info, vr, log_path)
+        raise
     vr.startup_s = server.startup_s
-    if server.log_path is not None:
-        vr.log_path = str(server.log_path)
-        info.log_paths.append(vr.log_path)
     info.url = server.url
-    contents: list[str] = []
+    if server.log_path is not None:
+        _keep_log(info, vr, server.log_path, scan=False)
     try:
-        try:
-            model = arm.model or cl.fetch_model_id(state.client, server.url)
-        except (httpx.HTTPError, ValueError) as exc:
-            _fail(state, vr, f"cannot read the model id from /v1/models: {exc}", server.log_tail())
-            return vr
-        info.model = model
-        if state.workload is None:
-            state.observer.phase("sizing prompts")
-            _calibrate(state, arm, server.url, model)
-        assert state.workload is not None
-        for i in range(state.config.warmups):
-            state.observer.phase(f"warmup {i + 1}/{state.config.warmups} (discarded)")
-            prompt = state.workload.warmup[i % len(state.workload.warmup)]
-            outcome = _send(state, arm, server.url, model, unique_prefix() + prompt.text)
-            if outcome.error:
-                _fail(state, vr, f"warmup request failed: {outcome.error}", server.log_tail())
-                return vr
-            vr.warmups += 1
-        state.observer.phase("measuring")
-        before, reason = _scrape_settled(state, server.url)
-        gone = _measure(state, arm, server, model, vr, contents)
-        if gone:
-            _fail(state, vr, gone, server.log_tail())
-            vr.spec = m.SpecWindow(status=m.VOID, detail="server went away during the window")
-            return vr
-        after, reason_after = (None, reason) if before is None else _scrape_settled(state, server.url)
-        if before is None or after is None:
-            vr.spec = m.unavailable(reason or reason_after)
-        else:
-            vr.spec = m.spec_window(before, after, model)
-        errors = [r for r in vr.requests if not r.ok]
-        if errors and len(errors) == len(vr.requests):
-            _fail(state, vr, f"every measured request failed, e.g. {errors[0].error}")
-            return vr
-        if errors:
-            state.observer.message(
-                f"arm '{arm.name}' repeat {visit.repeat + 1}: {len(errors)} of "
-                f"{len(vr.requests)} requests failed, e.g. {errors[0].error}"
-            )
-        _determinism(state, arm, server, model)
-        return vr
+        yield server
     finally:
         state.observer.phase("stopping server")
         server.stop()
         if server.log_path is not None:
             info.evidence = logcheck.merge(info.evidence, logcheck.scan_log(server.log_path))
+
+
+def _keep_log(info: ArmInfo, vr: VisitResult, log_path: Path, scan: bool = True) -> None:
+    """Record the visit's log (and, with `scan`, its evidence now: the server is not running)."""
+    vr.log_path = str(log_path)
+    info.log_paths.append(vr.log_path)
+    if scan:
+        info.evidence = logcheck.merge(info.evidence, logcheck.scan_log(log_path))
+
+
+def _visit(state: _RunState, arm: ArmSpec, visit: Visit) -> VisitResult:
+    vr = VisitResult(arm=arm.name, repeat=visit.repeat, position=visit.position, started_at=_now())
+    state.current = vr
+    contents: list[str] = []
+    try:
+        with serving(state, arm, vr) as server:
+            _on_server(state, arm, server, vr, contents)
+    except ServerError as exc:
+        _fail(state, vr, f"server did not start: {exc}", exc.log_tail)
+    finally:
+        info = state.arm_infos[arm.name]
         info.evidence = logcheck.merge(info.evidence, logcheck.scan_contents(contents))
         vr.finished_at = _now()
+    return vr
+
+
+def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitResult, contents: list[str]) -> None:
+    """One visit's work on a serving server: warm up, measure between two /metrics scrapes, and
+    run the determinism replicates; a failure marks the visit failed and ends it."""
+    try:
+        model = arm.model or cl.fetch_model_id(state.client, server.url)
+    except (httpx.HTTPError, ValueError) as exc:
+        _fail(state, vr, f"cannot read the model id from /v1/models: {exc}", server.log_tail())
+        return
+    state.arm_infos[arm.name].model = model
+    if state.workload is None:
+        state.observer.phase("sizing prompts")
+        _calibrate(state, arm, server.url, model)
+    assert state.workload is not None
+    for i in range(state.config.warmups):
+        state.observer.phase(f"warmup {i + 1}/{state.config.warmups} (discarded)")
+        prompt = state.workload.warmup[i % len(state.workload.warmup)]
+        outcome = _send(state, arm, server.url, model, unique_prefix() + prompt.text)
+        if outcome.error:
+            _fail(state, vr, f"warmup request failed: {outcome.error}", server.log_tail())
+            return
+        vr.warmups += 1
+    state.observer.phase("measuring")
+    before, reason = _scrape_settled(state, server.url)
+    gone = _measure(state, arm, server, model, vr, contents)
+    if gone:
+        _fail(state, vr, gone, server.log_tail())
+        vr.spec = m.SpecWindow(status=m.VOID, detail="server went away during the window")
+        return
+    after, reason_after = (None, reason) if before is None else _scrape_settled(state, server.url)
+    vr.spec = _window(state, arm, before, after, reason or reason_after, model)
+    errors = [r for r in vr.requests if not r.ok]
+    if errors and len(errors) == len(vr.requests):
+        _fail(state, vr, f"every measured request failed, e.g. {errors[0].error}")
+        return
+    if errors:
+        state.observer.message(
+            f"arm '{arm.name}' repeat {vr.repeat + 1}: {len(errors)} of "
+            f"{len(vr.requests)} requests failed, e.g. {errors[0].error}"
+        )
+    _determinism(state, arm, server, model)
+
+
+def _window(
+    state: _RunState,
+    arm: ArmSpec,
+    before: m.Snapshot | None,
+    after: m.Snapshot | None,
+    reason: str,
+    model: str,
+) -> m.SpecWindow:
+    """The measured window's acceptance, its counters checked against the arm's kind."""
+    if before is None or after is None:
+        return m.unavailable(reason)
+    window = m.spec_window(before, after, model)
+    mismatch = m.kind_mismatch(window, arm.server_kind)
+    if mismatch:
+        window.detail = "; ".join(d for d in (window.detail, mismatch) if d)
+        state.observer.message(f"arm '{arm.name}': {mismatch}")
+    return window
 
 
 def new_results(config: BenchConfig) -> BenchResults:
@@ -429,7 +457,7 @@ def run_bench(
     file's folder, the model folder and `out_dir`, else as file names; never this machine's layout.
     """
     observer = observer or QuietObserver()
-    out_dir = out_dir.resolve()  # servers run with this in their environment (VLLM_CACHE_ROOT)
+    out_dir = out_dir.resolve()  # servers run with this in their environment (their cache root)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = new_results(config)
     arms_dir = _arms_dir(config)

@@ -2,8 +2,8 @@
 
 An arm either names a running server (`url`), which is used as found, or a command, which is
 started in its own process group with its output kept in a log file (the log check reads it, and
-a failure report shows its end). A vLLM arm gets its own `VLLM_CACHE_ROOT` unless told otherwise:
-vLLM's compile cache is keyed without the draft's quantization, so a second arm could reuse the
+a failure report shows its end). An arm whose kind has a compile cache (vLLM's `VLLM_CACHE_ROOT`,
+`bench/kinds.py`) gets its own unless told otherwise: a shared cache could hand a second arm the
 first arm's compiled graphs.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from weightsmith.bench import kinds
 from weightsmith.bench.config import PORT_PLACEHOLDER, ArmSpec
 from weightsmith.bench.logcheck import COMMAND_LINE_PREFIX
 
@@ -122,10 +123,11 @@ class RunningServer:
 
 
 def _ready(client: httpx.Client, url: str) -> bool:
-    """Loaded and serving: /health is not 503 (llama.cpp while loading) and /v1/models lists one."""
+    """Loaded and serving: /health is not a kind's "loading" status (llama.cpp's 503) and /v1/models
+    lists a model."""
     try:
         health = client.get(url + "/health", timeout=5.0)
-        if health.status_code == 503:
+        if health.status_code in kinds.loading_statuses():
             return False
         models = client.get(url + "/v1/models", timeout=5.0)
         return models.status_code == 200 and bool(models.json().get("data"))
@@ -156,7 +158,7 @@ def start_server(arm: ArmSpec, client: httpx.Client, log_path: Path, cache_root:
     """Start the arm's command (or find its url) and wait until it serves.
 
     `{port}` in the command, url and env becomes a free loopback port; the command's output goes
-    to `log_path`; `cache_root`, when given, becomes `VLLM_CACHE_ROOT` unless the arm sets it.
+    to `log_path`; `cache_root`, when given, becomes the kind's cache variable unless the arm sets it.
     """
     if arm.command is None:
         assert arm.url is not None
@@ -169,9 +171,10 @@ def start_server(arm: ArmSpec, client: httpx.Client, log_path: Path, cache_root:
     url = (arm.url or f"http://127.0.0.1:{PORT_PLACEHOLDER}").replace(PORT_PLACEHOLDER, port)
     env = dict(os.environ)
     env.update({k: v.replace(PORT_PLACEHOLDER, port) for k, v in arm.env.items()})
-    if cache_root is not None and "VLLM_CACHE_ROOT" not in arm.env:
+    cache_env = arm.server_kind.cache_env
+    if cache_root is not None and cache_env is not None and cache_env not in arm.env:
         cache_root.mkdir(parents=True, exist_ok=True)
-        env["VLLM_CACHE_ROOT"] = str(cache_root)
+        env[cache_env] = str(cache_root)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         log.write(f"{COMMAND_LINE_PREFIX}{' '.join(command)}\n".encode())

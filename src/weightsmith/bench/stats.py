@@ -74,7 +74,8 @@ def _bootstrap(
 
 
 def _row_means(resamples: np.ndarray) -> np.ndarray:
-    return resamples.mean(axis=1)
+    means: np.ndarray = resamples.mean(axis=1)
+    return means
 
 
 def median_ci(values: Sequence[float], confidence: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
@@ -225,7 +226,8 @@ _VAR_FLOOR = 1e-4  # (1% relative spread)^2 in log units: keeps EM off zero-widt
 
 
 def _normal_loglik(x: np.ndarray, mu: float, var: float) -> np.ndarray:
-    return -0.5 * (np.log(2 * np.pi * var) + (x - mu) ** 2 / var)
+    loglik: np.ndarray = -0.5 * (np.log(2 * np.pi * var) + (x - mu) ** 2 / var)
+    return loglik
 
 
 def _best_split(x: np.ndarray) -> int:
