@@ -24,7 +24,7 @@ from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_ta
 from weightsmith.checkpoint import Checkpoint, read_json
 from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
-from weightsmith.manifest import MANIFEST_FILE, Manifest
+from weightsmith.manifest import MANIFEST_FILE, Manifest, source_fingerprint
 from weightsmith.outputdir import remove_stale
 
 KV_CACHE = "fp8"
@@ -88,14 +88,17 @@ def calibrate_kv(
         )
     kv, _ = measure(measured_on, sequences, trust_remote_code=trust_remote_code, progress=progress)
     values = calibrated.kv_scales(kv, attention, measured_on)
+    model = calibration.fingerprint(ckpt)
+    activations = "original" if source is not None else "quantized"
     prov = calibration.Provenance(
-        model_fingerprint=calibration.fingerprint(ckpt),
+        model_fingerprint=model,
         tokens=sum(map(len, sequences)),
         sequences=len(sequences),
         seq_len=max(map(len, sequences)),
         text=label,
         text_sha256=sha,
-        activations="original" if source is not None else "quantized",
+        activations=activations,
+        source_fingerprint=source_fingerprint(ckpt, model, activations),
     )
     entry = {"measured_on": str(measured_on), **asdict(prov), "kv_cache": KV_CACHE, "kv_scales": len(values)}
     documents = {}

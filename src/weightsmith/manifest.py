@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weightsmith import __version__, names
-from weightsmith.calibration import ACTIVATIONS, Provenance
+from weightsmith.calibration import ACTIVATIONS, Provenance, fingerprint
 from weightsmith.checkpoint import Checkpoint, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import open_regular, write_json_new
@@ -89,6 +89,9 @@ class SourceFile:
 class SourceRecord:
     path: str
     files: dict[str, SourceFile]
+    #: `calibration.fingerprint` of the source: how `calibrate` on this checkpoint names the model it
+    #: was quantized from, so `quantize` of that model accepts the statistics. Written only when set.
+    fingerprint: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -144,6 +147,8 @@ class Manifest:
         for key in ("calibration", "skipped_files"):
             if not out[key]:
                 del out[key]
+        if out["source"]["fingerprint"] is None:  # manifests written before sources were fingerprinted
+            del out["source"]["fingerprint"]
         return out
 
     @classmethod
@@ -345,6 +350,7 @@ def build_manifest(
         ),
         source=SourceRecord(
             path=str(src.root),
+            fingerprint=fingerprint(src),
             files={
                 shard: SourceFile(bytes=h.file_size, sha256=source_hashes.get(shard))
                 for shard, h in src.headers.items()
@@ -367,3 +373,15 @@ def build_manifest(
         calibration=calibration,
         skipped_files=dict(skipped or {}),
     )
+
+
+def source_fingerprint(ckpt: Checkpoint, model_fingerprint: str, activations: str) -> str | None:
+    """The original model behind statistics measured on `ckpt` (`Provenance.source_fingerprint`).
+
+    An original is its own source. A quantized checkpoint's source is the one its manifest records
+    (None for a checkpoint weightsmith did not write, or wrote before sources were fingerprinted).
+    """
+    if activations == "original":
+        return model_fingerprint
+    path = ckpt.root / MANIFEST_FILE
+    return load_manifest(path).source.fingerprint if path.is_file() else None

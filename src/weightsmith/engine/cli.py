@@ -18,6 +18,7 @@ from weightsmith import calibration
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.texts import BUILTINS
 from weightsmith.errors import OutputError, WeightsmithError
+from weightsmith.manifest import source_fingerprint
 
 err_console = Console(stderr=True, highlight=False)
 DEFAULT_TOKENS = 65536
@@ -80,14 +81,16 @@ def calibrate_command(
         progress=(lambda line: err_console.print(f"calibrate: {line}", end="\r")) if show else None,
     )
     seconds = time.perf_counter() - started
+    model = calibration.fingerprint(ckpt)
     provenance = calibration.Provenance(
-        model_fingerprint=calibration.fingerprint(ckpt),
+        model_fingerprint=model,
         tokens=count,
         sequences=len(sequences),
         seq_len=max(map(len, sequences)),
         text=label,
         text_sha256=sha,
         activations=activations,
+        source_fingerprint=source_fingerprint(ckpt, model, activations),
     )
     calibration.write(out, calibration.CalibrationStats(provenance, kv, inputs), replace=force)
     err_console.print(
