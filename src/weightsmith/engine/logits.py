@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,21 @@ from weightsmith.engine.loading import TOP, opened
 from weightsmith.engine.stream import LayerProgress, final_logits, layer_arguments, run_layers
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity import logits as fl
+from weightsmith.fidelity.activations import input_quantizers, quantized_inputs
 
 
 def _final_hidden(folder: Path, ids: Any, trust_remote_code: bool, progress: LayerProgress | None) -> Any:
-    """The hidden states of `ids` after the last decoder layer of the checkpoint in `folder`."""
+    """The hidden states of `ids` after the last decoder layer of the checkpoint in `folder`, its
+    quantized Linears' inputs quantized with their stored scales as a server does (`activations`)."""
     with opened(folder, trust_remote_code=trust_remote_code) as loader:
+        quantizers = input_quantizers(loader.source.ckpt) if loader.source.quantized else {}
+        layers = loader.skeleton.layers
+
+        def around(index: int) -> AbstractContextManager[int]:
+            return quantized_inputs(layers[index], quantizers, f"{loader.skeleton.layers_path}.{index}")
+
         hidden, calls = layer_arguments(loader, [ids])
-        return run_layers(loader, hidden, calls, progress)[0]
+        return run_layers(loader, hidden, calls, progress, around if quantizers else None)[0]
 
 
 def _chunks(length: int) -> list[tuple[int, int]]:
