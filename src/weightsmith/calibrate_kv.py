@@ -105,11 +105,12 @@ def calibrate_kv(
     manifest_path = target.root / MANIFEST_FILE
     if manifest_path.is_file():  # a weightsmith checkpoint: its card reads where measured scales came from
         manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE), manifest_path)
-        # a record already there is the quantize run's, for its activation scales: it stays, and
-        # these scales' provenance is in the new shard's metadata
+        # a record already there is the quantize run's (its activation scales, or an earlier
+        # calibrate-kv's): it stays, and these scales' provenance is their own record
         if manifest.calibration is None:
             manifest.calibration = prov
-            documents[MANIFEST_FILE] = manifest.to_json()
+        manifest.kv_calibration = prov
+        documents[MANIFEST_FILE] = manifest.to_json()
     metadata = {"calibration": json.dumps(entry, sort_keys=True)}
     result = add_tensors(
         target.root,

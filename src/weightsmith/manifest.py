@@ -134,6 +134,8 @@ class Manifest:
     sizes: Sizes
     #: Where the statistics of a calibrated scheme came from; written only when set.
     calibration: CalibrationRecord | None = None
+    #: Where the KV-cache scales `calibrate-kv` added came from (its latest run); written only when set.
+    kv_calibration: CalibrationRecord | None = None
     #: Source files not carried over (links out of the source, FIFOs, ...) and why; written only when any.
     skipped_files: dict[str, str] = field(default_factory=dict)
 
@@ -144,7 +146,7 @@ class Manifest:
         its `manifest_version` and shows the fields it lacked as null.
         """
         out: dict[str, Any] = jsonable(self)
-        for key in ("calibration", "skipped_files"):
+        for key in ("calibration", "kv_calibration", "skipped_files"):
             if not out[key]:
                 del out[key]
         if out["source"]["fingerprint"] is None:  # manifests written before sources were fingerprinted
@@ -277,8 +279,9 @@ def _check_values(m: Manifest, file: str | Path) -> None:
     for i, r in enumerate(m.recipe.rules or []):
         if r.quantized and r.config_group is None:
             raise _error(file, f"recipe.rules[{i}].config_group is null, yet the rule quantized {r.quantized} weights")
-    if m.calibration is not None and m.calibration.activations not in ACTIVATIONS:
-        raise _error(file, f"calibration.activations must be one of {', '.join(ACTIVATIONS)}")
+    for where, record in (("calibration", m.calibration), ("kv_calibration", m.kv_calibration)):
+        if record is not None and record.activations not in ACTIVATIONS:
+            raise _error(file, f"{where}.activations must be one of {', '.join(ACTIVATIONS)}")
 
 
 # --- writing: the record of one run ---
