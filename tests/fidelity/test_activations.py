@@ -59,3 +59,23 @@ def test_the_fp4_grid_and_its_ties() -> None:
     x = torch.tensor([0.2, 0.25, 0.26, 0.75, 1.0, 1.25, 1.3, 1.75, 2.5, 2.6, 3.5, 5.0, 5.1, -0.75, -5.1])
     want = [0, 0, 0.5, 1, 1, 1, 1.5, 2, 2, 3, 4, 4, 6, -1, -6]
     assert round_fp4(x).tolist() == want
+
+
+def test_input_quantizers_come_from_the_checkpoints_config_and_scales(tmp_path) -> None:
+    from calibrated.synthetic import write_stats
+    from synth import llama_tensors, write_checkpoint
+
+    from weightsmith.api import quantize
+    from weightsmith.checkpoint import Checkpoint
+    from weightsmith.fidelity.activations import input_quantizers
+    from weightsmith.fidelity.quantized import quantized_modules
+
+    src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
+    stats, _ = write_stats(src, tmp_path / "stats.safetensors")
+    w4a4 = Checkpoint.open(quantize(src, tmp_path / "w4a4", "nvfp4", calibration=stats, workers=2).output)
+    a16 = Checkpoint.open(quantize(src, tmp_path / "a16", "nvfp4a16", workers=2).output)
+    found = input_quantizers(w4a4)
+    assert set(found) == {qm.module for qm in quantized_modules(w4a4)}
+    x = torch.randn(3, 64)
+    assert all(not torch.equal(q(x), x) for q in found.values())
+    assert input_quantizers(a16) == {} and input_quantizers(Checkpoint.open(src)) == {}
