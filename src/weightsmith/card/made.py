@@ -182,9 +182,13 @@ def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> lis
     record (`kv_calibration`), which says where they came from whatever the first record says.
     """
     cal, kv_cal = m.calibration, m.kv_calibration
+    if cal is None and kv_cal is None:
+        return []
     made = []
     calibrated = [
-        r.scheme for r in m.recipe.rules if r.quantized and getattr(REGISTRY.get(r.scheme), "NEEDS_CALIBRATION", False)
+        r.scheme
+        for r in m.recipe.rules or []
+        if r.quantized and getattr(REGISTRY.get(r.scheme), "NEEDS_CALIBRATION", False)
     ]
     if calibrated:
         made.append(f"the static activation scales of {', '.join(sorted(set(calibrated)))}")
