@@ -24,7 +24,7 @@ from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_ta
 from weightsmith.checkpoint import Checkpoint, read_json
 from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
-from weightsmith.manifest import MANIFEST_FILE, Manifest, source_fingerprint
+from weightsmith.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint
 from weightsmith.outputdir import remove_stale
 
 KV_CACHE = "fp8"
@@ -90,6 +90,7 @@ def calibrate_kv(
     values = calibrated.kv_scales(kv, attention, measured_on)
     model = calibration.fingerprint(ckpt)
     activations = "original" if source is not None else "quantized"
+    origin = source_fingerprint(ckpt, model, activations)
     prov = calibration.Provenance(
         model_fingerprint=model,
         tokens=sum(map(len, sequences)),
@@ -97,8 +98,8 @@ def calibrate_kv(
         seq_len=max(map(len, sequences)),
         text=label,
         text_sha256=sha,
-        activations=activations,
-        source_fingerprint=source_fingerprint(ckpt, model, activations),
+        activations=measured_activations(activations, model, origin),
+        source_fingerprint=origin,
     )
     entry = {"measured_on": str(measured_on), **asdict(prov), "kv_cache": KV_CACHE, "kv_scales": len(values)}
     documents = {}

@@ -381,10 +381,17 @@ def build_manifest(
 def source_fingerprint(ckpt: Checkpoint, model_fingerprint: str, activations: str) -> str | None:
     """The original model behind statistics measured on `ckpt` (`Provenance.source_fingerprint`).
 
-    An original is its own source. A quantized checkpoint's source is the one its manifest records
-    (None for a checkpoint weightsmith did not write, or wrote before sources were fingerprinted).
+    A checkpoint weightsmith wrote names its source in its manifest, whatever its format (a static
+    FP8 checkpoint runs as an FP8 original does, yet was quantized from SRC). Otherwise an original
+    is its own source, and a quantized checkpoint's source is unknown (None).
     """
-    if activations == "original":
-        return model_fingerprint
     path = ckpt.root / MANIFEST_FILE
-    return load_manifest(path).source.fingerprint if path.is_file() else None
+    recorded = load_manifest(path).source.fingerprint if path.is_file() else None
+    if recorded is not None:
+        return recorded
+    return model_fingerprint if activations == "original" else None
+
+
+def measured_activations(activations: str, model_fingerprint: str, source: str | None) -> str:
+    """`quantized` for a checkpoint quantized from another model (its manifest says so), else as the engine ran it."""
+    return "quantized" if source is not None and source != model_fingerprint else activations

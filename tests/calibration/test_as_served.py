@@ -77,3 +77,16 @@ def test_statistics_of_a_quantization_of_another_model_are_refused(tmp_path: Pat
     )
     with pytest.raises(CheckpointError, match="another model"):
         calibration.check_model("s", calibration.CalibrationStats(forged), Checkpoint.open(src))
+
+
+def test_a_static_fp8_checkpoint_runs_as_an_original_yet_is_labelled_a_quantization_of_src(tmp_path: Path) -> None:
+    from weightsmith.manifest import measured_activations
+
+    src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
+    stats, _ = write_stats(src, tmp_path / "orig.safetensors")
+    fp8 = Checkpoint.open(quantize(src, tmp_path / "fp8", "fp8", calibration=stats, workers=2).output)
+    model, src_fp = calibration.fingerprint(fp8), calibration.fingerprint(Checkpoint.open(src))
+    # the engine decodes it as an FP8 original ("original"); its manifest names SRC
+    assert source_fingerprint(fp8, model, "original") == src_fp
+    assert measured_activations("original", model, src_fp) == "quantized"
+    assert measured_activations("original", src_fp, src_fp) == "original"

@@ -64,7 +64,6 @@ def test_the_fp4_grid_and_its_ties() -> None:
 def test_input_quantizers_come_from_the_checkpoints_config_and_scales(tmp_path) -> None:
     from calibrated.synthetic import write_stats
     from synth import llama_tensors, write_checkpoint
-
     from weightsmith.api import quantize
     from weightsmith.checkpoint import Checkpoint
     from weightsmith.fidelity.activations import input_quantizers

@@ -18,7 +18,7 @@ from weightsmith import calibration
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.texts import BUILTINS
 from weightsmith.errors import OutputError, WeightsmithError
-from weightsmith.manifest import source_fingerprint
+from weightsmith.manifest import measured_activations, source_fingerprint
 
 err_console = Console(stderr=True, highlight=False)
 DEFAULT_TOKENS = 65536
@@ -82,6 +82,7 @@ def calibrate_command(
     )
     seconds = time.perf_counter() - started
     model = calibration.fingerprint(ckpt)
+    source = source_fingerprint(ckpt, model, activations)
     provenance = calibration.Provenance(
         model_fingerprint=model,
         tokens=count,
@@ -89,13 +90,13 @@ def calibrate_command(
         seq_len=max(map(len, sequences)),
         text=label,
         text_sha256=sha,
-        activations=activations,
-        source_fingerprint=source_fingerprint(ckpt, model, activations),
+        activations=measured_activations(activations, model, source),
+        source_fingerprint=source,
     )
     calibration.write(out, calibration.CalibrationStats(provenance, kv, inputs), replace=force)
     err_console.print(
         f"{out}: {len(kv)} attention modules, {len(inputs)} Linear inputs; {count} tokens in {seconds:.1f} s "
-        f"({count / seconds:.1f} tokens/s), activations {activations}",
+        f"({count / seconds:.1f} tokens/s), activations {provenance.activations}",
         soft_wrap=True,
     )
 
