@@ -57,10 +57,10 @@ class Provenance:
     text: str  # what the text was: a file name or a built-in corpus name
     text_sha256: str
     activations: str  # one of ACTIVATIONS
-    #: `fingerprint()` of the original model: model_fingerprint itself for an original; for a
-    #: quantized checkpoint the source its manifest records (None when it records none, and in
-    #: files written before this field). Lets `quantize SRC` take statistics measured on a
-    #: quantization of SRC, i.e. on the activations of the model as served.
+    #: `fingerprint()` of the original model: for a checkpoint weightsmith quantized, the source its
+    #: manifest records; for an original, model_fingerprint itself (None when unknown, and in files
+    #: written before this field). Lets `quantize SRC` take statistics measured on a quantization
+    #: of SRC, i.e. on the activations of the model as served.
     source_fingerprint: str | None = None
 
 
