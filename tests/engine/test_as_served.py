@@ -46,3 +46,22 @@ def test_w4a4_from_statistics_measured_as_served(tiny_llama: Path, tmp_path: Pat
     assert stream["kl"] != weight_only["kl"]
     for key in ("kl", "top1_agreement", "ppl_orig", "ppl_quant"):
         assert stream[key] == pytest.approx(memory[key], rel=1e-4, abs=1e-4), key
+
+
+def test_static_fp8_inputs_are_quantized_in_the_streamed_eval_too(tiny_llama: Path, tmp_path: Path) -> None:
+    """The engine runs a static FP8 checkpoint as an FP8 original (weights decoded); its inputs are still
+    quantized with the stored input_scale, exactly as the hooks compute them."""
+    import torch
+
+    from calibrated.synthetic import write_stats
+    from weightsmith.engine.logits import _final_hidden
+
+    stats, _ = write_stats(tiny_llama, tmp_path / "stats.safetensors")
+    fp8 = quantize(tiny_llama, tmp_path / "fp8", "fp8", calibration=stats, workers=2).output
+    ids = torch.arange(100, 164).reshape(1, -1)
+    served = _final_hidden(fp8, ids, False, None, served=True)
+    weights_only = _final_hidden(fp8, ids, False, None)
+    assert not torch.equal(served, weights_only)
+    assert torch.equal(
+        _final_hidden(tiny_llama, ids, False, None, served=True), _final_hidden(tiny_llama, ids, False, None)
+    )
