@@ -86,11 +86,11 @@ def calibrate_kv(
             f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "
             f"{calibration.MIN_TOKENS:,} is not stable"
         )
-    kv, _ = measure(measured_on, sequences, trust_remote_code=trust_remote_code, progress=progress)
-    values = calibrated.kv_scales(kv, attention, measured_on)
     model = calibration.fingerprint(ckpt)
     activations = "original" if source is not None else "quantized"
-    origin = source_fingerprint(ckpt, model, activations)
+    origin = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
+    kv, _ = measure(measured_on, sequences, trust_remote_code=trust_remote_code, progress=progress)
+    values = calibrated.kv_scales(kv, attention, measured_on)
     prov = calibration.Provenance(
         model_fingerprint=model,
         tokens=sum(map(len, sequences)),

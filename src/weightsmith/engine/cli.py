@@ -62,6 +62,8 @@ def calibrate_command(
 
     with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
         activations = loader.source.activations
+    model = calibration.fingerprint(ckpt)
+    source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     sequences, label, sha = calibration_tokens(src, str(text) if text else None, builtin, tokens, seq_len)
@@ -81,8 +83,6 @@ def calibrate_command(
         progress=(lambda line: err_console.print(f"calibrate: {line}", end="\r")) if show else None,
     )
     seconds = time.perf_counter() - started
-    model = calibration.fingerprint(ckpt)
-    source = source_fingerprint(ckpt, model, activations)
     provenance = calibration.Provenance(
         model_fingerprint=model,
         tokens=count,
