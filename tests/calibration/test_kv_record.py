@@ -36,3 +36,8 @@ def test_card_cites_the_kv_record_not_the_quantize_runs(tmp_path: Path) -> None:
     plain = dataclasses.replace(result.manifest, recipe=quantize(src, tmp_path / "a16", "w4a16").manifest.recipe)
     (line,) = _calibration_lines(dataclasses.replace(plain, calibration=kv, kv_calibration=kv), config, Citations())
     assert "the KV-cache scales" in line and "kv_calibration.tokens" in line
+
+    # a W4A4 run from statistics measured on its weight-only twin says so
+    twin = dataclasses.replace(back, calibration=dataclasses.replace(recorded.provenance, activations="quantized"))
+    activation, _ = _calibration_lines(twin, config, Citations())
+    assert "activations of a quantization of the source model" in activation

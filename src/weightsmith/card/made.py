@@ -170,6 +170,8 @@ _ACTIVATIONS = {
     "original": "the original model's activations",
     "quantized": "the quantized model's own activations (its layers dequantized, as it is served)",
 }
+#: A quantize run's statistics taken on a quantization of its source (`calibrate` of a weight-only twin).
+_SERVED_TWIN = "the activations of a quantization of the source model (its layers dequantized, as served)"
 
 
 def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> list[str]:
@@ -200,7 +202,8 @@ def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> lis
         made.append(_KV_WORDS)
     lines = []
     if cal is not None and (made or kv_cal is None):
-        lines.append(_measured(" and ".join(made) or "statistics", cal, "calibration", c))
+        twin = cal.activations == "quantized" and cal != kv_cal  # not calibrate-kv's record of this checkpoint
+        lines.append(_measured(" and ".join(made) or "statistics", cal, "calibration", c, twin))
     if declared and kv_cal is not None:
         lines.append(_measured(_KV_WORDS, kv_cal, "kv_calibration", c))
     return lines
@@ -212,8 +215,9 @@ _KV_WORDS = (
 )
 
 
-def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations) -> str:
-    """One card line: `what` was measured on the tokens and text of the record at `field`."""
+def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations, twin: bool = False) -> str:
+    """One card line: `what` was measured on the tokens and text of the record at `field` (`twin`: on
+    a quantization of the source, not on this checkpoint)."""
     tokens = c.num(f"{cal.tokens:,}", M, f"{field}.tokens")
     sequences = c.num(str(cal.sequences), M, f"{field}.sequences")
     seq_len = c.num(str(cal.seq_len), M, f"{field}.seq_len")
@@ -221,7 +225,7 @@ def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations) -> st
         f"- **Calibration**: {what} measured by weightsmith (not transplanted from "
         f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) "
         f"of {c.text(cal.text, M, f'{field}.text')} (sha256 {c.text(cal.text_sha256, M, f'{field}.text_sha256')}"
-        f"), on {_ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
+        f"), on {_SERVED_TWIN if twin else _ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
     )
 
 
