@@ -75,6 +75,9 @@ def test_from_the_original(quantized: Path, tmp_path: Path) -> None:
     assert set(_scales(quant)) == set(scales) and _scales(quant) != scales
     assert sum(names.is_kv_scale_name(n) for n in Checkpoint.open(quant).tensors) == 60
     assert verify(quant).clean
+    # the first record stays; the KV scales' own record says they now come from the prose
+    manifest = json.loads((quant / "weightsmith.json").read_text())
+    assert manifest["calibration"] == recorded and manifest["kv_calibration"]["text"].startswith("builtin:prose")
 
 
 def test_on_the_quantized_checkpoint_itself(quantized: Path, tmp_path: Path) -> None:

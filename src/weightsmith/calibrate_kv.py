@@ -24,7 +24,7 @@ from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_ta
 from weightsmith.checkpoint import Checkpoint, read_json
 from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
-from weightsmith.manifest import MANIFEST_FILE, Manifest
+from weightsmith.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint
 from weightsmith.outputdir import remove_stale
 
 KV_CACHE = "fp8"
@@ -86,27 +86,32 @@ def calibrate_kv(
             f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "
             f"{calibration.MIN_TOKENS:,} is not stable"
         )
+    model = calibration.fingerprint(ckpt)
+    activations = "original" if source is not None else "quantized"
+    origin = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     kv, _ = measure(measured_on, sequences, trust_remote_code=trust_remote_code, progress=progress)
     values = calibrated.kv_scales(kv, attention, measured_on)
     prov = calibration.Provenance(
-        model_fingerprint=calibration.fingerprint(ckpt),
+        model_fingerprint=model,
         tokens=sum(map(len, sequences)),
         sequences=len(sequences),
         seq_len=max(map(len, sequences)),
         text=label,
         text_sha256=sha,
-        activations="original" if source is not None else "quantized",
+        activations=measured_activations(activations, model, origin),
+        source_fingerprint=origin,
     )
     entry = {"measured_on": str(measured_on), **asdict(prov), "kv_cache": KV_CACHE, "kv_scales": len(values)}
     documents = {}
     manifest_path = target.root / MANIFEST_FILE
     if manifest_path.is_file():  # a weightsmith checkpoint: its card reads where measured scales came from
         manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE), manifest_path)
-        # a record already there is the quantize run's, for its activation scales: it stays, and
-        # these scales' provenance is in the new shard's metadata
+        # a record already there is the quantize run's (its activation scales, or an earlier
+        # calibrate-kv's): it stays, and these scales' provenance is their own record
         if manifest.calibration is None:
             manifest.calibration = prov
-            documents[MANIFEST_FILE] = manifest.to_json()
+        manifest.kv_calibration = prov
+        documents[MANIFEST_FILE] = manifest.to_json()
     metadata = {"calibration": json.dumps(entry, sort_keys=True)}
     result = add_tensors(
         target.root,

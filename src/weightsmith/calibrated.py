@@ -35,16 +35,19 @@ class Calibration:
 
     path: Path
     stats: calibration.CalibrationStats
+    #: `calibration.ITSELF` or `calibration.QUANTIZATION`: measured on the checkpoint being quantized,
+    #: or on a quantization of it (the activations of the model as served).
+    measured_on: str = calibration.ITSELF
 
 
 def load(path: str | os.PathLike[str], ckpt: Checkpoint) -> Calibration:
-    """Read `path` (every entry checked) and refuse it if it was measured on another model than `ckpt`."""
+    """Read `path` (every entry checked) and refuse it unless it was measured on `ckpt` or on a
+    checkpoint quantized from it."""
     path = Path(path)
     if not path.exists():
         raise WeightsmithError(f"does not exist ({HOW})", file=path, code="usage")
     stats = calibration.read(path)
-    calibration.check_model(path, stats, ckpt)
-    return Calibration(path, stats)
+    return Calibration(path, stats, calibration.check_model(path, stats, ckpt))
 
 
 def require(cal: Calibration | None, what: str) -> Calibration:

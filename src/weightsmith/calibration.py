@@ -57,6 +57,11 @@ class Provenance:
     text: str  # what the text was: a file name or a built-in corpus name
     text_sha256: str
     activations: str  # one of ACTIVATIONS
+    #: `fingerprint()` of the original model: for a checkpoint weightsmith quantized, the source its
+    #: manifest records; for an original, model_fingerprint itself (None when unknown, and in files
+    #: written before this field). Lets `quantize SRC` take statistics measured on a quantization
+    #: of SRC, i.e. on the activations of the model as served.
+    source_fingerprint: str | None = None
 
 
 @dataclass
@@ -108,7 +113,7 @@ def write(path: str | os.PathLike[str], stats: CalibrationStats, *, replace: boo
         values[f"{module}.{INPUT_ABSMAX}"] = x
     for name, value in values.items():
         _check_value(path, name, value)
-    metadata = {"format": FORMAT, **{k: str(v) for k, v in asdict(stats.provenance).items()}}
+    metadata = {"format": FORMAT, **{k: str(v) for k, v in asdict(stats.provenance).items() if v is not None}}
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     partial.unlink(missing_ok=True)  # left by a killed run that had our pid
     try:
@@ -168,16 +173,24 @@ def read(path: str | os.PathLike[str]) -> CalibrationStats:
     return stats
 
 
-def check_model(path: str | os.PathLike[str], stats: CalibrationStats, ckpt: Checkpoint) -> None:
-    """Refuse statistics measured on another model than `ckpt`."""
+#: `check_model` results: the statistics were measured on the model itself, or on a quantization of it.
+ITSELF, QUANTIZATION = "itself", "a quantization of it"
+
+
+def check_model(path: str | os.PathLike[str], stats: CalibrationStats, ckpt: Checkpoint) -> str:
+    """Which model `stats` were measured on, relative to `ckpt`: ITSELF, or QUANTIZATION (a checkpoint
+    quantized from `ckpt`, run as served); statistics of any other model are refused."""
     found = fingerprint(ckpt)
-    if stats.provenance.model_fingerprint != found:
-        raise CheckpointError(
-            f"was measured on another model ({stats.provenance.model_fingerprint[:19]}..., "
-            f"{ckpt.root} is {found[:19]}...)",
-            file=path,
-            code="calibration.model",
-        )
+    prov = stats.provenance
+    if prov.model_fingerprint == found:
+        return ITSELF
+    if prov.activations == "quantized" and prov.source_fingerprint == found:
+        return QUANTIZATION
+    raise CheckpointError(
+        f"was measured on another model ({prov.model_fingerprint[:19]}..., {ckpt.root} is {found[:19]}...)",
+        file=path,
+        code="calibration.model",
+    )
 
 
 def _check_value(path: Path, name: str, value: float) -> None:
@@ -191,6 +204,8 @@ def _provenance(path: Path, meta: dict[str, str]) -> Provenance:
     fields: dict[str, object] = {}
     for name, kind in Provenance.__annotations__.items():
         text = meta.get(name)
+        if text is None and "None" in kind:
+            continue  # an optional field, absent from older files
         if text is None:
             raise CheckpointError(f"metadata lacks {name!r}", file=path, code="calibration.metadata")
         if kind == "int":

@@ -44,6 +44,12 @@ def plan_table(plan: Plan) -> Table:
     for d in plan.decisions:
         table.add_row(d.name, d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, d.reason)
     stats = plan.calibration.path if plan.calibration else None
+    if plan.calibration is not None:
+        prov = plan.calibration.stats.provenance
+        table.caption = (
+            f"static scales from {stats}: {prov.tokens:,} tokens measured on {plan.calibration.measured_on} "
+            f"({prov.activations} activations)"
+        )
     for shard, specs in plan.added.items():
         for spec in specs:
             why = f"{plan.kv_cache} KV-cache scale measured in {stats}, written to {shard}"
@@ -78,6 +84,7 @@ def plan_json(plan: Plan) -> dict:
         "bytes_in": plan.bytes_in,
         "bytes_out_predicted": plan.bytes_out,
         "calibration": str(plan.calibration.path) if plan.calibration else None,
+        "calibration_measured_on": plan.calibration.measured_on if plan.calibration else None,
         "kv_cache": plan.kv_cache,
         "added": [
             {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "shard": shard}

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weightsmith import __version__, names
-from weightsmith.calibration import ACTIVATIONS, Provenance
+from weightsmith.calibration import ACTIVATIONS, Provenance, fingerprint
 from weightsmith.checkpoint import Checkpoint, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import open_regular, write_json_new
@@ -89,6 +89,9 @@ class SourceFile:
 class SourceRecord:
     path: str
     files: dict[str, SourceFile]
+    #: `calibration.fingerprint` of the source: how `calibrate` on this checkpoint names the model it
+    #: was quantized from, so `quantize` of that model accepts the statistics. Written only when set.
+    fingerprint: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -131,6 +134,8 @@ class Manifest:
     sizes: Sizes
     #: Where the statistics of a calibrated scheme came from; written only when set.
     calibration: CalibrationRecord | None = None
+    #: Where the KV-cache scales `calibrate-kv` added came from (its latest run); written only when set.
+    kv_calibration: CalibrationRecord | None = None
     #: Source files not carried over (links out of the source, FIFOs, ...) and why; written only when any.
     skipped_files: dict[str, str] = field(default_factory=dict)
 
@@ -141,9 +146,11 @@ class Manifest:
         its `manifest_version` and shows the fields it lacked as null.
         """
         out: dict[str, Any] = jsonable(self)
-        for key in ("calibration", "skipped_files"):
+        for key in ("calibration", "kv_calibration", "skipped_files"):
             if not out[key]:
                 del out[key]
+        if out["source"]["fingerprint"] is None:  # manifests written before sources were fingerprinted
+            del out["source"]["fingerprint"]
         return out
 
     @classmethod
@@ -272,8 +279,9 @@ def _check_values(m: Manifest, file: str | Path) -> None:
     for i, r in enumerate(m.recipe.rules or []):
         if r.quantized and r.config_group is None:
             raise _error(file, f"recipe.rules[{i}].config_group is null, yet the rule quantized {r.quantized} weights")
-    if m.calibration is not None and m.calibration.activations not in ACTIVATIONS:
-        raise _error(file, f"calibration.activations must be one of {', '.join(ACTIVATIONS)}")
+    for where, record in (("calibration", m.calibration), ("kv_calibration", m.kv_calibration)):
+        if record is not None and record.activations not in ACTIVATIONS:
+            raise _error(file, f"{where}.activations must be one of {', '.join(ACTIVATIONS)}")
 
 
 # --- writing: the record of one run ---
@@ -345,6 +353,7 @@ def build_manifest(
         ),
         source=SourceRecord(
             path=str(src.root),
+            fingerprint=fingerprint(src),
             files={
                 shard: SourceFile(bytes=h.file_size, sha256=source_hashes.get(shard))
                 for shard, h in src.headers.items()
@@ -367,3 +376,22 @@ def build_manifest(
         calibration=calibration,
         skipped_files=dict(skipped or {}),
     )
+
+
+def source_fingerprint(ckpt: Checkpoint, model_fingerprint: str, activations: str) -> str | None:
+    """The original model behind statistics measured on `ckpt` (`Provenance.source_fingerprint`).
+
+    A checkpoint weightsmith wrote names its source in its manifest, whatever its format (a static
+    FP8 checkpoint runs as an FP8 original does, yet was quantized from SRC). Otherwise an original
+    is its own source, and a quantized checkpoint's source is unknown (None).
+    """
+    path = ckpt.root / MANIFEST_FILE
+    recorded = load_manifest(path).source.fingerprint if path.is_file() else None
+    if recorded is not None:
+        return recorded
+    return model_fingerprint if activations == "original" else None
+
+
+def measured_activations(activations: str, model_fingerprint: str, source: str | None) -> str:
+    """`quantized` for a checkpoint quantized from another model (its manifest says so), else as the engine ran it."""
+    return "quantized" if source is not None and source != model_fingerprint else activations

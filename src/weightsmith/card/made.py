@@ -8,7 +8,7 @@ from weightsmith import names
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import CONFIG_FILE, INSPECT_FILE, CardSources
 from weightsmith.card.target import named_target
-from weightsmith.manifest import MANIFEST_FILE, Manifest, RecipeRecord, RuleRecord
+from weightsmith.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
 from weightsmith.plan import PRESETS
 from weightsmith.schemes import REGISTRY
 
@@ -170,42 +170,63 @@ _ACTIVATIONS = {
     "original": "the original model's activations",
     "quantized": "the quantized model's own activations (its layers dequantized, as it is served)",
 }
+#: A quantize run's statistics taken on a quantization of its source (`calibrate` of a weight-only twin).
+_SERVED_TWIN = "the activations of a quantization of the source model (its layers dequantized, as served)"
 
 
 def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> list[str]:
-    """Scales measured on calibration data by weightsmith (the manifest's `calibration`), not transplanted.
+    """Scales measured on calibration data by weightsmith, not transplanted, each with its own record.
 
-    What the statistics gave: the static activation scales of a calibrated scheme among the rules;
-    the KV-cache scales where the config declares a KV-cache scheme and either this quantize run
-    wrote them (its sizes count KV scales after, none before) or no calibrated scheme used the
-    statistics (so they were recorded by `calibrate-kv`).
+    The quantize run's record (`calibration`) gave the static activation scales of a calibrated
+    scheme among the rules, and the KV-cache scales where the config declares a KV-cache scheme and
+    either that run wrote them (its sizes count KV scales after, none before) or no calibrated
+    scheme used the statistics. KV-cache scales added later by `calibrate-kv` have their own
+    record (`kv_calibration`), which says where they came from whatever the first record says.
     """
-    cal = m.calibration
-    if cal is None:
+    cal, kv_cal = m.calibration, m.kv_calibration
+    if cal is None and kv_cal is None:
         return []
     made = []
     calibrated = [
-        r.scheme for r in m.recipe.rules if r.quantized and getattr(REGISTRY.get(r.scheme), "NEEDS_CALIBRATION", False)
+        r.scheme
+        for r in m.recipe.rules or []
+        if r.quantized and getattr(REGISTRY.get(r.scheme), "NEEDS_CALIBRATION", False)
     ]
     if calibrated:
         made.append(f"the static activation scales of {', '.join(sorted(set(calibrated)))}")
     qc = config.get("quantization_config")
+    declared = isinstance(qc, dict) and bool(qc.get("kv_cache_scheme"))
     kv = m.sizes.by_category.get(names.KV_SCALES_CATEGORY)
     written_here = kv is not None and kv.bytes_after > 0 and kv.bytes_before == 0
-    if isinstance(qc, dict) and qc.get("kv_cache_scheme") and (written_here or not calibrated):
-        made.append(
-            "the KV-cache scales (k_scale, v_scale: the largest |K| after the rotary embedding and |V| "
-            "entering the cache, / 448)"
-        )
-    tokens = c.num(f"{cal.tokens:,}", M, "calibration.tokens")
-    sequences = c.num(str(cal.sequences), M, "calibration.sequences")
-    seq_len = c.num(str(cal.seq_len), M, "calibration.seq_len")
-    return [
-        f"- **Calibration**: {' and '.join(made) or 'statistics'} measured by weightsmith (not transplanted from "
+    if declared and kv_cal is None and (written_here or not calibrated):
+        made.append(_KV_WORDS)
+    lines = []
+    if cal is not None and (made or kv_cal is None):
+        twin = cal.activations == "quantized" and cal != kv_cal  # not calibrate-kv's record of this checkpoint
+        lines.append(_measured(" and ".join(made) or "statistics", cal, "calibration", c, twin))
+    if declared and kv_cal is not None:
+        lines.append(_measured(_KV_WORDS, kv_cal, "kv_calibration", c))
+    return lines
+
+
+_KV_WORDS = (
+    "the KV-cache scales (k_scale, v_scale: the largest |K| after the rotary embedding and |V| entering the cache, "
+    "/ 448)"
+)
+
+
+def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations, twin: bool = False) -> str:
+    """One card line: `what` was measured on the tokens and text of the record at `field` (`twin`: on
+    a quantization of the source, not on this checkpoint)."""
+    tokens = c.num(f"{cal.tokens:,}", M, f"{field}.tokens")
+    sequences = c.num(str(cal.sequences), M, f"{field}.sequences")
+    seq_len = c.num(str(cal.seq_len), M, f"{field}.seq_len")
+    return (
+        f"- **Calibration**: {what} measured by weightsmith (not transplanted from "
         f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) "
-        f"of {c.text(cal.text, M, 'calibration.text')} (sha256 {c.text(cal.text_sha256, M, 'calibration.text_sha256')}"
-        f"), on {_ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
-    ]
+        f"of {c.text(cal.text, M, f'{field}.text')} (sha256 {c.text(cal.text_sha256, M, f'{field}.text_sha256')}"
+        f"), on {_SERVED_TWIN if twin else _ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
+    )
 
 
 def _coverage(src: CardSources, c: Citations) -> list[str]:

@@ -161,16 +161,24 @@ def _w4a4(src: CardSources, c: Citations) -> list[str]:
 
 
 def _calibration(src: CardSources, c: Citations) -> list[str]:
-    """Where static scales (KV, activations) came from, when the manifest records a calibration run."""
-    cal = src.manifest.calibration
-    if cal is None:
-        return []
-    return [
-        f"- Static scales measured by `weightsmith calibrate` on {c.num(f'{cal.tokens:,}', M, 'calibration.tokens')} "
-        f"tokens ({c.num(str(cal.sequences), M, 'calibration.sequences')} sequences of "
-        f"{c.num(str(cal.seq_len), M, 'calibration.seq_len')}) of {c.text(cal.text, M, 'calibration.text')}, "
-        f"activations {c.text(cal.activations, M, 'calibration.activations')}."
-    ]
+    """Where static scales (KV, activations) came from: the quantize run's record, and the record of
+    KV-cache scales `calibrate-kv` added later, when the manifest has them."""
+    out = []
+    m = src.manifest
+    first = m.calibration if m.calibration != m.kv_calibration else None  # calibrate-kv's own, when it was the first
+    for field, record, what in (
+        ("calibration", first, "Static scales measured by `weightsmith calibrate`"),
+        ("kv_calibration", m.kv_calibration, "KV-cache scales measured by `weightsmith calibrate-kv`"),
+    ):
+        if record is None:
+            continue
+        out.append(
+            f"- {what} on {c.num(f'{record.tokens:,}', M, f'{field}.tokens')} "
+            f"tokens ({c.num(str(record.sequences), M, f'{field}.sequences')} sequences of "
+            f"{c.num(str(record.seq_len), M, f'{field}.seq_len')}) of {c.text(record.text, M, f'{field}.text')}, "
+            f"activations {c.text(record.activations, M, f'{field}.activations')}."
+        )
+    return out
 
 
 def _preflight(src: CardSources, c: Citations) -> list[str]:

@@ -18,6 +18,7 @@ from weightsmith import calibration
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.texts import BUILTINS
 from weightsmith.errors import OutputError, WeightsmithError
+from weightsmith.manifest import measured_activations, source_fingerprint
 
 err_console = Console(stderr=True, highlight=False)
 DEFAULT_TOKENS = 65536
@@ -61,6 +62,8 @@ def calibrate_command(
 
     with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
         activations = loader.source.activations
+    model = calibration.fingerprint(ckpt)
+    source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     sequences, label, sha = calibration_tokens(src, str(text) if text else None, builtin, tokens, seq_len)
@@ -81,18 +84,19 @@ def calibrate_command(
     )
     seconds = time.perf_counter() - started
     provenance = calibration.Provenance(
-        model_fingerprint=calibration.fingerprint(ckpt),
+        model_fingerprint=model,
         tokens=count,
         sequences=len(sequences),
         seq_len=max(map(len, sequences)),
         text=label,
         text_sha256=sha,
-        activations=activations,
+        activations=measured_activations(activations, model, source),
+        source_fingerprint=source,
     )
     calibration.write(out, calibration.CalibrationStats(provenance, kv, inputs), replace=force)
     err_console.print(
         f"{out}: {len(kv)} attention modules, {len(inputs)} Linear inputs; {count} tokens in {seconds:.1f} s "
-        f"({count / seconds:.1f} tokens/s), activations {activations}",
+        f"({count / seconds:.1f} tokens/s), activations {provenance.activations}",
         soft_wrap=True,
     )
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,24 @@ from weightsmith.engine.loading import TOP, opened
 from weightsmith.engine.stream import LayerProgress, final_logits, layer_arguments, run_layers
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity import logits as fl
+from weightsmith.fidelity.activations import input_quantizers, quantized_inputs
 
 
-def _final_hidden(folder: Path, ids: Any, trust_remote_code: bool, progress: LayerProgress | None) -> Any:
-    """The hidden states of `ids` after the last decoder layer of the checkpoint in `folder`."""
+def _final_hidden(
+    folder: Path, ids: Any, trust_remote_code: bool, progress: LayerProgress | None, served: bool = False
+) -> Any:
+    """The hidden states of `ids` after the last decoder layer of the checkpoint in `folder`; with
+    `served`, its Linears' inputs quantized with their stored scales as a server does (`activations`:
+    a static FP8 checkpoint too, whose weights the engine decodes as an FP8 original's)."""
     with opened(folder, trust_remote_code=trust_remote_code) as loader:
+        quantizers = input_quantizers(loader.source.ckpt) if served else {}
+        layers = loader.skeleton.layers
+
+        def around(index: int) -> AbstractContextManager[int]:
+            return quantized_inputs(layers[index], quantizers, f"{loader.skeleton.layers_path}.{index}")
+
         hidden, calls = layer_arguments(loader, [ids])
-        return run_layers(loader, hidden, calls, progress)[0]
+        return run_layers(loader, hidden, calls, progress, around if quantizers else None)[0]
 
 
 def _chunks(length: int) -> list[tuple[int, int]]:
@@ -81,7 +92,7 @@ def compare(
         raise WeightsmithError(f"gives {length} token(s); at least 2 are needed", file=text_source)
 
     ref_final = _final_hidden(Path(orig_dir), ids, trust_remote_code, progress)
-    final = _final_hidden(Path(quant_dir), ids, trust_remote_code, progress)
+    final = _final_hidden(Path(quant_dir), ids, trust_remote_code, progress, served=True)
     targets = ids[0, 1:]
     kl = nll_orig = nll_quant = 0.0
     agree = 0

@@ -276,12 +276,16 @@ def compare(
     del model
     gc.collect()
 
+    from weightsmith.fidelity.activations import input_quantizers, quantized_inputs
+
+    quantizers = input_quantizers(Checkpoint.open(quant_dir))  # stored activation scales, applied as served
     try:
         model = load_model(quant_dir)
     except Exception as exc:  # the checkpoint itself is at fault: report it as a finding
         return finish(FAILED, f"transformers cannot load QUANT through compressed-tensors ({_first_line(exc)})")
     try:
-        logits = next_token_logits(model, ids)
+        with quantized_inputs(model, quantizers):
+            logits = next_token_logits(model, ids)
     except Exception as exc:  # ORIG ran, so the difference lies in QUANT
         return finish(FAILED, f"QUANT loads but cannot run ({_first_line(exc)})")
     del model
