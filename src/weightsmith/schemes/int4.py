@@ -16,7 +16,7 @@ from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import int4, int4_search
-from weightsmith.schemes.base import TENSOR, Alloc, Scheme, Write, fresh, register
+from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
 
 DEFAULT_GROUP = 128
 
@@ -78,13 +78,31 @@ class Int4(Scheme):
         """memoryless_mse: each group's clipping factor, once the whole tensor was seen."""
         return {module: int4_search.memoryless_choice(*state) for module, state in states.items()}
 
+    def grid(self, x: np.ndarray) -> Grid | None:
+        if self.scale_search is not None:
+            return None  # a searched clip is chosen per group without the data GPTQ weighs
+        n, cols = x.shape
+        mode, g = int4.mode_of(x.dtype), self.group_size
+        scale = np.empty((n, cols // g), np.float32)
+        zp = np.zeros((n, cols // g), np.int8)
+        packed = np.empty((n, cols // int4.PACK), np.uint32)
+        shrink = np.ones((n, cols // g), np.float32)
+        bad = int4.quantize_rows(int4.kernel_input(np.ascontiguousarray(x)), mode, g, self.symmetric, shrink, packed,
+                                 scale, zp)
+        if bad >= 0:
+            raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
+        return Grid(int4.scale_storage(scale, mode), None if self.symmetric else zp, g, int4.Q_MIN, int4.Q_MAX)
+
     def encode(
         self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
     ) -> tuple[list[Write], int]:
         xin, mode = int4.kernel_input(x), int4.mode_of(x.dtype)
         n, cols = x.shape
         g = self.group_size
-        if isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
+        if isinstance(tensor_param, Chosen):
+            shrink = alloc("shrink", (n, cols // g), np.float32)
+            shrink.fill(1.0)
+        elif isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
             shrink = tensor_param[r0 : r0 + n]
         else:
             shrink = alloc("shrink", (n, cols // g), np.float32)
@@ -97,6 +115,8 @@ class Int4(Scheme):
         scale = alloc("scale", (n, cols // g), np.float32)
         zp = alloc("zp", (n, cols // g), np.int8)
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
+        if isinstance(tensor_param, Chosen):  # the grid is these rows' own; the points on it were chosen
+            packed = int4.pack_nibbles(tensor_param.codes[r0 : r0 + n], axis=1)
         stored_scale = int4.scale_storage(scale, mode)
         writes: list[Write] = [
             (names.WEIGHT_PACKED, packed, r0 * (cols // int4.PACK) * 4),
