@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,26 +101,49 @@ def quantize_weight(
         Q1 = torch.zeros_like(W1)
         Err1 = torch.zeros_like(W1)
         Hinv1 = hinv[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            w = W1[:, i]
-            g = (i1 + i) // grid.group
-            s = scale[:, g]
-            scaled = w / s
-            if zp is not None:
-                scaled += zp[:, g]
-            q = torch.round(torch.clamp(scaled, grid.q_min, grid.q_max))
-            dq = q.to(s.dtype)
-            if zp is not None:
-                dq = dq - zp[:, g].to(s.dtype)
-            dq = dq * s
-            error = (w - dq) / Hinv1[i, i]
-            Q1[:, i] = dq
-            Err1[:, i] = error
-            codes[:, i1 + i] = q.to(torch.int8)
-            W1[:, i:] -= error.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
+        with _one_thread():
+            _columns(W1, Q1, Err1, Hinv1, codes, i1, scale, zp, grid)
         W[:, i1:i2] = Q1
         W[:, i2:] -= Err1.matmul(hinv[i1:i2, i2:])
     return codes, W, singular
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Torch on one thread: the column loop is many small operations, which a thread pool only
+    slows (13x on a busy 2-core machine); the block updates between use every thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _columns(W1: Any, Q1: Any, Err1: Any, Hinv1: Any, codes: Any, i1: int, scale: Any, zp: Any, grid: Grid) -> None:
+    """One block's columns in turn, as llm-compressor's eager `gptq_block_update` (compressed-tensors'
+    `fake_quantize` arithmetic): quantize, record the error, push it onto the block's later columns."""
+    import torch
+
+    for i in range(W1.shape[1]):
+        w = W1[:, i]
+        g = (i1 + i) // grid.group
+        s = scale[:, g]
+        scaled = w / s
+        if zp is not None:
+            scaled += zp[:, g]
+        q = torch.round(torch.clamp(scaled, grid.q_min, grid.q_max))
+        dq = q.to(s.dtype)
+        if zp is not None:
+            dq = dq - zp[:, g].to(s.dtype)
+        dq = dq * s
+        error = (w - dq) / Hinv1[i, i]
+        Q1[:, i] = dq
+        Err1[:, i] = error
+        codes[:, i1 + i] = q.to(torch.int8)
+        W1[:, i:] -= error.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
 
 
 def _torch(a: np.ndarray) -> Any:

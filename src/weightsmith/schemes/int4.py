@@ -116,7 +116,7 @@ class Int4(Scheme):
         zp = alloc("zp", (n, cols // g), np.int8)
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
         if isinstance(tensor_param, Chosen):  # the grid is these rows' own; the points on it were chosen
-            packed = int4.pack_nibbles(tensor_param.codes[r0 : r0 + n], axis=1)
+            packed = int4.pack_nibbles(tensor_param.codes[r0 : r0 + n], axis=1).view(np.uint32)
         stored_scale = int4.scale_storage(scale, mode)
         writes: list[Write] = [
             (names.WEIGHT_PACKED, packed, r0 * (cols // int4.PACK) * 4),
