@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
-from stream_memory import row, timed_err, token_ids, weightsmith
+from stream_memory import token_ids, weightsmith
 
 ONESHOT = """
 import json, os, sys
@@ -41,6 +44,25 @@ recipe = GPTQModifier(config_groups={"group_0": {"targets": ["Linear"], "weights
 oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(seqs),
         max_seq_length=max(map(len, seqs)), output_dir=out)
 """
+
+
+def timed(cmd: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (GiB) of one child process.
+
+    CPU seconds are the fairer ratio on a shared machine: wall time depends on the other load.
+    """
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read() if proc.stderr else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed: {' '.join(map(str, cmd))}\n{err[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20
+
+
+def row(label: str, wall: float, cpu: float, rss: float) -> None:
+    print(f"{label:<48} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:5.2f} GiB", flush=True)
 
 
 def held_out_text() -> str:
@@ -79,20 +101,19 @@ def main() -> None:
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
     gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len]
 
-    wall, rss, _, _ = timed_err(weightsmith("quantize", args.model, base / "rtn", *common))
-    row("weightsmith quantize (RTN)", wall, rss)
-    ours_wall, ours_rss, _, _ = timed_err(weightsmith("quantize", args.model, base / "gptq", *common, *gptq))
-    row(f"weightsmith quantize --method gptq ({args.tokens} tokens)", ours_wall, ours_rss)
+    row("weightsmith quantize (RTN)", *timed(weightsmith("quantize", args.model, base / "rtn", *common)))
+    ours = timed(weightsmith("quantize", args.model, base / "gptq", *common, *gptq))
+    row(f"weightsmith quantize --method gptq ({args.tokens} tokens)", *ours)
     outputs = {"RTN": base / "rtn", "weightsmith GPTQ": base / "gptq"}
     if not args.skip_oneshot:
         seqs = base / "tokens.json"
         seqs.write_text(json.dumps(token_ids(args.model, args.tokens, args.seq_len)))
         cmd = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
                str(args.group_size), "0" if args.asym else "1"]
-        wall, rss, _, _ = timed_err(cmd)
-        row("llm-compressor oneshot GPTQModifier (CPU)", wall, rss)
-        print(f"oneshot / ours wall time: {wall / ours_wall:.2f}x; peak RSS ours {ours_rss / 1024:.2f} GiB, "
-              f"oneshot {rss / 1024:.2f} GiB", flush=True)
+        theirs = timed(cmd)
+        row("llm-compressor oneshot GPTQModifier (CPU)", *theirs)
+        print(f"oneshot / ours: wall {theirs[0] / ours[0]:.2f}x, cpu {theirs[1] / ours[1]:.2f}x; "
+              f"peak RSS ours {ours[2]:.2f} GiB, oneshot {theirs[2]:.2f} GiB", flush=True)
         outputs["llm-compressor GPTQ"] = base / "oneshot"
     print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}:")
     for label, folder in outputs.items():

@@ -193,11 +193,12 @@ def run(
                         if isinstance(module, torch.nn.Linear)
                         and f"{skeleton.layer_path(index)}.{name}" in targets
                     }
-                    groups = _hessians(layer, linears, hidden, calls[index])
-                    for members, hessian in groups:
-                        _quantize_group(members, hessian, linears, targets, workdir, dampening, block_size, result)
-                    for s, call in enumerate(calls[index]):
-                        hidden[s] = call(layer, hidden[s])
+                    if linears:
+                        for members, hessian in _hessians(layer, linears, hidden, calls[index]):
+                            _quantize_group(members, hessian, linears, targets, workdir, dampening, block_size, result)
+                    if index + 1 < count:  # the next layer's inputs, from this layer as quantized
+                        for s, call in enumerate(calls[index]):
+                            hidden[s] = call(layer, hidden[s])
             finally:
                 loader.free(index)
             if progress is not None:
