@@ -132,6 +132,12 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     assert json.loads((out / "weightsmith.json").read_text())["method"]["name"] == "gptq"
     assert not list(tmp_path.glob("*.partial-*"))
 
+    # the card says how the values were chosen, and its check re-derives every number of it
+    assert run_inprocess(capsys, monkeypatch, "card", out).code == 0
+    card = (out / "README.md").read_text()
+    assert "chosen by `gptq`" in card and "0.01" in card
+    assert run_inprocess(capsys, monkeypatch, "card", out, "--check").code == 0
+
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out)

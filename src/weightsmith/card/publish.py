@@ -156,6 +156,13 @@ def _calibration(src: CardSources, c: Citations) -> list[str]:
     cal = src.manifest.calibration
     if cal is None:
         return []
+    method = src.manifest.method
+    if method is not None:
+        return [
+            f"- Integer weight values chosen by {c.text(method.name, M, 'method.name')} on "
+            f"{c.num(f'{cal.tokens:,}', M, 'calibration.tokens')} tokens of {c.text(cal.text, M, 'calibration.text')} "
+            f"(dampening {c.num(str(method.dampening), M, 'method.dampening')})."
+        ]
     return [
         f"- Static scales measured by `weightsmith calibrate` on {c.num(f'{cal.tokens:,}', M, 'calibration.tokens')} "
         f"tokens ({c.num(str(cal.sequences), M, 'calibration.sequences')} sequences of "
