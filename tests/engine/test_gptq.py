@@ -28,7 +28,7 @@ def _problem(rows: int = 96, cols: int = 192, tokens: int = 300, seed: int = 0) 
     return W, H
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym"])
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w8a16"])
 def test_values_are_llm_compressors(name: str) -> None:
     """Our column loop against llm-compressor 0.14's `quantize_weight` on the same grid."""
     pytest.importorskip("llmcompressor")
@@ -39,7 +39,9 @@ def test_values_are_llm_compressors(name: str) -> None:
     W, H = _problem()
     grid = scheme.grid(W.numpy())
     codes, ours, singular = quantize_weight(W, H.clone(), grid)
-    args = QuantizationArgs(num_bits=4, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64)
+    args = QuantizationArgs(
+        num_bits=scheme.num_bits, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64
+    )
     zp = torch.zeros(grid.scale.shape, dtype=torch.int8) if grid.zero_point is None else torch.from_numpy(
         grid.zero_point
     )
@@ -50,9 +52,9 @@ def test_values_are_llm_compressors(name: str) -> None:
     assert torch.equal(ours, theirs[0])
     # the codes are the points of the grid the dequantized values stand on
     q = codes.numpy().astype(np.float32)
-    zpf = 0 if grid.zero_point is None else grid.zero_point.astype(np.float32)
-    scale = np.repeat(grid.scale, 64, axis=1)
-    assert np.array_equal((q - np.repeat(zpf, 64, axis=1) if grid.zero_point is not None else q) * scale, ours.numpy())
+    if grid.zero_point is not None:
+        q = q - np.repeat(grid.zero_point.astype(np.float32), 64, axis=1)
+    assert np.array_equal(q * np.repeat(grid.scale.astype(np.float32), 64, axis=1), ours.numpy())
     # and GPTQ lowers the output error against round-to-nearest on the same grid
     rtn = torch.from_numpy(scheme.decode(scheme.weight_args(), _stored(scheme, W.numpy(), None)))
 
@@ -70,7 +72,7 @@ def _stored(scheme, w: np.ndarray, param) -> dict[str, np.ndarray]:
     return {name: data for name, data, _ in writes}
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym"])
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w8a16"])
 def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> None:
     """Given round-to-nearest's own values, encode writes exactly what it writes without them;
     given other values, only the packed weight changes, and it decodes to them."""
@@ -88,7 +90,7 @@ def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> No
     chosen = _stored(scheme, w, Chosen(codes.numpy()))
     assert not np.array_equal(chosen["weight_packed"], plain["weight_packed"])
     assert all(np.array_equal(plain[k], chosen[k]) for k in plain if k != "weight_packed")
-    assert np.array_equal(scheme.decode(scheme.weight_args(), chosen), dequantized.numpy())
+    assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
 
 
 def test_singular_hessian_falls_back_to_round_to_nearest() -> None:
