@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--skip-oneshot", action="store_true")
     ap.add_argument("--keep", type=Path, default=None, help="keep the outputs in this folder")
     args = ap.parse_args()
+    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of the loads would fill the output
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     if args.model is None:
         from models import smollm2_fp32

@@ -42,6 +42,8 @@ from weightsmith.schemes.base import Chosen, Grid, Scheme
 
 #: Columns quantized before their error is propagated to the rest at once (llm-compressor's default).
 BLOCK_SIZE = 128
+#: Tokens run through a layer at once (sequences of one length batched; attention memory grows with it).
+BATCH_TOKENS = 2048
 #: The fraction of the Hessian's mean diagonal added to its diagonal (llm-compressor's default).
 DAMPENING = 0.01
 
@@ -197,8 +199,10 @@ def run(
                         for members, hessian in _hessians(layer, linears, hidden, calls[index]):
                             _quantize_group(members, hessian, linears, targets, workdir, dampening, block_size, result)
                     if index + 1 < count:  # the next layer's inputs, from this layer as quantized
-                        for s, call in enumerate(calls[index]):
-                            hidden[s] = call(layer, hidden[s])
+                        for batch, call in _batches(hidden, calls[index]):
+                            outputs = call(layer, torch.cat([hidden[s] for s in batch]))
+                            for s, out in zip(batch, outputs.split(1), strict=True):
+                                hidden[s] = out
             finally:
                 loader.free(index)
             if progress is not None:
@@ -207,6 +211,23 @@ def run(
         if module not in result.chosen and module not in result.rtn:
             result.rtn[module] = "not run by the engine (outside the decoder layers)"
     return result
+
+
+def _batches(hidden: list[Any], calls: list[Any]) -> list[tuple[list[int], Any]]:
+    """Runs of consecutive sequences of one length, up to `BATCH_TOKENS` tokens, with the call of the first.
+
+    Sequences of one length get the same layer arguments (masks, rotary embeddings of batch size 1,
+    which broadcast), so a run of them goes through the layer as one batch: fewer, larger matrix
+    products than one sequence at a time.
+    """
+    out: list[tuple[list[int], Any]] = []
+    for s, call in enumerate(calls):
+        length = hidden[s].shape[1]
+        if out and hidden[out[-1][0][0]].shape[1] == length and (len(out[-1][0]) + 1) * length <= BATCH_TOKENS:
+            out[-1][0].append(s)
+        else:
+            out.append(([s], call))
+    return out
 
 
 def _hessians(layer: Any, linears: dict[str, Any], hidden: list[Any], calls: list[Any]) -> list[tuple[list[str], Any]]:
@@ -237,13 +258,13 @@ def _hessians(layer: Any, linears: dict[str, Any], hidden: list[Any], calls: lis
 
     handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in linears.items()]
     try:
-        for s, call in enumerate(calls):
-            call(layer, hidden[s])
+        for batch, call in _batches(hidden, calls):
+            call(layer, torch.cat([hidden[s] for s in batch]))
             last[0] = last[1] = None
     finally:
         for handle in handles:
             handle.remove()
-    n = len(calls)
+    n = len(calls)  # sequences, as llm-compressor counts its samples
     return [([m for m in linears if owner.get(m) == key], total / n) for key, total in sums.items()]
 
 
