@@ -189,11 +189,11 @@ def run(
             layer = skeleton.layers[index]
             try:
                 with torch.no_grad():
+                    prefix = skeleton.layer_path(index)
                     linears = {
-                        f"{skeleton.layer_path(index)}.{name}": module
+                        f"{prefix}.{name}": module
                         for name, module in layer.named_modules()
-                        if isinstance(module, torch.nn.Linear)
-                        and f"{skeleton.layer_path(index)}.{name}" in targets
+                        if isinstance(module, torch.nn.Linear) and f"{prefix}.{name}" in targets
                     }
                     if linears:
                         for members, hessian in _hessians(layer, linears, hidden, calls[index]):
