@@ -102,8 +102,8 @@ def test_a_card_is_written_from_a_version_1_manifest(quantized: Path, tmp_path: 
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        (3, "manifest_version 3 is not one this weightsmith reads (1 to 2)"),
-        (0, "manifest_version 0 is not one this weightsmith reads (1 to 2)"),
+        (4, "manifest_version 4 is not one this weightsmith reads (1 to 3)"),
+        (0, "manifest_version 0 is not one this weightsmith reads (1 to 3)"),
         (None, "manifest_version is null, not an integer"),
     ],
 )

@@ -6,6 +6,7 @@ import json
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -14,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from weightsmith.api import plan_quantize
-from weightsmith.calibration import MIN_TOKENS
+from weightsmith.calibration import MIN_TOKENS, Provenance, fingerprint
 from weightsmith.cli import paused_gc
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
@@ -180,6 +181,7 @@ def run_quantize(
     recipe: Path | None = None,
     calibration: Path | None = None,
     kv_cache: str | None = None,
+    gptq: GptqOptions | None = None,
 ) -> tuple[QuantizeResult, float]:
     """Open, plan and execute; returns the result and wall seconds."""
     started = time.perf_counter()
@@ -195,6 +197,9 @@ def run_quantize(
     _warn_few_tokens(plan)
     with terminate_as_interrupt():  # the partial output is removed either way
         try:
+            if gptq is not None:
+                result = _run_gptq(plan, out, gptq, workers=workers, force=force, hash_sources=hash_sources)
+                return result, time.perf_counter() - started
             if not show_progress:
                 result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
                 return result, time.perf_counter() - started
@@ -231,6 +236,79 @@ def run_quantize(
             raise typer.Exit(130) from None
 
 
+@dataclass(frozen=True)
+class GptqOptions:
+    """`--method gptq`: where its calibration tokens come from and its dampening."""
+
+    text: Path | None
+    builtin: str | None
+    tokens: int
+    seq_len: int
+    dampening: float
+    trust_remote_code: bool = False
+
+
+def _run_gptq(
+    plan: Plan, out: Path, opts: GptqOptions, *, workers: int, force: bool, hash_sources: bool
+) -> QuantizeResult:
+    """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run."""
+    import os
+
+    from weightsmith.engine import gptq
+    from weightsmith.engine.calibrate import calibration_tokens
+    from weightsmith.engine.loading import opened
+    from weightsmith.fidelity.logits import missing_library
+
+    missing = missing_library()
+    if missing is not None:
+        raise WeightsmithError(missing, code="engine.libraries")
+    src = plan.source.root
+    with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model the engine cannot run fails now
+        activations = loader.source.activations
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    text = str(opts.text) if opts.text else None
+    sequences, label, sha = calibration_tokens(src, text, opts.builtin, opts.tokens, opts.seq_len)
+    count = sum(map(len, sequences))
+    widest = max((d.shape[1] for d in plan.decisions if d.action == "quantize"), default=0)
+    if count < widest:
+        err.print(
+            f"[yellow]warning:[/] {count:,} calibration tokens, fewer than the widest quantized input "
+            f"({widest:,} columns): its Hessian has rank at most {count:,} and is made invertible only by "
+            f"the dampening ({opts.dampening} of its mean diagonal); pass more --tokens",
+            soft_wrap=True,
+        )
+    provenance = Provenance(
+        model_fingerprint=fingerprint(plan.source),
+        tokens=count,
+        sequences=len(sequences),
+        seq_len=max(map(len, sequences)),
+        text=label,
+        text_sha256=sha,
+        activations=activations,
+    )
+    show = err.is_terminal
+    result = gptq.quantize(
+        plan,
+        out,
+        sequences,
+        provenance,
+        dampening=opts.dampening,
+        workers=workers,
+        force=force,
+        hash_sources=hash_sources,
+        trust_remote_code=opts.trust_remote_code,
+        progress=(lambda line: err.print(f"gptq: {line}", end="\r")) if show else None,
+    )
+    method = result.manifest.method
+    for module, why in (method.rtn_fallback if method else {}).items():
+        err.print(f"[yellow]warning:[/] {module}: round-to-nearest, {why}", soft_wrap=True)
+    return result
+
+
+METHODS = ("rtn", "gptq")
+
+
 def quantize(
     src: Path = typer.Argument(
         ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
@@ -264,6 +342,23 @@ def quantize(
     kv_cache: str | None = typer.Option(
         None, "--kv-cache", help="Declare an FP8 KV cache with k_scale/v_scale measured on --calibration: fp8."
     ),
+    method: str = typer.Option(
+        "rtn",
+        "--method",
+        help="rtn (round-to-nearest, data-free) or gptq (GPTQ on calibration text, one decoder layer at a time).",
+    ),
+    text: Path | None = typer.Option(None, "--text", help="--method gptq: UTF-8 calibration text."),
+    builtin: str | None = typer.Option(
+        None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
+    ),
+    tokens: int = typer.Option(2048, "--tokens", min=1, help="--method gptq: calibration tokens, at most."),
+    seq_len: int = typer.Option(256, "--seq-len", min=1, help="--method gptq: tokens per sequence."),
+    dampening: float = typer.Option(
+        0.01, "--dampening", help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal."
+    ),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."
+    ),
     workers: int = typer.Option(0, help="Worker threads (default: one per core)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
@@ -271,6 +366,7 @@ def quantize(
     no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
 ) -> None:
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
+    gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search)
     if dry_run:
         rules = _recipe(scheme, group_size, scale_search, recipe)
         plan = plan_quantize(
@@ -305,6 +401,7 @@ def quantize(
         recipe=recipe,
         calibration=calibration,
         kv_cache=kv_cache,
+        gptq=gptq,
     )
     if json_out:
         print(
@@ -319,6 +416,33 @@ def quantize(
         )
     else:
         _summary(result, seconds)
+
+
+def _gptq_options(
+    method: str,
+    text: Path | None,
+    builtin: str | None,
+    tokens: int,
+    seq_len: int,
+    dampening: float,
+    trust_remote_code: bool,
+    scale_search: str | None,
+) -> GptqOptions | None:
+    """The GPTQ options when `--method gptq`, after checking them; a usage error for ones that do not fit."""
+    if method not in METHODS:
+        raise WeightsmithError(f"unknown method {method!r} (choose from {', '.join(METHODS)})", code="usage")
+    if method == "rtn":
+        if text is not None or builtin is not None:
+            raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
+        return None
+    if scale_search is not None:
+        raise WeightsmithError(
+            "--method gptq chooses values on the round-to-nearest grid; it does not take --scale-search",
+            code="usage",
+        )
+    if not 0 <= dampening < 1 or dampening != dampening:
+        raise WeightsmithError(f"--dampening {dampening} must be in [0, 1)", code="usage")
+    return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code)
 
 
 def demo(

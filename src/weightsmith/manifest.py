@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from weightsmith.plan import Plan
 
 MANIFEST_FILE = "weightsmith.json"
-MANIFEST_VERSION = 2  # 2: recipe.rules and recipe.recipe_file
+MANIFEST_VERSION = 3  # 2: recipe.rules and recipe.recipe_file; 3: method
 #: Where calibration statistics came from (model fingerprint, tokens, text): the `calibrate` record.
 CalibrationRecord = Provenance
 
@@ -77,6 +77,19 @@ class RecipeRecord:
     preset: str | None = None
     ignore: list[str] = field(default_factory=list)
     source_format: str
+
+
+@dataclass(kw_only=True)
+class MethodRecord:
+    """How the integer values were chosen when not by round-to-nearest alone (`--method gptq`)."""
+
+    name: str  # "gptq"
+    dampening: float  # fraction of the Hessian's mean diagonal added to its diagonal
+    block_size: int
+    actorder: str | None
+    tokens: int  # calibration tokens the Hessians were accumulated over
+    #: Modules written with round-to-nearest instead (a Hessian singular after dampening, ...) and why.
+    rtn_fallback: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -136,6 +149,8 @@ class Manifest:
     calibration: CalibrationRecord | None = None
     #: Where the KV-cache scales `calibrate-kv` added came from (its latest run); written only when set.
     kv_calibration: CalibrationRecord | None = None
+    #: How the values were chosen when a data-aware method did it (from version 3 on); written only when set.
+    method: MethodRecord | None = None
     #: Source files not carried over (links out of the source, FIFOs, ...) and why; written only when any.
     skipped_files: dict[str, str] = field(default_factory=dict)
 
@@ -146,7 +161,7 @@ class Manifest:
         its `manifest_version` and shows the fields it lacked as null.
         """
         out: dict[str, Any] = jsonable(self)
-        for key in ("calibration", "kv_calibration", "skipped_files"):
+        for key in ("calibration", "kv_calibration", "method", "skipped_files"):
             if not out[key]:
                 del out[key]
         if out["source"]["fingerprint"] is None:  # manifests written before sources were fingerprinted
@@ -327,6 +342,7 @@ def build_manifest(
     source_hashes: dict[str, str],
     skipped: dict[str, str] | None = None,
     calibration: CalibrationRecord | None = None,
+    method: MethodRecord | None = None,
 ) -> Manifest:
     """The manifest of one run: the plan, the checkpoint it wrote, the source files' hashes, and
     (for a calibrated scheme) where its statistics came from."""
@@ -374,6 +390,7 @@ def build_manifest(
             },
         ),
         calibration=calibration,
+        method=method,
         skipped_files=dict(skipped or {}),
     )
 

@@ -22,17 +22,18 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from weightsmith.calibration import Provenance
 from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import copy_new, write_json_new
-from weightsmith.manifest import MANIFEST_FILE, Manifest, build_manifest, hash_files, write_manifest
+from weightsmith.manifest import MANIFEST_FILE, Manifest, MethodRecord, build_manifest, hash_files, write_manifest
 from weightsmith.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
 from weightsmith.quant import fp8
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
-from weightsmith.schemes.base import FUSED, TENSOR, Scheme
+from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme
 
 #: Input bytes per row block: large enough to amortise calls, small enough that a block read,
 #: quantized and written stays in the processor's caches (32 MiB blocks cost 10% more CPU).
@@ -119,6 +120,11 @@ def _fused_targets(plan: Plan) -> list[int]:
     return [i for i, d in enumerate(plan.decisions) if d.action == QUANTIZE and _scheme(d).first_pass == FUSED]
 
 
+def kernel_dtype(plan: Plan, d: Decision) -> np.dtype:
+    """What the kernels see of a source weight: FP8 inputs arrive decoded to BF16."""
+    return np.dtype(ml_dtypes.bfloat16) if d.scale else plan.source.tensors[d.name].info.dtype.numpy
+
+
 class _Runner:
     """Executes the jobs of one plan against open readers and writers."""
 
@@ -136,8 +142,7 @@ class _Runner:
         self._lock = threading.Lock()
 
     def _kernel_dtype(self, d: Decision) -> np.dtype:
-        """What the kernels see of a source weight: FP8 inputs arrive decoded to BF16."""
-        return np.dtype(ml_dtypes.bfloat16) if d.scale else self.plan.source.tensors[d.name].info.dtype.numpy
+        return kernel_dtype(self.plan, d)
 
     def warm(self) -> None:
         """Load (or compile) the quantize kernels on a tiny block of the first weight's dtype.
@@ -329,9 +334,22 @@ def verify_output(plan: Plan, folder: Path) -> Checkpoint:
 
 
 def execute(
-    plan: Plan, out: Path, *, workers: int, force: bool, progress: Progress | None = None, hash_sources: bool = True
+    plan: Plan,
+    out: Path,
+    *,
+    workers: int,
+    force: bool,
+    progress: Progress | None = None,
+    hash_sources: bool = True,
+    chosen: dict[str, Chosen] | None = None,
+    method: MethodRecord | None = None,
+    calibrated_from: Provenance | None = None,
 ) -> QuantizeResult:
-    """Write the quantized checkpoint described by `plan` to `out`, atomically."""
+    """Write the quantized checkpoint described by `plan` to `out`, atomically.
+
+    `chosen` holds integer values a data-aware method (GPTQ) chose per module, on the grid the
+    scheme computes from the same rows; `method` and `calibrated_from` record it in the manifest.
+    """
     src = plan.source
     notes = remove_stale(out)
     check_destination(src.root, out, force)
@@ -350,6 +368,7 @@ def execute(
                         if spec.name in plan.values:
                             writers[shard].write(spec.name, plan.values[spec.name])
                 runner = _Runner(plan, readers, writers)
+                runner.tensor_params.update(chosen or {})
                 with ThreadPoolExecutor(
                     max_workers=workers + (1 if hash_sources else 0), thread_name_prefix="ws"
                 ) as pool:
@@ -372,8 +391,9 @@ def execute(
             _write_config(plan, folder)
             _copy_other_files(src, folder, other.files)
             written = verify_output(plan, folder)
-            calibrated_from = plan.calibration.stats.provenance if plan.calibration is not None else None
-            manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from)
+            if plan.calibration is not None:
+                calibrated_from = plan.calibration.stats.provenance
+            manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from, method)
             write_manifest(folder, manifest)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

@@ -72,7 +72,7 @@ CASES: list[tuple[str, Callable[[str], str], str]] = [
     ("empty-object", lambda text: "{}", "weightsmith.json: has no field manifest_version"),
     ("version-string", edited(lambda d: d.update(manifest_version="2")), "manifest_version is a string, not an int"),
     ("version-bool", edited(lambda d: d.update(manifest_version=True)), "manifest_version is true or false, not an"),
-    ("version-newer", edited(lambda d: d.update(manifest_version=3)), "manifest_version 3 is not one this"),
+    ("version-newer", edited(lambda d: d.update(manifest_version=4)), "manifest_version 4 is not one this"),
     ("version-huge", edited(lambda d: d.update(manifest_version=10**40)), "manifest_version is a 41-digit int"),
     ("tool-null", edited(lambda d: d.update(tool=None)), "tool is null, not an object"),
     ("no-source-format", edited(lambda d: d["recipe"].pop("source_format")), "has no field recipe.source_format"),

@@ -186,6 +186,8 @@ def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> lis
     cal, kv_cal = m.calibration, m.kv_calibration
     if cal is None and kv_cal is None:
         return []
+    if m.method is not None:
+        return [_method_line(m, c)]
     made = []
     calibrated = [
         r.scheme
@@ -226,6 +228,22 @@ def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations, twin:
         f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) "
         f"of {c.text(cal.text, M, f'{field}.text')} (sha256 {c.text(cal.text_sha256, M, f'{field}.text_sha256')}"
         f"), on {_SERVED_TWIN if twin else _ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
+    )
+
+
+def _method_line(m: Manifest, c: Citations) -> str:
+    """Weights whose integer values a data-aware method (GPTQ) chose on calibration text."""
+    method, cal = m.method, m.calibration
+    assert method is not None and cal is not None
+    return (
+        f"- **Calibration**: the integer weight values chosen by {c.text(method.name, M, 'method.name')} "
+        f"(dampening {c.num(str(method.dampening), M, 'method.dampening')} of the mean Hessian diagonal, blocks of "
+        f"{c.num(str(method.block_size), M, 'method.block_size')} columns) with the input Hessians of "
+        f"{c.num(f'{cal.tokens:,}', M, 'calibration.tokens')} tokens "
+        f"({c.num(str(cal.sequences), M, 'calibration.sequences')} sequences of up to "
+        f"{c.num(str(cal.seq_len), M, 'calibration.seq_len')}) of "
+        f"{c.text(cal.text, M, 'calibration.text')} (sha256 {c.text(cal.text_sha256, M, 'calibration.text_sha256')}), "
+        "each layer fed the outputs of the layers before it as quantized; the scales are round-to-nearest's."
     )
 
 

@@ -166,6 +166,14 @@ def _calibration(src: CardSources, c: Citations) -> list[str]:
     out = []
     m = src.manifest
     first = m.calibration if m.calibration != m.kv_calibration else None  # calibrate-kv's own, when it was the first
+    if first is not None and m.method is not None:  # a data-aware method chose the values; no static scales
+        out.append(
+            f"- Integer weight values chosen by {c.text(m.method.name, M, 'method.name')} on "
+            f"{c.num(f'{first.tokens:,}', M, 'calibration.tokens')} tokens of "
+            f"{c.text(first.text, M, 'calibration.text')} "
+            f"(dampening {c.num(str(m.method.dampening), M, 'method.dampening')})."
+        )
+        first = None
     for field, record, what in (
         ("calibration", first, "Static scales measured by `weightsmith calibrate`"),
         ("kv_calibration", m.kv_calibration, "KV-cache scales measured by `weightsmith calibrate-kv`"),

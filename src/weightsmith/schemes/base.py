@@ -35,6 +35,30 @@ Alloc = Callable[[str, tuple[int, ...], type], np.ndarray]
 TENSOR, FUSED = "tensor", "fused"
 
 
+@dataclass(frozen=True)
+class Grid:
+    """The integer grid round-to-nearest puts rows of a weight on, which GPTQ then chooses points of.
+
+    `scale` [rows, cols/group] in the scale's storage dtype (the arithmetic is done in it, as
+    compressed-tensors does), `zero_point` [rows, cols/group] (None when symmetric); a weight value
+    w maps to `clamp(round(w / scale + zero_point), q_min, q_max)`.
+    """
+
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    group: int
+    q_min: int
+    q_max: int
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """Integer values chosen for a whole weight by a data-aware method (GPTQ), on the `Grid` that
+    `grid` gives for the same rows: `encode` stores them instead of rounding its input."""
+
+    codes: np.ndarray  # int8 [rows, cols]
+
+
 def fresh(key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
     """An `Alloc` that allocates anew every time."""
     return np.empty(shape, dtype)
@@ -152,6 +176,11 @@ class Scheme(ABC):
         return f"{self.stored_words()}; activations quantized to {kind} at run time, one {scale} per {per}"
 
     # --- the work ---
+
+    def grid(self, x: np.ndarray) -> Grid | None:
+        """The grid round-to-nearest uses for rows `x` (a whole weight), or None when the scheme has
+        none a data-aware method can choose points of. Raises ValueError on NaN/Inf."""
+        return None
 
     def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:
         """First pass over rows [r0, r0 + len(x)): the updated state (None at first) and a NaN/Inf index."""

@@ -16,7 +16,7 @@ from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import int4, int4_search
-from weightsmith.schemes.base import TENSOR, Alloc, Scheme, Write, fresh, register
+from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
 
 DEFAULT_GROUP = 128
 
@@ -78,18 +78,37 @@ class Int4(Scheme):
         """memoryless_mse: each group's clipping factor, once the whole tensor was seen."""
         return {module: int4_search.memoryless_choice(*state) for module, state in states.items()}
 
+    def grid(self, x: np.ndarray) -> Grid | None:
+        if self.scale_search is not None:
+            return None  # a searched clip is chosen per group without the data GPTQ weighs
+        n, cols = x.shape
+        mode, g = int4.mode_of(x.dtype), self.group_size
+        scale = np.empty((n, cols // g), np.float32)
+        zp = np.zeros((n, cols // g), np.int8)
+        packed = np.empty((n, cols // int4.PACK), np.uint32)
+        shrink = np.ones((n, cols // g), np.float32)
+        bad = int4.quantize_rows(int4.kernel_input(np.ascontiguousarray(x)), mode, g, self.symmetric, shrink, packed,
+                                 scale, zp)  # fmt: skip
+        if bad >= 0:
+            raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
+        return Grid(int4.scale_storage(scale, mode), None if self.symmetric else zp, g, int4.Q_MIN, int4.Q_MAX)
+
     def quantize_into(
         self, x: np.ndarray, r0: int, tensor_param: Any, alloc: Alloc, packed: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, int]:
         """Rows of `x` quantized into `packed` (see `int4.quantize_rows`): (scale in its stored
         dtype, zero points int8 [rows, groups], flat index of a NaN/Inf or -1; when it is not -1
-        the rest is not to be written)."""
+        the rest is not to be written). With `Chosen` values (GPTQ) the grid is these rows' own and
+        the points on it are the chosen ones."""
         xin, mode = int4.kernel_input(x), int4.mode_of(x.dtype)
         n, cols = x.shape
         g = self.group_size
         scale = alloc("scale", (n, cols // g), np.float32)
         zp = alloc("zp", (n, cols // g), np.int8)
-        if isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
+        if isinstance(tensor_param, Chosen):
+            shrink = alloc("shrink", (n, cols // g), np.float32)
+            shrink.fill(1.0)
+        elif isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
             shrink = tensor_param[r0 : r0 + n]
         else:
             shrink = alloc("shrink", (n, cols // g), np.float32)
@@ -99,6 +118,8 @@ class Int4(Scheme):
                 if bad >= 0:
                     return scale, zp, bad
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
+        if isinstance(tensor_param, Chosen):
+            packed[:] = int4.pack_nibbles(tensor_param.codes[r0 : r0 + n], axis=1).view(np.uint32)
         return int4.scale_storage(scale, mode), zp, bad
 
     def encode(

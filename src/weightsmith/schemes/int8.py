@@ -17,12 +17,13 @@ from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import eightbit
-from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
+from weightsmith.schemes.base import Alloc, Chosen, Grid, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
 
 DEFAULT_GROUP = 128
 PER_WORD = 4  # int8 values per packed int32
 OFFSET = 128  # stored as q + 128, unsigned
+Q_MIN, Q_MAX = -128, 127  # compressed-tensors' range for 8-bit integers
 
 
 @register
@@ -67,6 +68,13 @@ class W8A16(EightBit):
     def weight_args(self) -> dict:
         return ct.weight_args(8, True, self.group_size)
 
+    def grid(self, x: np.ndarray) -> Grid | None:
+        writes, bad = super().encode(x, 0, x.shape)
+        if bad >= 0:
+            raise ValueError(f"non-finite value at row {bad // x.shape[1]}, column {bad % x.shape[1]}")
+        scale = next(data for name, data, _ in writes if name == names.WEIGHT_SCALE)
+        return Grid(scale, None, self.group_size, Q_MIN, Q_MAX)
+
     def encode(
         self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh
     ) -> tuple[list[Write], int]:
@@ -74,6 +82,8 @@ class W8A16(EightBit):
         if bad >= 0 or not writes:
             return writes, bad
         (_, q, offset), scale = writes
+        if isinstance(tensor_param, Chosen):  # the grid is these rows' own; the points on it were chosen
+            q = np.array(tensor_param.codes[r0 : r0 + len(x)], np.int8)
         raw = q.view(np.uint8)
         raw ^= np.uint8(OFFSET)  # q + 128 in two's complement, in place: q is this call's buffer
         packed = raw.view(np.int32)

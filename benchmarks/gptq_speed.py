@@ -1,0 +1,125 @@
+"""`quantize --method gptq` against llm-compressor's `oneshot` with a GPTQModifier, on CPU, same tokens.
+
+On SmolLM2-135M (or `--model DIR`), W4A16 group 64 (576 and 1536 are not multiples of 128), each
+run in its own process, one at a time, measured for wall time and peak RSS (`wait4`):
+- `weightsmith quantize --method gptq --builtin code --tokens N --seq-len L`;
+- `oneshot` with `GPTQModifier` (same scheme, `actorder=None`, dampening 0.01, block 128, lm_head
+  ignored) on the same token ids;
+- `weightsmith quantize` round-to-nearest, for the KL GPTQ is to lower.
+Then KL, top-1 agreement and perplexity of each against the original on held-out text (Python's
+`textwrap.py`, which the calibration text does not contain), by `fidelity.logits.compare`.
+
+    python benchmarks/gptq_speed.py [--model DIR] [--tokens 2048] [--seq-len 256] [--group-size 64]
+                                    [--asym] [--eval-tokens 512] [--skip-oneshot] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from stream_memory import token_ids, weightsmith
+
+ONESHOT = """
+import json, os, sys
+os.environ.setdefault("TQDM_DISABLE", "1")
+import torch, transformers
+from datasets import Dataset
+from llmcompressor import oneshot
+from llmcompressor.modifiers.gptq import GPTQModifier
+src, seqs_file, out, group, symmetric = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+seqs = json.loads(open(seqs_file).read())
+model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype="auto")
+data = Dataset.from_dict({"input_ids": seqs, "attention_mask": [[1] * len(s) for s in seqs]})
+weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group}
+recipe = GPTQModifier(config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
+                      ignore=["lm_head"], actorder=None, dampening_frac=0.01, block_size=128)
+oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(seqs),
+        max_seq_length=max(map(len, seqs)), output_dir=out)
+"""
+
+
+def timed(cmd: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (GiB) of one child process.
+
+    CPU seconds are the fairer ratio on a shared machine: wall time depends on the other load.
+    """
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read() if proc.stderr else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed: {' '.join(map(str, cmd))}\n{err[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20
+
+
+def row(label: str, wall: float, cpu: float, rss: float) -> None:
+    print(f"{label:<48} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:5.2f} GiB", flush=True)
+
+
+def held_out_text() -> str:
+    """Python's `textwrap.py`: code like the calibration text, but not in it."""
+    return (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text(encoding="utf-8")
+
+
+def fidelity(orig: Path, quant: Path, tokens: int) -> str:
+    from weightsmith.fidelity.logits import compare
+
+    r = compare(orig, quant, text=held_out_text(), tokens=tokens, text_source="textwrap.py")
+    if r.status != "ok":
+        return f"{r.status}: {r.reason}"
+    return f"KL {r.kl:.4f}  top-1 {r.top1_agreement:.3f}  ppl {r.ppl_quant:.3f} (orig {r.ppl_orig:.3f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: SmolLM2-135M fp32)")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--asym", action="store_true", help="W4A16_ASYM instead of W4A16")
+    ap.add_argument("--eval-tokens", type=int, default=512)
+    ap.add_argument("--skip-oneshot", action="store_true")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the outputs in this folder")
+    args = ap.parse_args()
+    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of the loads would fill the output
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    if args.model is None:
+        from models import smollm2_fp32
+
+        args.model = smollm2_fp32()
+    scheme = "w4a16-asym" if args.asym else "w4a16"
+    base = args.keep or Path(tempfile.mkdtemp(prefix="gptq-speed-"))
+    base.mkdir(parents=True, exist_ok=True)
+    common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
+    gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len]
+
+    row("weightsmith quantize (RTN)", *timed(weightsmith("quantize", args.model, base / "rtn", *common)))
+    ours = timed(weightsmith("quantize", args.model, base / "gptq", *common, *gptq))
+    row(f"weightsmith quantize --method gptq ({args.tokens} tokens)", *ours)
+    outputs = {"RTN": base / "rtn", "weightsmith GPTQ": base / "gptq"}
+    if not args.skip_oneshot:
+        seqs = base / "tokens.json"
+        seqs.write_text(json.dumps(token_ids(args.model, args.tokens, args.seq_len)))
+        cmd = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
+               str(args.group_size), "0" if args.asym else "1"]
+        theirs = timed(cmd)
+        row("llm-compressor oneshot GPTQModifier (CPU)", *theirs)
+        print(f"oneshot / ours: wall {theirs[0] / ours[0]:.2f}x, cpu {theirs[1] / ours[1]:.2f}x; "
+              f"peak RSS ours {ours[2]:.2f} GiB, oneshot {theirs[2]:.2f} GiB", flush=True)
+        outputs["llm-compressor GPTQ"] = base / "oneshot"
+    print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}:")
+    for label, folder in outputs.items():
+        print(f"  {label:<22} {fidelity(args.model, folder, args.eval_tokens)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

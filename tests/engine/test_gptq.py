@@ -1,0 +1,147 @@
+"""`quantize --method gptq`: the GPTQ arithmetic against llm-compressor's, the values stored through
+the scheme's own encoding, and a whole run on a tiny model (verify clean, transformers loads it,
+the manifest records the method and the calibration)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from weightsmith.engine.gptq import quantize_weight
+from weightsmith.manifest import load_manifest
+from weightsmith.schemes import make_scheme
+from weightsmith.schemes.base import Chosen
+
+torch = pytest.importorskip("torch")
+
+
+def _problem(rows: int = 96, cols: int = 192, tokens: int = 300, seed: int = 0) -> tuple:
+    """A weight and a Hessian 2/n sum X^T X of correlated inputs, as calibration gives."""
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(rows, cols, generator=g) * 0.05
+    mix = torch.randn(cols, cols, generator=g) / cols**0.5 + torch.eye(cols)
+    X = torch.randn(tokens, cols, generator=g) @ mix
+    H = 2 * X.t() @ X / 4
+    return W, H
+
+
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w8a16"])
+def test_values_are_llm_compressors(name: str) -> None:
+    """Our column loop against llm-compressor 0.14's `quantize_weight` on the same grid."""
+    pytest.importorskip("llmcompressor")
+    from compressed_tensors.quantization import QuantizationArgs
+    from llmcompressor.modifiers.gptq.gptq_quantize import quantize_weight as reference
+
+    scheme = make_scheme(name, 64)
+    W, H = _problem()
+    grid = scheme.grid(W.numpy())
+    codes, ours, singular = quantize_weight(W, H.clone(), grid)
+    args = QuantizationArgs(
+        num_bits=scheme.num_bits, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64
+    )
+    zp = torch.zeros(grid.scale.shape, dtype=torch.int8) if grid.zero_point is None else torch.from_numpy(
+        grid.zero_point
+    )
+    theirs, _, fallback = reference(
+        W[None].clone(), H[None].clone(), torch.from_numpy(grid.scale)[None], zp[None], None, args
+    )
+    assert not singular and not bool(fallback[0])
+    assert torch.equal(ours, theirs[0])
+    # the codes are the points of the grid the dequantized values stand on
+    q = codes.numpy().astype(np.float32)
+    if grid.zero_point is not None:
+        q = q - np.repeat(grid.zero_point.astype(np.float32), 64, axis=1)
+    assert np.array_equal(q * np.repeat(grid.scale.astype(np.float32), 64, axis=1), ours.numpy())
+    # and GPTQ lowers the output error against round-to-nearest on the same grid
+    rtn = torch.from_numpy(scheme.decode(scheme.weight_args(), _stored(scheme, W.numpy(), None)))
+
+    def loss(Wq: torch.Tensor) -> float:
+        D = Wq - W
+        return float(torch.einsum("ij,jk,ik->", D, H, D))
+
+    assert loss(ours) < 0.8 * loss(rtn)
+
+
+def _stored(scheme, w: np.ndarray, param) -> dict[str, np.ndarray]:
+    """The on-disk tensors `encode` writes for a whole weight, by parameter name."""
+    writes, bad = scheme.encode(w, 0, w.shape, param)
+    assert bad == -1
+    return {name: data for name, data, _ in writes}
+
+
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w8a16"])
+def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> None:
+    """Given round-to-nearest's own values, encode writes exactly what it writes without them;
+    given other values, only the packed weight changes, and it decodes to them."""
+    scheme = make_scheme(name, 64)
+    W, H = _problem()
+    w = W.numpy()
+    grid = scheme.grid(w)
+    plain = _stored(scheme, w, None)
+    rtn_codes = np.clip(np.round(w / np.repeat(grid.scale, 64, axis=1)
+                                 + (0 if grid.zero_point is None else np.repeat(grid.zero_point, 64, axis=1))),
+                        grid.q_min, grid.q_max).astype(np.int8)  # fmt: skip
+    same = _stored(scheme, w, Chosen(rtn_codes))
+    assert plain.keys() == same.keys() and all(np.array_equal(plain[k], same[k]) for k in plain)
+    codes, dequantized, _ = quantize_weight(W, H.clone(), grid)
+    chosen = _stored(scheme, w, Chosen(codes.numpy()))
+    assert not np.array_equal(chosen["weight_packed"], plain["weight_packed"])
+    assert all(np.array_equal(plain[k], chosen[k]) for k in plain if k != "weight_packed")
+    assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
+
+
+def test_singular_hessian_falls_back_to_round_to_nearest() -> None:
+    scheme = make_scheme("w4a16", 64)
+    W, _ = _problem()
+    H = -torch.eye(W.shape[1])  # not positive definite, whatever the dampening
+    _, dequantized, singular = quantize_weight(W, H, scheme.grid(W.numpy()))
+    assert singular
+    rtn = scheme.decode(scheme.weight_args(), _stored(scheme, W.numpy(), None))
+    assert np.array_equal(dequantized.numpy(), rtn)
+
+
+def test_dead_columns_are_zeroed_as_llm_compressor_does() -> None:
+    scheme = make_scheme("w4a16", 64)
+    W, H = _problem()
+    H[:, 5] = 0
+    H[5, :] = 0
+    _, dequantized, singular = quantize_weight(W, H, scheme.grid(W.numpy()))
+    assert not singular and torch.all(dequantized[:, 5] == 0)
+
+
+def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """The whole command: warns about too few tokens, writes a checkpoint `verify` passes and
+    transformers loads, and records the method and the calibration in the manifest."""
+    from hostile.harness import run_inprocess
+    from weightsmith.audit.verify import verify
+
+    out = tmp_path / "gptq"
+    result = run_inprocess(
+        capsys, monkeypatch, "quantize", tiny_llama, out, "--method", "gptq", "--group-size", "32",
+        "--builtin", "code", "--tokens", "64", "--seq-len", "32",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "64 calibration tokens" in result.err and "dampening (0.01" in result.err
+    assert verify(out).clean
+    manifest = load_manifest(out / "weightsmith.json")
+    assert manifest.method is not None and manifest.method.name == "gptq"
+    assert manifest.method.tokens == 64 and manifest.method.dampening == 0.01 and manifest.method.rtn_fallback == {}
+    assert manifest.calibration is not None and manifest.calibration.tokens == 64
+    assert manifest.calibration.text.startswith("builtin:code")
+    assert json.loads((out / "weightsmith.json").read_text())["method"]["name"] == "gptq"
+    assert not list(tmp_path.glob("*.partial-*"))
+
+    # the card says how the values were chosen, and its check re-derives every number of it
+    assert run_inprocess(capsys, monkeypatch, "card", out).code == 0
+    card = (out / "README.md").read_text()
+    assert "chosen by `gptq`" in card and "0.01" in card
+    assert run_inprocess(capsys, monkeypatch, "card", out, "--check").code == 0
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.arange(8)[None]).logits).all()
