@@ -98,7 +98,7 @@ def table(title: str, results: list[dict]) -> list[str]:
     lines = [
         f"## {title}",
         "",
-        f"{lg0['tokens']} tokens; original perplexity {lg0['ppl_orig']:.3f}. Sorted as run; KL change is against W4A16 RTN.",
+        f"{lg0['tokens']} tokens; original perplexity {lg0['ppl_orig']:.3f}. KL vs RTN: change against W4A16 RTN.",
         "",
         "| recipe | bits/param | rel. weight MSE | KL | KL vs RTN | top-1 agreement | perplexity |",
         "|---|---|---|---|---|---|---|",
@@ -133,8 +133,11 @@ def main() -> None:
             started = time.perf_counter()
             results.append(measure(model, orig, label, args, text, digest))
             lg = results[-1]["logits"]
-            print(f"{model}: {label}: KL {lg['kl']:.4f} top-1 {lg['top1_agreement']:.3f} "
-                  f"ppl {lg['ppl_quant']:.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+            print(
+                f"{model}: {label}: KL {lg['kl']:.4f} top-1 {lg['top1_agreement']:.3f} "
+                f"ppl {lg['ppl_quant']:.3f} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
         doc += table(f"{title}, int4 group {group}", results)
         doc_json["models"][model] = {"title": title, "group_size": group, "results": results}
     if not opts.no_write:

