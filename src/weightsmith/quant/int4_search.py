@@ -23,9 +23,11 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, round_to
-from weightsmith.quant.int4 import group_params, load_group
+from weightsmith.quant.int4 import group_params, group_range, load_group
 
-SEARCHES = ("mse", "memoryless_mse")
+SEARCHES = ("mse", "memoryless_mse", "noclip", "wmse")
+#: objectives of the clipping search: |e|^2.5 (`mse`), |w| e^2 (`wmse`)
+POWER25, MAGNITUDE = 0, 1
 COARSE = np.array([1.0 - 0.05 * k for k in range(8)], np.float32)
 FINE = np.array([-0.025, -0.0125, 0.0125, 0.025], np.float32)
 #: llm-compressor `memoryless_mse` defaults.
@@ -62,16 +64,34 @@ def _group_error_asym(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.flo
     return err
 
 
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _weighted_error(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float32:
+    """Sum of |w| * error^2 of one group's RTN at scale `s` and zero point `zp` (0 when symmetric).
+
+    Weighs each weight's error by its magnitude: a data-free stand-in for its importance, so a clip
+    that saves many small weights a little cannot cost the few large ones much.
+    """
+    inv = np.float32(1.0) / s
+    err = np.float32(0.0)
+    for i in range(vals.size):
+        q = np.rint(min(max(vals[i] * inv + zp, np.float32(-8.0)), np.float32(7.0)))
+        d = (q - zp) * s - vals[i]
+        err += abs(vals[i]) * d * d
+    return err
+
+
 @njit(inline="always", nogil=True)
-def _candidate_error(mode: int, symmetric: bool, vals: np.ndarray, lo, hi, p) -> np.float32:
+def _candidate_error(mode: int, symmetric: bool, objective: int, vals: np.ndarray, lo, hi, p) -> np.float32:
+    s, zp = group_params(mode, symmetric, lo, hi, p)
+    if objective == MAGNITUDE:
+        return _weighted_error(vals, s, zp)
     if symmetric:
-        return _group_error(vals, group_params(mode, True, lo, hi, p)[0])
-    s, zp = group_params(mode, False, lo, hi, p)
+        return _group_error(vals, s)
     return _group_error_asym(vals, s, zp)
 
 
 @njit(nogil=True, cache=True)
-def _mse_rows(x, mode, group, symmetric, coarse, fine, shrink):
+def _mse_rows(x, mode, group, symmetric, objective, coarse, fine, shrink):
     rows, cols = x.shape
     vals = np.empty(group, np.float32)
     for r in range(rows):
@@ -82,7 +102,7 @@ def _mse_rows(x, mode, group, symmetric, coarse, fine, shrink):
                 return r * cols + bad
             best, best_p = np.float32(np.inf), np.float32(1.0)
             for k in range(coarse.size):
-                e = _candidate_error(mode, symmetric, vals, lo, hi, coarse[k])
+                e = _candidate_error(mode, symmetric, objective, vals, lo, hi, coarse[k])
                 if e < best:
                     best, best_p = e, coarse[k]
             centre = best_p
@@ -90,20 +110,50 @@ def _mse_rows(x, mode, group, symmetric, coarse, fine, shrink):
                 p = centre + fine[k]
                 if p > 1:
                     continue
-                e = _candidate_error(mode, symmetric, vals, lo, hi, p)
+                e = _candidate_error(mode, symmetric, objective, vals, lo, hi, p)
                 if e < best:
                     best, best_p = e, p
             shrink[r, g] = best_p
     return -1
 
 
-def search_mse(x: np.ndarray, mode: int, group: int, shrink: np.ndarray, symmetric: bool = True) -> int:
+def search_mse(
+    x: np.ndarray, mode: int, group: int, shrink: np.ndarray, symmetric: bool = True, objective: int = POWER25
+) -> int:
     """Fill `shrink` with each group's best clipping factor (our search). Returns a NaN/Inf index or -1.
 
     Asymmetric groups clip both ends by the same factor, as llm-compressor's observers do; the zero
     point then moves with the clipped range.
     """
-    return _mse_rows(x, mode, group, bool(symmetric), COARSE, FINE, shrink)
+    return _mse_rows(x, mode, group, bool(symmetric), objective, COARSE, FINE, shrink)
+
+
+@njit(nogil=True, cache=True)
+def _noclip_rows(x, mode, group, shrink):
+    rows, cols = x.shape
+    for r in range(rows):
+        for g in range(cols // group):
+            lo, hi, bad = group_range(x, r, g * group, group, mode)
+            if bad >= 0:
+                return r * cols + bad
+            m = max(-lo, hi)
+            p = np.float32(1.0)
+            if m > 0:
+                p = np.float32(7.5) * max(hi / np.float32(7.0), -lo / np.float32(8.0)) / m
+            shrink[r, g] = p
+    return -1
+
+
+def search_noclip(x: np.ndarray, mode: int, group: int, shrink: np.ndarray) -> int:
+    """Fill `shrink` with the factor that makes a symmetric group's scale max(max/7, -min/8).
+
+    compressed-tensors' symmetric scale is absmax / 7.5, so a group's largest weight lands on
+    +-7.5 steps: +7.5 clamps to 7, -7.5 rounds to -8, and either way the largest weight is off by
+    absmax / 15, the largest error in the group. This scale puts the extremes on the grid's ends
+    (7 and -8) instead. The factor is above 1 when the maximum is positive (a wider step), below 1
+    when the minimum dominates. Returns a NaN/Inf index or -1.
+    """
+    return _noclip_rows(x, mode, group, shrink)
 
 
 @njit(nogil=True, cache=True)
@@ -169,4 +219,4 @@ def memoryless_choice(masks: np.ndarray, improved: np.ndarray) -> np.ndarray:
     return (1.0 - best_step / MEMORYLESS["grid"]).astype(np.float32)
 
 
-__all__ = ["SEARCHES", "memoryless_choice", "memoryless_steps", "search_mse"]
+__all__ = ["MAGNITUDE", "POWER25", "SEARCHES", "memoryless_choice", "memoryless_steps", "search_mse", "search_noclip"]

@@ -42,6 +42,11 @@ class Int4(Scheme):
                 f"--scale-search memoryless_mse reproduces llm-compressor's symmetric observer; with {name} use mse",
                 code="usage",
             )
+        if scale_search == "noclip" and not symmetric:
+            raise WeightsmithError(
+                f"--scale-search noclip sets a symmetric scale; {name}'s range already ends on the grid's ends",
+                code="usage",
+            )
         return cls(name, group_size, symmetric=symmetric, scale_search=scale_search)
 
     @property
@@ -89,8 +94,13 @@ class Int4(Scheme):
         else:
             shrink = alloc("shrink", (n, cols // g), np.float32)
             shrink.fill(1.0)
-            if self.scale_search == "mse":
-                bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric)
+            if self.scale_search in ("mse", "wmse"):
+                objective = int4_search.MAGNITUDE if self.scale_search == "wmse" else int4_search.POWER25
+                bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric, objective)
+                if bad >= 0:
+                    return [], bad
+            elif self.scale_search == "noclip":
+                bad = int4_search.search_noclip(xin, mode, g, shrink)
                 if bad >= 0:
                     return [], bad
         packed = alloc("packed", (n, cols // int4.PACK), np.uint32)
