@@ -60,10 +60,13 @@ def recipes(group: int) -> list[tuple[str, list[str]]]:
     ]
 
 
-def measure(model: str, orig: Path, label: str, args: list[str], text: Path) -> dict:
+def cache_file(model: str, args: list[str]) -> Path:
+    return CACHE / model / f"{hashlib.sha256(json.dumps([model, args, TOKENS]).encode()).hexdigest()[:16]}.json"
+
+
+def measure(model: str, orig: Path | None, label: str, args: list[str], text: Path) -> dict:
     """Quantize ORIG with ARGS and evaluate it, or return the cached result of the same run."""
-    key = hashlib.sha256(json.dumps([model, args, TOKENS]).encode()).hexdigest()[:16]
-    cached = CACHE / model / f"{key}.json"
+    cached = cache_file(model, args)
     if cached.exists():
         return json.loads(cached.read_text())
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
@@ -112,6 +115,7 @@ def main() -> None:
     parser.add_argument("--model", action="append", choices=sorted(MODELS), help="default: both")
     parser.add_argument("--recipe", action="append", help="only the recipes with these labels (default: all)")
     parser.add_argument("--no-write", action="store_true", help="measure (and cache) only; do not rewrite docs/")
+    parser.add_argument("--cached-only", action="store_true", help="write docs/ from the cached results only")
     opts = parser.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
     text = sample_text(CACHE)
@@ -119,10 +123,10 @@ def main() -> None:
     doc = ["# Data-free 4-bit recipes on two real models", "", *_preamble(), ""]
     for model in opts.model or list(MODELS):
         title, build, group = MODELS[model]
-        orig = build()
+        orig = None if opts.cached_only else build()
         results = []
         for label, args in recipes(group):
-            if opts.recipe and label not in opts.recipe:
+            if (opts.recipe and label not in opts.recipe) or (orig is None and not cache_file(model, args).exists()):
                 continue
             started = time.perf_counter()
             results.append(measure(model, orig, label, args, text))
@@ -132,7 +136,8 @@ def main() -> None:
                 f"ppl {lg['ppl_quant']:.3f} ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
-        doc += table(f"{title}, int4 group {group}", results)
+        if results:
+            doc += table(f"{title}, int4 group {group}", results)
         doc_json["models"][model] = {"title": title, "group_size": group, "results": results}
     if not opts.no_write:
         (REPO / "docs" / "fidelity-study.md").write_text("\n".join(doc))
