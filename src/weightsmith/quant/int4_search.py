@@ -1,14 +1,22 @@
-"""Data-free clipping searches for int4 group scales: same format, same kernels, lower error.
+"""Data-free searches for int4 group scales: same format, same kernels, a different scale per group.
 
-Each search chooses, per group, a factor `p` that clips the group's range before the scale is
-computed (`int4.quantize_rows` applies it exactly as llm-compressor's observers do). Two searches:
+Each search chooses, per group, a factor `p` that scales the group's range before the scale is
+computed (`int4.quantize_rows` applies it exactly as llm-compressor's observers do): below 1 it
+clips, above 1 it widens. What they buy on two real models is in docs/scale-search-study.md; lower
+weight error is not lower output error there, so each search says which it lowers.
 
-- `mse` (ours, the default; symmetric and asymmetric): the sum of |error|^2.5 over 8 coarse factors
-  (1.00 to 0.65) and 4 refinements around the best (+-0.0125, +-0.025). Candidates are scored with a fused, vectorised
-  loop over the group while it sits in L1, so the whole search costs about a dozen cheap passes.
-  See docs/fidelity-smollm2.md for what it buys on a real model: symmetric, lower weight error and
-  KL than RTN; asymmetric, 15 % lower weight error than asymmetric RTN but KL no lower (0.324
-  against 0.321).
+- `mse` (symmetric and asymmetric): the sum of |error|^2.5 over 8 coarse factors (1.00 to 0.65)
+  and 4 refinements around the best (+-0.0125, +-0.025). Candidates are scored with a fused,
+  vectorised loop over the group while it sits in L1, so the whole search costs about a dozen cheap
+  passes. Lower weight error than RTN; next-token KL lower on SmolLM2-135M (0.386 against 0.399),
+  higher on Qwen2.5-Coder-1.5B.
+- `wmse` (symmetric and asymmetric): the same loop scoring sum |w| * error^2 over factors 0.80 to
+  1.08 in steps of 0.02. Weighing each error by its weight's magnitude keeps the large weights,
+  which a plain error sum trades away for many small ones, close; widening lets a group's largest
+  weight land on the grid. KL 8-15 % below RTN's (symmetric) and 10 % and more below asymmetric
+  RTN's on both models.
+- `noclip` (symmetric): scale max(max/7, -min/8), so the end that sets the scale lands on the grid
+  (compressed-tensors' absmax / 7.5 misses the largest weight by absmax / 15). KL unchanged in effect.
 - `memoryless_mse` (symmetric): llm-compressor's `memoryless_mse` observer reproduced exactly for BF16 weights
   (grid 100, maxshrink 0.2, norm 2.4, patience 5): every intermediate rounded to BF16 as torch does
   on CPU (the exponent 2.4 itself becomes BF16 2.40625), and early stopping decided over the whole
@@ -30,6 +38,11 @@ SEARCHES = ("mse", "memoryless_mse", "noclip", "wmse")
 POWER25, MAGNITUDE = 0, 1
 COARSE = np.array([1.0 - 0.05 * k for k in range(8)], np.float32)
 FINE = np.array([-0.025, -0.0125, 0.0125, 0.025], np.float32)
+#: `wmse` factors: clips to 0.80 and widenings to 1.08 in steps of 0.02, no refinement. A factor above 1
+#: widens the step so a group's largest weight, which compressed-tensors' absmax / 7.5 misses by
+#: absmax / 15, can land on the grid.
+WIDE = np.array([1.0 - 0.02 * k for k in range(11)] + [1.0 + 0.02 * k for k in range(1, 5)], np.float32)
+NO_FINE = np.zeros(0, np.float32)
 #: llm-compressor `memoryless_mse` defaults.
 MEMORYLESS = {"maxshrink": 0.2, "grid": 100.0, "norm": 2.4, "patience": 5}
 
@@ -125,6 +138,8 @@ def search_mse(
     Asymmetric groups clip both ends by the same factor, as llm-compressor's observers do; the zero
     point then moves with the clipped range.
     """
+    if objective == MAGNITUDE:
+        return _mse_rows(x, mode, group, bool(symmetric), objective, WIDE, NO_FINE, shrink)
     return _mse_rows(x, mode, group, bool(symmetric), objective, COARSE, FINE, shrink)
 
 

@@ -1,8 +1,9 @@
 """W4A16 and W4A16_ASYM: int4 group-wise round-to-nearest, compressed-tensors `pack-quantized`.
 
-The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse` clips each group by
-our fused search, `memoryless_mse` by llm-compressor's observer of that name, which decides its
-early stop over the whole tensor (a first pass per tensor).
+The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse`, `wmse` and `noclip`
+scale each group's range by a factor our fused kernels choose (quant/int4_search.py),
+`memoryless_mse` by llm-compressor's observer of that name, which decides its early stop over the
+whole tensor (a first pass per tensor).
 """
 
 from __future__ import annotations
