@@ -124,9 +124,12 @@ def main() -> None:
     for model in opts.model or list(MODELS):
         title, build, group = MODELS[model]
         orig = None if opts.cached_only else build()
-        results = []
+        results, missing = [], []
         for label, args in recipes(group):
-            if (opts.recipe and label not in opts.recipe) or (orig is None and not cache_file(model, args).exists()):
+            if opts.recipe and label not in opts.recipe:
+                continue
+            if orig is None and not cache_file(model, args).exists():
+                missing.append(label)
                 continue
             started = time.perf_counter()
             results.append(measure(model, orig, label, args, text))
@@ -138,6 +141,8 @@ def main() -> None:
             )
         if results:
             doc += table(f"{title}, int4 group {group}", results)
+        if missing:
+            doc += [f"Not yet measured on {title} (run `make fidelity-study`): {', '.join(missing)}.", ""]
         doc_json["models"][model] = {"title": title, "group_size": group, "results": results}
     if not opts.no_write:
         (REPO / "docs" / "fidelity-study.md").write_text("\n".join(doc))
