@@ -83,7 +83,7 @@ def measure(model: str, orig: Path | None, label: str, args: list[str], text: Pa
         "quantize_seconds": round(quantize_s, 1),
         "bits_per_parameter": manifest["manifest"]["sizes"]["bits_per_parameter_after"],
         "weights": report["weights"]["overall"],
-        "logits": report["logits"],
+        "logits": report["logits"] | {"text_source": "TEXT"},
     }
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(result, indent=2) + "\n")
@@ -139,6 +139,8 @@ def main() -> None:
                 f"ppl {lg['ppl_quant']:.3f} ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
+        for r in results:  # reports cached before the text path was replaced
+            r["logits"]["text_source"] = "TEXT"
         if results:
             doc += table(f"{title}, int4 group {group}", results)
         if missing:
