@@ -18,7 +18,9 @@ Candidates (GROUP: 64 on SmolLM2, 128 on Qwen, as the study):
   asym2d:OBJ             asymmetric, min and max clipped apart (6 x 6 factors 1.00..0.80; integer zero point)
   dir:PATH               a quantized checkpoint written by `weightsmith quantize` (e.g. with a numba search,
                          much faster than these torch searches on a 1.5B model), loaded through
-                         compressed-tensors as `weightsmith eval` loads it; needs the cached reference
+                         compressed-tensors as `weightsmith eval` loads it; needs the cached reference.
+                         On a 24 GB machine give Qwen one or two `dir:` per run: four in one process
+                         were killed for memory.
 OBJ, the error a group's factor minimises: l25 (|e|^2.5, as `mse`), l2, wl2 (|w| e^2, as `wmse` with
 :wide), gl2 ((gamma e)^2, gamma the RMSNorm weight feeding the Linear, where one does; else e^2).
 Prints one JSON line per candidate: KL (mean KL(p_orig || p_quant), nats), top-1, perplexity and
@@ -27,6 +29,7 @@ relative weight MSE, on the study's 2048 tokens.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -155,6 +158,7 @@ def checkpoints(model_key: str, ids: torch.Tensor, cands: list[str]) -> None:
         with torch.no_grad():
             out = torch.log_softmax(model(ids).logits[0].float(), -1)
         del model
+        gc.collect()  # a 1.5B model in float32 is 7 GB: never two at once
         row = {"model": model_key, "candidate": cand, **compare(ref, out, ids)}
         print(json.dumps(row | {"seconds": round(time.perf_counter() - started)}), flush=True)
 
