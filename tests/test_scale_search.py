@@ -170,3 +170,54 @@ def test_search_modes_and_names() -> None:
         ]
         == "memoryless_mse"
     )
+
+
+def test_noclip_puts_each_groups_extremes_on_the_grid_ends_and_stays_exact_in_format() -> None:
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    w = _weights(64, 512, 4)
+    shrink = np.empty((64, 4), np.float32)
+    assert int4_search.search_noclip(w.view(np.uint16), 1, 128, shrink) == -1
+    assert np.any(shrink > 1) and np.any(shrink < 1)  # wider where the maximum is positive, narrower otherwise
+    ours = int4.quantize(w, 128, True, shrink)
+    g = w.astype(np.float32).reshape(64, 4, 128)
+    dq = int4.dequantize(ours, 128).astype(np.float32).reshape(64, 4, 128)
+    rtn = int4.dequantize(int4.quantize(w, 128), 128).astype(np.float32).reshape(64, 4, 128)
+    absmax = np.abs(g).max(-1)
+    live = absmax > 0
+    # the end that sets the scale (max / 7 or -min / 8) lands on the grid's end, off only by BF16 rounding;
+    # RTN's absmax / 7.5 step leaves the largest weight absmax / 15 off
+    at = np.where((g.max(-1) / 7 >= -g.min(-1) / 8), g.argmax(-1), g.argmin(-1))[..., None]
+    assert np.all(np.abs(np.take_along_axis(dq - g, at, -1))[..., 0][live] <= absmax[live] * 2**-6)
+    big = np.abs(g).argmax(-1)[..., None]
+    assert np.allclose(np.abs(np.take_along_axis(rtn - g, big, -1))[..., 0][live] / absmax[live], 1 / 15, atol=0.01)
+    # the range scaled by the factor goes through compressed-tensors' own qparams
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=128)
+    x = torch.from_numpy(w.view(np.int16)).view(torch.bfloat16).reshape(64, 4, 128)
+    p = torch.from_numpy(shrink)
+    lo = torch.clamp((x.amin(-1).float() * p).to(torch.bfloat16), max=0)
+    hi = torch.clamp((x.amax(-1).float() * p).to(torch.bfloat16), min=0)
+    scale, _ = calculate_qparams(lo, hi, args)
+    assert np.array_equal(ours.scale.view(np.uint16), scale.view(torch.int16).numpy().view(np.uint16))
+    with pytest.raises(WeightsmithError, match="noclip sets a symmetric scale"):
+        make_scheme("w4a16-asym", 128, "noclip")
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_wmse_lowers_the_magnitude_weighted_error_and_leaves_mse_unchanged(symmetric: bool) -> None:
+    w = _weights(256, 1024, 5)
+    a = w.astype(np.float64)
+
+    def weighted(shrink: np.ndarray | None) -> float:
+        d = int4.dequantize(int4.quantize(w, 128, symmetric, shrink), 128).astype(np.float64) - a
+        return float((np.abs(a) * d * d).sum())
+
+    ours, default, power = (np.empty((256, 8), np.float32) for _ in range(3))
+    assert int4_search.search_mse(w.view(np.uint16), 1, 128, ours, symmetric, int4_search.MAGNITUDE) == -1
+    assert int4_search.search_mse(w.view(np.uint16), 1, 128, default, symmetric) == -1
+    assert int4_search.search_mse(w.view(np.uint16), 1, 128, power, symmetric, int4_search.POWER25) == -1
+    assert np.array_equal(default, power)
+    assert not np.array_equal(ours, default)
+    assert np.any(ours > 1) and np.any(ours < 1)  # it widens some groups and clips others
+    assert weighted(ours) < weighted(None) and weighted(ours) <= weighted(default)

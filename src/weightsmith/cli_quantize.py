@@ -326,8 +326,10 @@ def quantize(
     scale_search: str | None = typer.Option(
         None,
         "--scale-search",
-        help="Clip each group's range to lower the error: mse (our search) or memoryless_mse (llm-compressor's "
-        "symmetric observer, exactly). Default: plain RTN, byte-identical to model_free_ptq.",
+        help="Choose each group's scale for lower weight error (not always better output: docs/fidelity-study.md): "
+        "mse (our clipping search), wmse (the same, magnitude-weighted), noclip (symmetric: largest weight on the "
+        "grid's end) or memoryless_mse (llm-compressor's symmetric observer, exactly). Default: plain RTN, "
+        "byte-identical to model_free_ptq.",
     ),
     ignore: list[str] = typer.Option(
         [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."

@@ -17,6 +17,8 @@ M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE
 _SEARCH = {
     "mse": "each group's range is clipped to the value that lowers its squared error",
     "memoryless_mse": "llm-compressor's memoryless MSE search over each group's range",
+    "noclip": "each group's scale puts its largest weight on the end of the int4 grid",
+    "wmse": "each group's range is clipped to the value that lowers its magnitude-weighted squared error",
 }
 #: Why tensors of a category are never a quantization target (the plan's rules, by category).
 _NOT_TARGETED = {

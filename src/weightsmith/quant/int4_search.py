@@ -1,14 +1,23 @@
-"""Data-free clipping searches for int4 group scales: same format, same kernels, lower error.
+"""Data-free searches for int4 group scales: same format, same kernels, a different scale per group.
 
-Each search chooses, per group, a factor `p` that clips the group's range before the scale is
-computed (`int4.quantize_rows` applies it exactly as llm-compressor's observers do). Two searches:
+Each search chooses, per group, a factor `p` that scales the group's range before the scale is
+computed (`int4.quantize_rows` applies it exactly as llm-compressor's observers do): below 1 it
+clips, above 1 it widens. What they buy on two real models is in docs/scale-search-study.md; lower
+weight error is not lower output error there, so each search says which it lowers.
 
-- `mse` (ours, the default; symmetric and asymmetric): the sum of |error|^2.5 over 8 coarse factors
-  (1.00 to 0.65) and 4 refinements around the best (+-0.0125, +-0.025). Candidates are scored with a fused, vectorised
-  loop over the group while it sits in L1, so the whole search costs about a dozen cheap passes.
-  See docs/fidelity-smollm2.md for what it buys on a real model: symmetric, lower weight error and
-  KL than RTN; asymmetric, 15 % lower weight error than asymmetric RTN but KL no lower (0.324
-  against 0.321).
+- `mse` (symmetric and asymmetric): the sum of |error|^2.5 over 8 coarse factors (1.00 to 0.65)
+  and 4 refinements around the best (+-0.0125, +-0.025). Candidates are scored with a fused,
+  vectorised loop over the group while it sits in L1, so the whole search costs about a dozen cheap
+  passes. Lower weight error than RTN; next-token KL lower on SmolLM2-135M (0.386 against 0.399),
+  higher on Qwen2.5-Coder-1.5B.
+- `wmse` (symmetric and asymmetric): the same loop scoring sum |w| * error^2 over factors 0.80 to
+  1.08 in steps of 0.02. Weighing each error by its weight's magnitude keeps the large weights,
+  which a plain error sum trades away for many small ones, close; widening lets a group's largest
+  weight land on the grid. Next-token KL 8 % and 15 % below RTN's (symmetric) and 10 % and
+  2.5 % below asymmetric RTN's on SmolLM2-135M and Qwen2.5-Coder-1.5B.
+- `noclip` (symmetric): scale max(max/7, -min/8), so the end that sets the scale lands on the grid
+  (compressed-tensors' absmax / 7.5 misses the largest weight by absmax / 15). Weight error a little
+  above RTN's; KL 0.2 % (SmolLM2-135M) and 11.6 % (Qwen2.5-Coder-1.5B) below.
 - `memoryless_mse` (symmetric): llm-compressor's `memoryless_mse` observer reproduced exactly for BF16 weights
   (grid 100, maxshrink 0.2, norm 2.4, patience 5): every intermediate rounded to BF16 as torch does
   on CPU (the exponent 2.4 itself becomes BF16 2.40625), and early stopping decided over the whole
@@ -23,11 +32,18 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, round_to
-from weightsmith.quant.int4 import group_params, load_group
+from weightsmith.quant.int4 import group_params, group_range, load_group
 
-SEARCHES = ("mse", "memoryless_mse")
+SEARCHES = ("mse", "memoryless_mse", "noclip", "wmse")
+#: objectives of the clipping search: |e|^2.5 (`mse`), |w| e^2 (`wmse`)
+POWER25, MAGNITUDE = 0, 1
 COARSE = np.array([1.0 - 0.05 * k for k in range(8)], np.float32)
 FINE = np.array([-0.025, -0.0125, 0.0125, 0.025], np.float32)
+#: `wmse` factors: clips to 0.80 and widenings to 1.08 in steps of 0.02, no refinement. A factor above 1
+#: widens the step so a group's largest weight, which compressed-tensors' absmax / 7.5 misses by
+#: absmax / 15, can land on the grid.
+WIDE = np.array([1.0 - 0.02 * k for k in range(11)] + [1.0 + 0.02 * k for k in range(1, 5)], np.float32)
+NO_FINE = np.zeros(0, np.float32)
 #: llm-compressor `memoryless_mse` defaults.
 MEMORYLESS = {"maxshrink": 0.2, "grid": 100.0, "norm": 2.4, "patience": 5}
 
@@ -62,16 +78,34 @@ def _group_error_asym(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.flo
     return err
 
 
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _weighted_error(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float32:
+    """Sum of |w| * error^2 of one group's RTN at scale `s` and zero point `zp` (0 when symmetric).
+
+    Weighs each weight's error by its magnitude: a data-free stand-in for its importance, so a clip
+    that saves many small weights a little cannot cost the few large ones much.
+    """
+    inv = np.float32(1.0) / s
+    err = np.float32(0.0)
+    for i in range(vals.size):
+        q = np.rint(min(max(vals[i] * inv + zp, np.float32(-8.0)), np.float32(7.0)))
+        d = (q - zp) * s - vals[i]
+        err += abs(vals[i]) * d * d
+    return err
+
+
 @njit(inline="always", nogil=True)
-def _candidate_error(mode: int, symmetric: bool, vals: np.ndarray, lo, hi, p) -> np.float32:
+def _candidate_error(mode: int, symmetric: bool, objective: int, vals: np.ndarray, lo, hi, p) -> np.float32:
+    s, zp = group_params(mode, symmetric, lo, hi, p)
+    if objective == MAGNITUDE:
+        return _weighted_error(vals, s, zp)
     if symmetric:
-        return _group_error(vals, group_params(mode, True, lo, hi, p)[0])
-    s, zp = group_params(mode, False, lo, hi, p)
+        return _group_error(vals, s)
     return _group_error_asym(vals, s, zp)
 
 
 @njit(nogil=True, cache=True)
-def _mse_rows(x, mode, group, symmetric, coarse, fine, shrink):
+def _mse_rows(x, mode, group, symmetric, objective, coarse, fine, shrink):
     rows, cols = x.shape
     vals = np.empty(group, np.float32)
     for r in range(rows):
@@ -82,7 +116,7 @@ def _mse_rows(x, mode, group, symmetric, coarse, fine, shrink):
                 return r * cols + bad
             best, best_p = np.float32(np.inf), np.float32(1.0)
             for k in range(coarse.size):
-                e = _candidate_error(mode, symmetric, vals, lo, hi, coarse[k])
+                e = _candidate_error(mode, symmetric, objective, vals, lo, hi, coarse[k])
                 if e < best:
                     best, best_p = e, coarse[k]
             centre = best_p
@@ -90,20 +124,52 @@ def _mse_rows(x, mode, group, symmetric, coarse, fine, shrink):
                 p = centre + fine[k]
                 if p > 1:
                     continue
-                e = _candidate_error(mode, symmetric, vals, lo, hi, p)
+                e = _candidate_error(mode, symmetric, objective, vals, lo, hi, p)
                 if e < best:
                     best, best_p = e, p
             shrink[r, g] = best_p
     return -1
 
 
-def search_mse(x: np.ndarray, mode: int, group: int, shrink: np.ndarray, symmetric: bool = True) -> int:
+def search_mse(
+    x: np.ndarray, mode: int, group: int, shrink: np.ndarray, symmetric: bool = True, objective: int = POWER25
+) -> int:
     """Fill `shrink` with each group's best clipping factor (our search). Returns a NaN/Inf index or -1.
 
     Asymmetric groups clip both ends by the same factor, as llm-compressor's observers do; the zero
     point then moves with the clipped range.
     """
-    return _mse_rows(x, mode, group, bool(symmetric), COARSE, FINE, shrink)
+    if objective == MAGNITUDE:
+        return _mse_rows(x, mode, group, bool(symmetric), objective, WIDE, NO_FINE, shrink)
+    return _mse_rows(x, mode, group, bool(symmetric), objective, COARSE, FINE, shrink)
+
+
+@njit(nogil=True, cache=True)
+def _noclip_rows(x, mode, group, shrink):
+    rows, cols = x.shape
+    for r in range(rows):
+        for g in range(cols // group):
+            lo, hi, bad = group_range(x, r, g * group, group, mode)
+            if bad >= 0:
+                return r * cols + bad
+            m = max(-lo, hi)
+            p = np.float32(1.0)
+            if m > 0:
+                p = np.float32(7.5) * max(hi / np.float32(7.0), -lo / np.float32(8.0)) / m
+            shrink[r, g] = p
+    return -1
+
+
+def search_noclip(x: np.ndarray, mode: int, group: int, shrink: np.ndarray) -> int:
+    """Fill `shrink` with the factor that makes a symmetric group's scale max(max/7, -min/8).
+
+    compressed-tensors' symmetric scale is absmax / 7.5, so a group's largest weight lands on
+    +-7.5 steps: +7.5 clamps to 7, -7.5 rounds to -8, and either way the largest weight is off by
+    absmax / 15, the largest error in the group. This scale puts the extremes on the grid's ends
+    (7 and -8) instead. The factor is above 1 when the maximum is positive (a wider step), below 1
+    when the minimum dominates. Returns a NaN/Inf index or -1.
+    """
+    return _noclip_rows(x, mode, group, shrink)
 
 
 @njit(nogil=True, cache=True)
@@ -169,4 +235,4 @@ def memoryless_choice(masks: np.ndarray, improved: np.ndarray) -> np.ndarray:
     return (1.0 - best_step / MEMORYLESS["grid"]).astype(np.float32)
 
 
-__all__ = ["SEARCHES", "memoryless_choice", "memoryless_steps", "search_mse"]
+__all__ = ["MAGNITUDE", "POWER25", "SEARCHES", "memoryless_choice", "memoryless_steps", "search_mse", "search_noclip"]

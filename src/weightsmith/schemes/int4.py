@@ -1,8 +1,9 @@
 """W4A16 and W4A16_ASYM: int4 group-wise round-to-nearest, compressed-tensors `pack-quantized`.
 
-The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse` clips each group by
-our fused search, `memoryless_mse` by llm-compressor's observer of that name, which decides its
-early stop over the whole tensor (a first pass per tensor).
+The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse`, `wmse` and `noclip`
+scale each group's range by a factor our fused kernels choose (quant/int4_search.py),
+`memoryless_mse` by llm-compressor's observer of that name, which decides its early stop over the
+whole tensor (a first pass per tensor).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class Int4(Scheme):
         if scale_search == "memoryless_mse" and not symmetric:
             raise WeightsmithError(
                 f"--scale-search memoryless_mse reproduces llm-compressor's symmetric observer; with {name} use mse",
+                code="usage",
+            )
+        if scale_search == "noclip" and not symmetric:
+            raise WeightsmithError(
+                f"--scale-search noclip sets a symmetric scale; {name}'s range already ends on the grid's ends",
                 code="usage",
             )
         return cls(name, group_size, symmetric=symmetric, scale_search=scale_search)
@@ -113,8 +119,13 @@ class Int4(Scheme):
         else:
             shrink = alloc("shrink", (n, cols // g), np.float32)
             shrink.fill(1.0)
-            if self.scale_search == "mse":
-                bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric)
+            if self.scale_search in ("mse", "wmse"):
+                objective = int4_search.MAGNITUDE if self.scale_search == "wmse" else int4_search.POWER25
+                bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric, objective)
+                if bad >= 0:
+                    return [], bad
+            elif self.scale_search == "noclip":
+                bad = int4_search.search_noclip(xin, mode, g, shrink)
                 if bad >= 0:
                     return scale, zp, bad
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
