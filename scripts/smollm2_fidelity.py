@@ -101,7 +101,9 @@ def main() -> None:
         "",
     ]
     (REPO / "docs" / "fidelity-smollm2.md").write_text("\n".join(doc))
-    (REPO / "docs" / "fidelity-smollm2.json").write_text(json.dumps(reports, indent=2) + "\n")
+    # paths relative to the repository: a committed study names no local folder
+    text_json = json.dumps(reports, indent=2).replace(json.dumps(str(REPO) + "/")[1:-1], "")
+    (REPO / "docs" / "fidelity-smollm2.json").write_text(text_json + "\n")
     print("wrote docs/fidelity-smollm2.md")
 
 
