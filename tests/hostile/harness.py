@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith import cli
 
 
@@ -126,3 +128,27 @@ def sandbox(tmp_path: Path) -> Sandbox:
     root = tmp_path / "sandbox"
     root.mkdir()
     return Sandbox(root)
+
+
+#: A one-layer Llama small enough for every case to copy.
+TINY_LLAMA = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip
+
+
+def tiny_pair(root: Path) -> tuple[Path, Path]:
+    """(ORIG, QUANT) under `root`: a one-layer BF16 Llama and its W4A16 g32 copy, built once per module."""
+    from weightsmith.cli_quantize import run_quantize
+
+    orig = write_checkpoint(root / "orig", llama_tensors(TINY_LLAMA), TINY_LLAMA)
+    quant = root / "quant"
+    run_quantize(orig, quant, scheme="w4a16", group_size=32, ignore=[], preset=None, workers=1, force=False,
+                 show_progress=False, hash_sources=False)  # fmt: skip
+    return orig, quant
+
+
+def copies(sandbox: Sandbox, pair: tuple[Path, Path]) -> tuple[Path, Path]:
+    """Copies of a `tiny_pair` inside the case's sandbox, for a command to be handed."""
+    orig, quant = sandbox.root / "orig", sandbox.root / "quant"
+    shutil.copytree(pair[0], orig)
+    shutil.copytree(pair[1], quant)
+    return orig, quant

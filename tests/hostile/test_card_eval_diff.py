@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import struct
 import time
 from pathlib import Path
@@ -13,36 +12,19 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from hostile.harness import Result, Sandbox, run_inprocess
-from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from hostile.harness import Result, Sandbox, copies, run_inprocess, tiny_pair
 from weightsmith.bench.logcheck import scan_lines
 from weightsmith.card.cite import find_cited
-from weightsmith.cli_quantize import run_quantize
 from weightsmith.errors import CheckpointError
 from weightsmith.terminal import printable
 
-TINY = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip
 Q_SCALE = "model.layers.0.self_attn.q_proj.weight_scale"
 HOSTILE_NAME = "a\x1b[2Jb.weight"
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(ORIG, QUANT): a one-layer BF16 Llama and its W4A16 g32 copy, for each case to copy into its sandbox."""
-    root = tmp_path_factory.mktemp("tiny")
-    orig = write_checkpoint(root / "orig", llama_tensors(TINY), TINY)
-    quant = root / "quant"
-    run_quantize(orig, quant, scheme="w4a16", group_size=32, ignore=[], preset=None, workers=1, force=False,
-                 show_progress=False, hash_sources=False)  # fmt: skip
-    return orig, quant
-
-
-def copies(sandbox: Sandbox, tiny: tuple[Path, Path]) -> tuple[Path, Path]:
-    orig, quant = (sandbox.root / "orig", sandbox.root / "quant")
-    shutil.copytree(tiny[0], orig)
-    shutil.copytree(tiny[1], quant)
-    return orig, quant
+    return tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def edit_tensor(folder: Path, name: str, change) -> Path:

@@ -7,36 +7,18 @@ from, exit 2, no traceback, and nothing written.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from hostile.harness import Sandbox, run_inprocess
-from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.cli_quantize import run_quantize
+from hostile.harness import Sandbox, copies, run_inprocess, tiny_pair
 
-TINY = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip
 BAD = "re:("
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(ORIG, QUANT): a one-layer BF16 Llama and its W4A16 g32 copy."""
-    root = tmp_path_factory.mktemp("tiny")
-    orig = write_checkpoint(root / "orig", llama_tensors(TINY), TINY)
-    quant = root / "quant"
-    run_quantize(orig, quant, scheme="w4a16", group_size=32, ignore=[], preset=None, workers=1, force=False,
-                 show_progress=False, hash_sources=False)  # fmt: skip
-    return orig, quant
-
-
-def copies(sandbox: Sandbox, tiny: tuple[Path, Path]) -> tuple[Path, Path]:
-    orig, quant = sandbox.root / "orig", sandbox.root / "quant"
-    shutil.copytree(tiny[0], orig)
-    shutil.copytree(tiny[1], quant)
-    return orig, quant
+    return tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def test_transplant_select_with_an_unclosed_group(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
