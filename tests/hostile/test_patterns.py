@@ -26,7 +26,8 @@ def test_a_catastrophic_pattern_is_stopped_at_the_time_limit() -> None:
     started = time.perf_counter()
     with pytest.raises(Exception, match="backtracks catastrophically") as caught:
         matches(CATASTROPHIC, LONG_NAME)
-    assert time.perf_counter() - started < MATCH_TIMEOUT_S + 2
+    # unbounded, this match runs for hours; the bound leaves room for a machine shared by other jobs
+    assert time.perf_counter() - started < MATCH_TIMEOUT_S + 20
     assert type(caught.value).__name__ == "WeightsmithError"
     assert matches("re:.*mlp", "model.layers.0.mlp.up_proj") and not matches("re:mlp", "model.layers.0.mlp")
 
