@@ -66,6 +66,7 @@ def main() -> None:
     orig = smollm2_fp32()
     rows, reports = [], {}
     with tempfile.TemporaryDirectory() as tmp:
+        scratch = tmp
         text = sample_text(Path(tmp))
         for label, args in RECIPES:
             out = Path(tmp) / label.split()[0].lower()
@@ -101,8 +102,10 @@ def main() -> None:
         "",
     ]
     (REPO / "docs" / "fidelity-smollm2.md").write_text("\n".join(doc))
-    # paths relative to the repository: a committed study names no local folder
-    text_json = json.dumps(reports, indent=2).replace(json.dumps(str(REPO) + "/")[1:-1], "")
+    # a committed study names no local folder: paths relative to the repository or to the scratch folder
+    text_json = json.dumps(reports, indent=2)
+    for root in (REPO, scratch):
+        text_json = text_json.replace(json.dumps(f"{root}/")[1:-1], "")
     (REPO / "docs" / "fidelity-smollm2.json").write_text(text_json + "\n")
     print("wrote docs/fidelity-smollm2.md")
 
