@@ -112,6 +112,32 @@ class DeterminismRun:
 
 
 @dataclass
+class ScenarioOutcome:
+    """One scenario's answer in one quality run, and whether its check passed."""
+
+    scenario: str
+    category: str
+    passed: bool
+    #: Why it did not pass, in a few words ("regex did not match", "tests failed: AssertionError"),
+    #: or why no answer came (a request error); empty when it passed.
+    detail: str = ""
+    #: The request failed (no answer to check); such a scenario counts as not passed.
+    error: str | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass
+class QualityRun:
+    """One pass of an arm over a quality suite, within one serve visit."""
+
+    arm: str
+    #: The run's index within the arm (0, 1, ...), in the order the runs were made.
+    run: int
+    suite: str
+    outcomes: list[ScenarioOutcome] = field(default_factory=list)
+
+
+@dataclass
 class ArmInfo:
     """What an arm was, and whether it survived the run."""
 
@@ -160,6 +186,7 @@ class BenchResults:
     arms: list[ArmInfo] = field(default_factory=list)
     visits: list[VisitResult] = field(default_factory=list)
     determinism: list[DeterminismRun] = field(default_factory=list)
+    quality: list[QualityRun] = field(default_factory=list)
     interrupted: bool = False
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
