@@ -4,7 +4,11 @@ It speaks vLLM's wire format: `/v1/completions` and `/v1/chat/completions` strea
 (chat opens with a role-only delta, reasoning deltas come before content when asked, a final
 `choices: []` chunk carries `usage` when `stream_options.include_usage` is set, then
 `data: [DONE]`), legacy completions logprobs (`tokens`, `token_logprobs`, `top_logprobs`),
-`/v1/models`, `/health` and `/tokenize`. Its `/metrics` registers the speculative-decoding
+`/v1/models`, `/health` and `/tokenize`. Requests with `stream: false` get one JSON body, as
+vLLM sends it; chat answers may carry `tool_calls` (`message.tool_calls[i].function.{name,
+arguments}`, the arguments a JSON string, ids `chatcmpl-tool-...`, finish reason `tool_calls`),
+scripted by `answers`: the first marker found in the request's prompt or messages picks the answer.
+Its `/metrics` registers the speculative-decoding
 counters exactly as vLLM's `SpecDecodingProm` does (prometheus_client, names
 `vllm:spec_decode_num_drafts` ..., labels `model_name`, `engine`, `position`), so the exposition
 lines are the ones vLLM emits.
@@ -80,6 +84,8 @@ class StandinConfig:
     honour_include_usage: bool = True
     reject_marker: str | None = None
     logprob_jitter: float = 0.0
+    #: marker -> {"content": str} and/or {"tool_calls": [{"name": str, "arguments": {...}}]}
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
 
 
@@ -223,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"detail": "Not Found"})
             return
         chat = self.path.endswith("chat/completions")
-        prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
+        prompt = (body["messages"][-1].get("content") or "") if chat else body.get("prompt", "")
         if cfg.reject_marker and cfg.reject_marker in prompt:
             self._json(
                 400,
@@ -243,7 +249,108 @@ class _Handler(BaseHTTPRequestHandler):
             os._exit(7)
         # the client may give up first (a timeout test): nothing left to answer then
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self._stream(body, prompt, chat, engine)
+            if body.get("stream"):
+                self._stream(body, prompt, chat, engine)
+            else:
+                self._whole(body, prompt, chat, engine)
+
+    def _scripted(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        asked = json.dumps(body.get("messages")) if "messages" in body else str(body.get("prompt", ""))
+        return next((a for marker, a in self.standin.config.answers.items() if marker in asked), None)
+
+    def _count(self, tokens: int, prompt: str, engine: str) -> None:
+        """Count a whole generation of `tokens` in /metrics as the streamed path does, step by step."""
+        config, metrics = self.standin.config, self.standin.metrics
+        emitted = step = 0
+        while emitted < tokens:
+            n_new = 1
+            if emitted and metrics.spec:
+                accepted = min(config.k, config.accept_pattern[step % len(config.accept_pattern)])
+                step += 1
+                metrics.drafts.labels(config.model, engine).inc()
+                metrics.draft_tokens.labels(config.model, engine).inc(config.k)
+                metrics.accepted.labels(config.model, engine).inc(accepted)
+                for pos in range(accepted):
+                    metrics.per_pos.labels(config.model, engine, str(pos)).inc()
+                n_new = accepted + 1
+            emitted += n_new
+        metrics.generation.labels(config.model, engine).inc(tokens)
+        metrics.prompt.labels(config.model, engine).inc(prompt_tokens(prompt))
+
+    def _whole(self, body: dict[str, Any], prompt: str, chat: bool, engine: str) -> None:
+        """A non-streamed response, in vLLM's body layout (fields it sends as null included)."""
+        config = self.standin.config
+        max_tokens = int(body.get("max_tokens", 16))
+        scripted = self._scripted(body)
+        if scripted is not None:
+            text = scripted.get("content") or ""
+        else:
+            text = "".join(_logprob(prompt, i, 0.0, "")[0] for i in range(max_tokens))
+        finish, stop_reason = "stop", None
+        for stop in body.get("stop") or []:
+            if stop in text:
+                text, stop_reason = text[: text.index(stop)], stop
+        emitted = prompt_tokens(text) if text else 0
+        if scripted is None and stop_reason is None:
+            emitted, finish = max_tokens, "length"
+        calls = [
+            {
+                "id": "chatcmpl-tool-" + uuid.uuid4().hex,
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}), ensure_ascii=False)},
+            }
+            for c in (scripted or {}).get("tool_calls", [])
+        ]
+        if calls:
+            finish = "tool_calls"
+            emitted += sum(prompt_tokens(c["function"]["arguments"]) for c in calls)
+        if chat:
+            message = {
+                "role": "assistant",
+                "content": text or None,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": calls,
+                "reasoning_content": None,
+            }
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": stop_reason,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": stop_reason,
+                "prompt_logprobs": None,
+            }
+        n_prompt = prompt_tokens(prompt)
+        self._count(emitted, prompt, engine)
+        payload = {
+            "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": config.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": n_prompt,
+                "total_tokens": n_prompt + emitted,
+                "completion_tokens": emitted,
+                "prompt_tokens_details": None,
+            },
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+        if chat:
+            payload.update({"service_tier": None, "system_fingerprint": None})
+        self._json(200, payload)
 
     def _send_event(self, payload: Any) -> None:
         data = payload if isinstance(payload, str) else json.dumps(payload)
@@ -402,6 +509,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--startup-delay-s", type=float, default=0.0)
     parser.add_argument("--log-line", action="append", default=[])
     parser.add_argument("--think-in-content", action="store_true")
+    parser.add_argument("--answers", help="JSON file: marker -> scripted answer (see StandinConfig.answers)")
     args = parser.parse_args(argv)
     sys.stderr.write(f"INFO stand-in for vLLM's OpenAI server, model {args.model}\n")
     sys.stderr.write(f"INFO VLLM_CACHE_ROOT={os.environ.get('VLLM_CACHE_ROOT', '')}\n")
@@ -422,6 +530,7 @@ def main(argv: list[str] | None = None) -> None:
         die_after=args.die_after,
         reset_after=args.reset_after,
         think_in_content=args.think_in_content,
+        answers=json.loads(Path(args.answers).read_text()) if args.answers else {},
     )
     make_server(config, args.port).serve_forever()
 

@@ -33,6 +33,11 @@ def run_command(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+    allow_unsandboxed: bool = typer.Option(
+        False,
+        "--allow-unsandboxed",
+        help="Run a quality suite's python_tests even where the sandbox (namespaces, Landlock) is unavailable.",
+    ),
 ) -> None:
     """Measure every arm, write results.json, report.md and PNG plots into --out.
 
@@ -43,6 +48,7 @@ def run_command(
     from weightsmith.bench.config import load_config
     from weightsmith.bench.outdir import claim
     from weightsmith.bench.progress import RichProgress
+    from weightsmith.bench.quality.runs import prepare
     from weightsmith.bench.report import RESULTS_FILE, write_all, write_results_file
     from weightsmith.bench.results import VISIT_OK
     from weightsmith.bench.runner import QuietObserver, run_bench
@@ -50,6 +56,7 @@ def run_command(
     from weightsmith.interrupt import terminate_as_interrupt
 
     config = load_config(arms)
+    plan = prepare(config, allow_unsandboxed)
     if (out / RESULTS_FILE).exists() and not force:
         raise OutputError(f"{out / RESULTS_FILE} exists; choose another --out or pass --force")
     claim(out, force)
@@ -60,10 +67,10 @@ def run_command(
 
     with terminate_as_interrupt():
         if quiet or as_json:
-            results = run_bench(config, out, QuietObserver(), save=save)
+            results = run_bench(config, out, QuietObserver(), save=save, quality_plan=plan)
         else:
             with RichProgress(err) as progress:
-                results = run_bench(config, out, progress, save=save)
+                results = run_bench(config, out, progress, save=save, quality_plan=plan)
     analysis, files = write_all(results, out)
     failed = [a.name for a in results.arms if a.status != VISIT_OK]
     verdicts = [

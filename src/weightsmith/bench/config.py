@@ -163,6 +163,25 @@ class DeterminismSpec:
     top_logprobs: int = _key(5, Bound(int, 0, 100))
 
 
+#: Most scenarios a `limit` may name per category (the loader's own bound on a suite's size).
+MAX_SCENARIOS = 10_000
+
+
+@dataclass
+class QualitySpec:
+    """A task suite run `runs` times per arm at temperature 0, in the arm's first serve visit.
+
+    `suite` is `builtin:humaneval`, `builtin:tool-use` or a JSONL file (relative to the arms file);
+    `categories` keeps only those, `limit` the first N scenarios of each category.
+    """
+
+    suite: str = ""
+    runs: int = _key(2, _positive(int, MAX_REPEATS))
+    max_tokens: int = _key(512, _positive(int, MAX_TOKENS))
+    limit: int | None = _key(None, _positive(int, MAX_SCENARIOS))
+    categories: list[str] = field(default_factory=list)
+
+
 @dataclass
 class BenchConfig:
     """Everything one benchmark run needs, after sweep expansion."""
@@ -170,6 +189,7 @@ class BenchConfig:
     arms: list[ArmSpec]
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     determinism: DeterminismSpec = field(default_factory=DeterminismSpec)
+    quality: QualitySpec | None = None
     repeats: int = _key(2, _positive(int, MAX_REPEATS))
     warmups: int = _key(2, Bound(int, 0, MAX_REPEATS))
     baseline: str | None = None
@@ -260,6 +280,7 @@ _TOP_KEYS = _file_keys(BenchConfig)
 _WORKLOAD_KEYS = _file_keys(WorkloadSpec)
 _PROMPT_TOKENS = _positive(int, MAX_TOKENS)
 _DETERMINISM_KEYS = _file_keys(DeterminismSpec)
+_QUALITY_KEYS = _file_keys(QualitySpec)
 _ARM_KEYS = _file_keys(ArmSpec)
 _SWEEP_KEYS = _file_keys(SweepSpec)
 #: What an `env` number or a sweep value may be: anything a command line can carry as text.
@@ -481,6 +502,19 @@ def _prompt_tokens(raw: Any, path: str) -> list[int]:
     return sorted(set(lengths))
 
 
+def _quality(raw: dict[str, Any], path: str) -> QualitySpec:
+    """The `[quality]` table; the suite itself is read when the run starts (`quality.scenarios`)."""
+    quality = QualitySpec(**_check_table(raw, _QUALITY_KEYS, "quality", path))
+    if not quality.suite.strip():
+        raise WeightsmithError("quality: 'suite' must name a built-in suite or a JSONL file", file=path)
+    if "\x00" in quality.suite:
+        raise WeightsmithError("quality: 'suite' contains a NUL character", file=path)
+    for i, category in enumerate(quality.categories):
+        if not isinstance(category, str) or not category:
+            raise WeightsmithError(f"quality: categories[{i}] must be a non-empty string", file=path)
+    return quality
+
+
 def parse_config(data: dict[str, Any], path: str = "<arms>") -> BenchConfig:
     """Validate a parsed TOML document and build the run's configuration (sweeps expanded)."""
     data = _check_table(data, _TOP_KEYS, "top level", path)
@@ -495,6 +529,8 @@ def parse_config(data: dict[str, Any], path: str = "<arms>") -> BenchConfig:
     determinism = DeterminismSpec(**_check_table(data.get("determinism", {}), _DETERMINISM_KEYS, "determinism", path))
     if determinism.replicates == 1:
         raise WeightsmithError("determinism: replicates must be 0 (off) or at least 2", file=path)
+
+    quality = _quality(data["quality"], path) if "quality" in data else None
 
     raw_arms = data.get("arms", [])
     if not raw_arms:
@@ -517,6 +553,7 @@ def parse_config(data: dict[str, Any], path: str = "<arms>") -> BenchConfig:
         arms=arms,
         workload=workload,
         determinism=determinism,
+        quality=quality,
         repeats=data.get("repeats", 2),
         warmups=data.get("warmups", 2),
         baseline=data.get("baseline"),

@@ -2,7 +2,8 @@
 
 Per visit (`serving` owns the server: start or find it, stop it, read its log): warm it up
 (discarded), scrape /metrics, send the measured requests, scrape again once the counters have
-settled, and run the determinism replicates on the arm's first visit. The results file is rewritten after every
+settled, and run the determinism replicates and the quality suite (`[quality]`) on the arm's first visit, after the
+measured requests so that neither falls inside the speed window. The results file is rewritten after every
 visit, so a crash, a Ctrl-C or a server that dies keeps what was already measured.
 
 Failures are one line each and never stop the other arms: a server that does not start (with the
@@ -33,6 +34,7 @@ from weightsmith.bench import logcheck
 from weightsmith.bench import metrics as m
 from weightsmith.bench.config import ArmSpec, BenchConfig
 from weightsmith.bench.paths import make_portable
+from weightsmith.bench.quality import runs as quality
 from weightsmith.bench.results import (
     VISIT_FAILED,
     VISIT_SKIPPED,
@@ -136,6 +138,7 @@ class _RunState:
     t0: float
     arm_infos: dict[str, ArmInfo]
     workload: _Workload | None = None
+    quality: quality.QualityPlan | None = None
     failed_arms: set[str] = field(default_factory=set)
     caches_cleared: set[str] = field(default_factory=set)
     current: VisitResult | None = None
@@ -268,6 +271,33 @@ def _determinism(state: _RunState, arm: ArmSpec, server: RunningServer, model: s
     state.results.determinism.append(run)
 
 
+def _quality(state: _RunState, arm: ArmSpec, server: RunningServer, model: str) -> None:
+    """The quality suite, `runs` times in a row on this server (the arm's first visit only)."""
+    plan = state.quality
+    if plan is None or any(r.arm == arm.name for r in state.results.quality):
+        return
+    for run in range(plan.spec.runs):
+        record = quality.run_suite(
+            state.client,
+            server.url,
+            model,
+            plan,
+            arm=arm.name,
+            run=run,
+            extra=arm.extra_body,
+            timeout_s=state.config.workload.request_timeout_s,
+            alive=server.alive,
+            progress=state.observer.phase,
+        )
+        state.results.quality.append(record)
+        errors = [o for o in record.outcomes if o.error]
+        if errors:
+            state.observer.message(
+                f"arm '{arm.name}' quality run {run + 1}: {len(errors)} of {len(record.outcomes)} "
+                f"scenarios got no answer, e.g. {errors[0].error}"
+            )
+
+
 def _scrape_settled(state: _RunState, url: str) -> tuple[m.Snapshot | None, str]:
     try:
         return m.settled_scrape(state.client, url), ""
@@ -351,8 +381,8 @@ def _visit(state: _RunState, arm: ArmSpec, visit: Visit) -> VisitResult:
 
 
 def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitResult, contents: list[str]) -> None:
-    """One visit's work on a serving server: warm up, measure between two /metrics scrapes, and
-    run the determinism replicates; a failure marks the visit failed and ends it."""
+    """One visit's work on a serving server: warm up, measure between two /metrics scrapes, then
+    run the determinism replicates and the quality suite; a failure marks the visit failed and ends it."""
     try:
         model = arm.model or cl.fetch_model_id(state.client, server.url)
     except (httpx.HTTPError, ValueError) as exc:
@@ -390,6 +420,7 @@ def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitR
             f"{len(vr.requests)} requests failed, e.g. {errors[0].error}"
         )
     _determinism(state, arm, server, model)
+    _quality(state, arm, server, model)
 
 
 def _window(
@@ -450,13 +481,21 @@ def run_bench(
     out_dir: Path,
     observer: Observer | None = None,
     save: Callable[[BenchResults], None] | None = None,
+    *,
+    allow_unsandboxed: bool = False,
+    quality_plan: quality.QualityPlan | None = None,
 ) -> BenchResults:
     """Run every visit of `config`; `save` is called after each visit with the results so far.
+
+    The quality suite is read (and the sandbox checked) before any server starts, unless the caller
+    did so already (`quality_plan`, from `quality.prepare`).
 
     What is saved and returned records paths portably (`bench/paths.py`): relative to the arms
     file's folder, the model folder and `out_dir`, else as file names; never this machine's layout.
     """
     observer = observer or QuietObserver()
+    if quality_plan is None:
+        quality_plan = quality.prepare(config, allow_unsandboxed)
     out_dir = out_dir.resolve()  # servers run with this in their environment (their cache root)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = new_results(config)
@@ -472,6 +511,7 @@ def run_bench(
         results=results,
         t0=time.perf_counter(),
         arm_infos={a.name: a for a in results.arms},
+        quality=quality_plan,
     )
     per_visit = len(config.workload.prompt_tokens) * config.workload.prompts_per_length
     observer.run_started(len(order), per_visit)
