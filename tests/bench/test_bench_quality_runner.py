@@ -155,7 +155,9 @@ def test_client_reads_vllm_tool_calls(standin: Any, tmp_path: Path) -> None:
     with httpx.Client() as client:
         raw = client.post(url + "/v1/chat/completions", json=body).json()
         answer = cl.complete(client, url, "chat", body, 10.0)
-        plain = cl.complete(client, url, "completions", {"model": "standin/model", "prompt": "x", "max_tokens": 5}, 10.0)
+        plain = cl.complete(
+            client, url, "completions", {"model": "standin/model", "prompt": "x", "max_tokens": 5}, 10.0
+        )
     # vLLM's layout: arguments a JSON string, tool call ids chatcmpl-tool-..., finish reason tool_calls
     call = raw["choices"][0]["message"]["tool_calls"][0]
     assert call["id"].startswith("chatcmpl-tool-") and call["type"] == "function"
@@ -189,5 +191,7 @@ def test_malformed_chat_answers_are_errors_not_crashes(payload: Any, error: str)
 
 
 def test_arguments_sent_as_an_object_are_kept_as_json_text() -> None:
-    payload = {"choices": [{"message": {"content": None, "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}}]}
+    payload = {
+        "choices": [{"message": {"content": None, "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}}]
+    }
     assert cl.answer_from_json("chat", payload).tool_calls == [cl.ToolCall("f", '{"a": 1}')]

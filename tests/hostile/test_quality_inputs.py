@@ -108,4 +108,3 @@ def test_python_tests_refused_without_sandbox(capsys: Any, monkeypatch: Any, san
     monkeypatch.setattr(sb, "unavailable", lambda: "unshare cannot create namespaces here")
     line = _refused(capsys, monkeypatch, sandbox, suite="builtin:humaneval")
     assert "without its sandbox (unshare cannot create namespaces here); pass --allow-unsandboxed" in line
-
