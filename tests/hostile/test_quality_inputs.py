@@ -108,3 +108,16 @@ def test_python_tests_refused_without_sandbox(capsys: Any, monkeypatch: Any, san
     monkeypatch.setattr(sb, "unavailable", lambda: "unshare cannot create namespaces here")
     line = _refused(capsys, monkeypatch, sandbox, suite="builtin:humaneval")
     assert "without its sandbox (unshare cannot create namespaces here); pass --allow-unsandboxed" in line
+
+
+def test_allow_unsandboxed_lets_the_run_go_on(capsys: Any, monkeypatch: Any, sandbox: Sandbox) -> None:
+    from weightsmith.bench.quality import sandbox as sb
+
+    monkeypatch.setattr(sb, "unavailable", lambda: "unshare cannot create namespaces here")
+    arms = sandbox.root / "arms.toml"
+    extra = "limit = 1\n[determinism]\nreplicates = 0\n"
+    arms.write_text("repeats = 1\n" + ARMS.format(suite="builtin:humaneval", extra=extra))
+    out = sandbox.root / "out"
+    result = run_inprocess(capsys, monkeypatch, "bench", "run", arms, "--out", out, "--quiet", "--allow-unsandboxed")
+    assert result.code == 1 and "--allow-unsandboxed" not in result.err  # it went ahead; its only arm is absent
+    assert (out / "results.json").is_file()

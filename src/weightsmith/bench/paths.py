@@ -223,6 +223,17 @@ def make_portable(results: BenchResults, arms_dir: Path | None, out_dir: Path | 
         for rep in run.replicates:
             if rep.error is not None:
                 rep.error = pm.text(rep.error)
+    suites = PathMap()
+    suites.add(arms_dir, "$" + ARMS_DIR)
+    quality = results.config.get("quality")
+    if isinstance(quality, dict) and isinstance(quality.get("suite"), str):
+        quality["suite"] = suites.path(quality["suite"])
+    for qrun in results.quality:
+        qrun.suite = suites.path(qrun.suite)
+        pm = maps.get(qrun.arm, PathMap())
+        for outcome in qrun.outcomes:
+            outcome.detail = pm.text(outcome.detail)
+            outcome.error = None if outcome.error is None else pm.text(outcome.error)
     _config(results.config, arms_dir, out_dir)
     results.schema_version = SCHEMA_VERSION
     return results
