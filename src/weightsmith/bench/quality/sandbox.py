@@ -49,12 +49,16 @@ _OUTPUT_TAIL = 4000
 _PROGRAM = "program.py"
 _CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 
+#: The harness's exit status once the whole program ran: a program that exits 0 early (`exit()`,
+#: `sys.exit(0)` before its tests) must not pass, so 0 is not the success status.
+DONE = 77
+
 #: Runs inside the sandbox before the program (stdlib only: it starts under `-I -S`). It applies
 #: Landlock (when asked), then the rlimits, then runs the program as `__main__`.
 _HARNESS = r"""
 import ctypes, os, resource, sys
-landlock, cpu, mem, nproc, fsize, nofile = (int(a) for a in sys.argv[1:7])
-readable = sys.argv[7:]
+landlock, cpu, mem, nproc, fsize, nofile, done = (int(a) for a in sys.argv[1:8])
+readable = sys.argv[8:]
 here = os.getcwd()
 
 def lock():
@@ -98,15 +102,24 @@ for name, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (reso
     resource.setrlimit(name, (value, value))
 del ctypes, resource
 sys.argv = ["program.py"]
-with open("program.py") as f:
-    code = compile(f.read(), "program.py", "exec")
-exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+try:
+    with open("program.py") as f:
+        code = compile(f.read(), "program.py", "exec")
+    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+except SystemExit as exc:
+    if exc.code in (None, 0):
+        print("SystemExit: the program exited before its tests finished", file=sys.stderr)
+        os._exit(1)
+    raise
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(done)
 """
 
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """How one program ended: passed when it exited 0; `detail` says why not in a few words."""
+    """How one program ended: passed when it ran to its end; `detail` says why not in a few words."""
 
     passed: bool
     detail: str
@@ -213,15 +226,17 @@ def _detail(returncode: int, output: str, timed_out: float | None) -> str:
         except ValueError:
             name = f"signal {-returncode}"
         return f"killed by {name}" + (f": {last}" if last else "")
+    if returncode == 0:
+        return "the program ended its process before its tests finished"
     return (last or f"exit status {returncode}")[:200]
 
 
 def _limit_args() -> list[str]:
-    return [str(MAX_PROCESSES), str(MAX_FILE_BYTES), str(MAX_OPEN_FILES)]
+    return [str(MAX_PROCESSES), str(MAX_FILE_BYTES), str(MAX_OPEN_FILES), str(DONE)]
 
 
 def run_program(source: str, *, sandboxed: bool, time_limit_s: float = TIME_LIMIT_S) -> RunOutcome:
-    """Run `source` as a program in a fresh folder; passed when it exits 0 within the limits."""
+    """Run `source` as a program in a fresh folder; passed when it runs to its end within the limits."""
     folder = tempfile.mkdtemp(prefix="weightsmith-sandbox-")
     try:
         Path(folder, _PROGRAM).write_text(source, encoding="utf-8")
@@ -267,6 +282,6 @@ def _run(argv: list[str], folder: str, time_limit_s: float, cgroup: str | None) 
             proc.wait()
         out.seek(max(0, out.seek(0, os.SEEK_END) - _OUTPUT_TAIL))
         output = out.read().decode("utf-8", "replace")
-    if proc.returncode == 0 and timed_out is None:
+    if proc.returncode == DONE and timed_out is None:
         return RunOutcome(True, "")
     return RunOutcome(False, _detail(proc.returncode, output, timed_out))
