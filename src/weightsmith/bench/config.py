@@ -23,6 +23,7 @@ from typing import Any
 
 from weightsmith.bench import kinds
 from weightsmith.bench.kinds import KIND_NAMES, ServerKind
+from weightsmith.bench.quality.scenarios import MAX_SCENARIOS
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import open_regular
 
@@ -161,10 +162,6 @@ class DeterminismSpec:
     prompt_tokens: int = _key(600, _positive(int, MAX_TOKENS))
     max_tokens: int = _key(32, _positive(int, MAX_TOKENS))
     top_logprobs: int = _key(5, Bound(int, 0, 100))
-
-
-#: Most scenarios a `limit` may name per category (the loader's own bound on a suite's size).
-MAX_SCENARIOS = 10_000
 
 
 @dataclass
