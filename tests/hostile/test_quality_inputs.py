@@ -48,6 +48,8 @@ def _refused(capsys: Any, monkeypatch: Any, sandbox: Sandbox, suite: str = "suit
         ([_line(check={"type": "python_tests", "tests": 3})], "line 1: check: 'tests' must be a string"),
         ([_line(id="x" * 5000)], "line 1: 'id' must be printable and at most 200 characters"),
         (["[" * 200_000], "line 1: not valid JSON"),
+        ([_line(), '{"id": ' + "1" * 5000 + "}"], "line 2: not valid JSON (Exceeds the limit (4300 digits)"),
+        ([_line(prompt=None, messages=[{"role": "user", "content": "x", "n": float("nan")}])], "NaN is not a JSON"),
         ([_line(prompt=None, messages="hi")], "line 1: 'messages' must be a non-empty list"),
     ],
 )

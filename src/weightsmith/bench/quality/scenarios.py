@@ -214,6 +214,11 @@ def parse_scenario(raw: Any, at: _Line) -> Scenario:
     return Scenario(sid, category, check, prompt, messages, tools, stop)
 
 
+def _no_constant(name: str) -> Any:
+    """Python's json reads NaN and Infinity, which JSON (and every server) refuses."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_lines(lines: Iterable[str], path: str) -> list[Scenario]:
     """Scenarios from JSONL text lines (blank lines skipped); ids must be unique."""
     scenarios: list[Scenario] = []
@@ -223,11 +228,13 @@ def parse_lines(lines: Iterable[str], path: str) -> list[Scenario]:
             continue
         at = _Line(path, number)
         try:
-            raw = json.loads(line)
+            raw = json.loads(line, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise at.error(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:
             raise at.error("not valid JSON (nested too deeply)") from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise at.error(f"not valid JSON ({str(exc).splitlines()[0][:80]})") from None
         scenario = parse_scenario(raw, at)
         if scenario.id in seen:
             raise at.error(f"id '{scenario.id}' repeats line {seen[scenario.id]}")
