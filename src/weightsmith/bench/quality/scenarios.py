@@ -117,8 +117,8 @@ class _Line:
         return WeightsmithError(f"line {self.number}: {message}", file=self.path)
 
 
-def _text(value: Any, key: str, at: _Line, *, empty: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not empty):
+def _text(value: Any, key: str, at: _Line) -> str:
+    if not isinstance(value, str) or not value:
         raise at.error(f"'{key}' must be a non-empty string")
     return value
 
