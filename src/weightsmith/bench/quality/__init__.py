@@ -1,0 +1,1 @@
+"""Quality A/B through the server: scenarios, their checks, and verdicts read against each arm's own noise."""
