@@ -172,7 +172,10 @@ def test_scores_per_category_and_moved_categories() -> None:
     assert q is not None
     b = q.arms[0]
     assert (b.earned, b.total) == ([3, 3], [4, 4])
-    assert [(c.category, c.earned, c.total) for c in b.categories] == [("tool", [2, 2], [2, 2]), ("code", [1, 1], [2, 2])]
+    assert [(c.category, c.earned, c.total) for c in b.categories] == [
+        ("tool", [2, 2], [2, 2]),
+        ("code", [1, 1], [2, 2]),
+    ]
     assert b.flips == ["code0", "code1"] and b.moved == []  # two scenarios flip, the category's count does not move
     assert q.categories == ["tool", "code"]
     assert q.scenarios[0].passed == {"base": [True, True], "arm": [False]}

@@ -290,9 +290,7 @@ def analyse_quality(
     per_arm: dict[str, list[QualityRun]] = {a: sorted((r for r in known if r.arm == a), key=lambda r: r.run)
                                             for a in arms}  # fmt: skip
     outcomes = {a: [{o.scenario: o.passed for o in r.outcomes} for r in rs] for a, rs in per_arm.items()}
-    scored = {
-        a: _arm(a, rs[0].suite, [r.run for r in rs], outcomes[a], category) for a, rs in per_arm.items() if rs
-    }
+    scored = {a: _arm(a, rs[0].suite, [r.run for r in rs], outcomes[a], category) for a, rs in per_arm.items() if rs}
     comparisons = []
     for a in arms:
         if a == baseline:
