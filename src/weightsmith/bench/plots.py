@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
@@ -316,7 +317,7 @@ def plot_quality(analysis: Analysis, path: Path) -> Path | None:
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     handles = [
-        plt.Line2D([], [], marker=_RUN_MARKERS[j % len(_RUN_MARKERS)], color="0.3", ls="", label=f"run {j + 1}")
+        Line2D([], [], marker=_RUN_MARKERS[j % len(_RUN_MARKERS)], color="0.3", ls="", label=f"run {j + 1}")
         for j in range(runs)
     ]
     fig.legend(handles=handles, loc="upper right", fontsize=8, ncol=min(runs, 6), frameon=False)
