@@ -302,6 +302,8 @@ def analyse_quality(
             comparisons.append(
                 _not_compared(baseline, a, f"they ran different suites ({scored[baseline].suite}, {scored[a].suite})")
             )
+        elif not {s for r in outcomes[a] for s in r} & {s for r in outcomes[baseline] for s in r}:
+            comparisons.append(_not_compared(baseline, a, "no scenario was answered by both"))
         else:
             comparisons.append(_compare(scored[baseline], scored[a], outcomes[baseline], outcomes[a], alpha))
     scenarios = [
