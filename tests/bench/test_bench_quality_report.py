@@ -97,6 +97,15 @@ def test_one_run_per_arm_reports_no_noise_floor_and_no_ordering(tmp_path: Path) 
     assert "`w4a16` and `w4a4` ran once, so what flips between its own runs is unknown" in report
 
 
+def test_failed_scenario_requests_are_named_in_read_first(tmp_path: Path) -> None:
+    runs = quality_runs()
+    runs[2].outcomes[5] = ScenarioOutcome("s5", CATEGORIES[1], False, "request failed", error="HTTP 500")
+    write_all(results_with_quality(runs), tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    first = report[report.index("## Read first") : report.index("## Verdicts")]
+    assert "- `w4a4`: 1 quality scenario request(s) failed and count as not passed, e.g. `s5`: HTTP 500" in first
+
+
 def test_a_quality_run_of_an_unknown_arm_is_a_malformed_file(tmp_path: Path) -> None:
     data = to_jsonable(results_with_quality(quality_runs()))
     data["quality"][3]["arm"] = "ghost"

@@ -84,6 +84,13 @@ def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
                 example.setdefault(v.arm, r.error)
     for name, n in errors.items():
         lines.append(f"- `{name}`: {n} request(s) failed, e.g. {example[name]}")
+    for arm in results.arms:
+        failed = [o for r in results.quality if r.arm == arm.name for o in r.outcomes if o.error]
+        if failed:
+            lines.append(
+                f"- `{arm.name}`: {len(failed)} quality scenario request(s) failed and count as not passed, "
+                f"e.g. `{failed[0].scenario}`: {failed[0].error}"
+            )
     for cell in analysis.cells:
         per_request = cell.cached_tokens_total / max(1, cell.n_ok)
         if per_request > _CACHED_TOKENS_NOTED:
