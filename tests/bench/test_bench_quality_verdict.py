@@ -126,7 +126,12 @@ def test_one_run_per_arm_measures_no_noise_floor_and_shows_nothing() -> None:
     assert c.verdict == NOT_SHOWN and c.floor is None
     assert "`base` and `arm` ran once, so what flips between its own runs is unknown" in c.reason
     assert all("was not measured" in a.words for a in q.arms)
-    assert "where they differ" in c.words and "an arm's own runs" in c.words
+    assert "where they differ, whether they also flip between an arm's own runs is unknown (each arm ran once)" in (
+        c.words
+    )
+    half = verdict_of([r for r in simulate(1, gap=40, flip=0.0) if r.arm == "base" or r.run == 0]).comparisons[0]
+    assert "also flip between `base`'s own runs (the other arm ran once)" in half.words
+    assert half.verdict == NOT_SHOWN and half.reason.startswith("`arm` ran once")
 
 
 def test_the_sentence_states_scores_discordance_test_and_verdict() -> None:

@@ -120,11 +120,12 @@ def _quality(src: CardSources, c: Citations) -> list[str]:
             lines.append(f"{head} not compared ({c.text(cmp.reason, B, f + '.reason')}).")
             continue
         p = "no test" if cmp.p is None else "p = " + c.num(format(cmp.p, ".3g"), B, f + ".p")
-        figures = (
-            f"of the {c.num(str(cmp.discordant), B, f + '.discordant')} scenarios they did not pass equally often, "
-            f"{c.num(str(len(cmp.also_flip)), B, f + '.also_flip')} also flip between an arm's own runs; "
-            f"sign test {p}"
-        )
+        figures = f"{c.num(str(cmp.discordant), B, f + '.discordant')} scenarios they did not pass equally often"
+        if cmp.floor is not None:  # both arms ran more than once: their own flips are known
+            figures += (
+                f", {c.num(str(len(cmp.also_flip)), B, f + '.also_flip')} of them also flip between an arm's own runs"
+            )
+        figures += f"; sign test {p}"
         if cmp.verdict == qv.SHOWN:
             lines.append(
                 f"{head} {figures}: a difference shown, `{cmp.better}` passed more scenarios of this suite, "

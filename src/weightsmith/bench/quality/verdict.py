@@ -257,12 +257,18 @@ def _compare(
 
     several = len(base.runs) > 1 or len(arm.runs) > 1
     where = "they did not pass equally often" if several else "where they differ"
-    flips_in = "either arm's own runs" if several else "an arm's own runs"
+    measured = [x.arm for x in (arm, base) if x.floor_measured]
+    if len(measured) == 2:
+        flips = f"{len(c.also_flip)} also flip between either arm's own runs"
+    elif measured:
+        flips = f"{len(c.also_flip)} also flip between `{measured[0]}`'s own runs (the other arm ran once)"
+    else:
+        flips = "whether they also flip between an arm's own runs is unknown (each arm ran once)"
     p = "no test" if c.p is None else f"p = {c.p:.3g}"
     c.words = (
         f"`{arm.arm}` passed {_scores(arm)}, `{base.arm}` {_scores(base)}; of the {untied} scenarios {where}, "
-        f"{len(c.also_flip)} also flip between {flips_in}; sign test {len(c.arm_better)} for `{arm.arm}` and "
-        f"{len(c.baseline_better)} for `{base.arm}`, {p}: {tail}"
+        f"{flips}; sign test {len(c.arm_better)} for `{arm.arm}` and {len(c.baseline_better)} for `{base.arm}`, "
+        f"{p}: {tail}"
     )
     return c
 
