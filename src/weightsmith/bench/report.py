@@ -400,8 +400,9 @@ def _quality_comparisons(q: QualityAnalysis) -> list[str]:
         "",
         f"Each arm against `{q.baseline}`, scenario by scenario. A scenario is discordant when the two arms did "
         "not pass it in the same share of their runs; the exact two-sided sign test is on those scenarios. "
-        f"A difference is shown only when the test rejects at alpha {q.alpha:g} and the discordant scenarios "
-        "that flip within neither arm outnumber the flips of the noisier arm.",
+        f"A difference is shown only when the test rejects at alpha {q.alpha:g} and a run of each arm disagrees "
+        "with a run of the baseline on more scenarios, on average, than two runs of the noisier arm disagree "
+        "with each other.",
         "",
     ]
     rows = []
@@ -423,7 +424,8 @@ def _quality_comparisons(q: QualityAnalysis) -> list[str]:
                 str(c.scenarios),
                 f"{len(c.arm_better)}↑ {len(c.baseline_better)}↓",
                 str(len(c.also_flip)),
-                "–" if c.floor is None else f"{c.floor} (`{c.floor_arm}`)",
+                "–" if c.between is None else f"{c.between:.3g}",
+                "–" if c.floor is None else f"{c.floor:.3g} (`{c.floor_arm}`)",
                 "–" if c.p is None else f"{c.p:.3g}",
                 per_run or "–",
                 verdict,
@@ -437,7 +439,8 @@ def _quality_comparisons(q: QualityAnalysis) -> list[str]:
                 "scenarios paired",
                 "discordant (↑ arm passed more)",
                 "of them flip within an arm",
-                "noisier arm's flips",
+                "disagree per pair of runs, between arms",
+                "disagree per pair of runs, noisier arm",
                 "sign test p",
                 "per run index (McNemar)",
                 "verdict",

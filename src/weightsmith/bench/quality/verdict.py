@@ -18,10 +18,12 @@ The rules, and why:
   discordant scenarios, which is the exact McNemar test when each arm ran once. That one test
   decides; the per-run tests are shown beside it. Below 6 discordant scenarios no outcome can reach
   p < 0.05, and the reason says so.
-- **Verdict**: "difference shown" only when the test rejects at the run's alpha *and* the discordant
-  scenarios that flip within neither arm outnumber the flips of the noisier of the two arms (as a
-  speed comparison is held to the larger of its two arms' noise floors). An arm that ran once has
-  no measured noise floor, so nothing is shown against it. Anything else is "no ordering shown",
+- **Verdict**: "difference shown" only when the test rejects at the run's alpha *and* a run of the
+  arm and a run of the baseline disagree on more scenarios, on average over every such pair of runs,
+  than two runs of the noisier arm disagree with each other (as a speed comparison is held to the
+  larger of its two arms' noise floors). Both sides are counts per pair of runs, so neither grows
+  with the number of runs: more runs measure the floor better, they do not raise it. An arm that ran
+  once has no measured noise floor, so nothing is shown against it. Anything else is "no ordering shown",
   never a small win, with the figures and the reason in one sentence that stays true when quoted.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import combinations, product
 
 from weightsmith.bench.results import QualityRun
 
@@ -75,6 +78,9 @@ class ArmQuality:
     flips: list[str]
     #: Categories whose earned count is not the same in all of the arm's runs.
     moved: list[str]
+    #: Scenarios on which two of the arm's runs disagree, on average over every pair of its runs
+    #: (None with one run): the noise floor the between-arm disagreement is held to.
+    disagreement: float | None = None
     words: str = ""
 
     @property
@@ -110,9 +116,13 @@ class QualityComparison:
     baseline_better: list[str] = field(default_factory=list)
     #: The discordant scenarios that also flip between either arm's own runs.
     also_flip: list[str] = field(default_factory=list)
-    #: Flips of the noisier of the two arms (None when either ran once), and which arm that is.
-    floor: int | None = None
+    #: Scenarios on which two runs of the noisier arm disagree, on average over its pairs of runs
+    #: (None when either ran once), and which arm that is.
+    floor: float | None = None
     floor_arm: str | None = None
+    #: Scenarios on which a run of the arm and a run of the baseline disagree, on average over every
+    #: such pair of runs.
+    between: float | None = None
     p: float | None = None
     per_run: list[RunPair] = field(default_factory=list)
     #: Which arm passed more, when a difference is shown.
@@ -169,6 +179,7 @@ def _arm(name: str, suite: str, numbers: list[int], runs: list[Outcomes], catego
         for c in names
     ]
     flips = [s for s in answered if len({r[s] for r in runs if s in r}) > 1]
+    pairs = list(combinations(runs, 2))
     moved = [c.category for c in categories if len(set(c.earned)) > 1]
     a = ArmQuality(
         arm=name,
@@ -179,6 +190,7 @@ def _arm(name: str, suite: str, numbers: list[int], runs: list[Outcomes], catego
         categories=categories,
         flips=flips,
         moved=moved,
+        disagreement=_mean_disagreement(pairs) if pairs else None,
     )
     if not a.floor_measured:
         a.words = (
@@ -191,6 +203,20 @@ def _arm(name: str, suite: str, numbers: list[int], runs: list[Outcomes], catego
             f"and {len(moved)} of {len(names)} categories moved" + (f" ({', '.join(moved)})" if moved else "")
         )
     return a
+
+
+def _disagree(a: Outcomes, b: Outcomes) -> int:
+    """Scenarios both runs answered on which their outcomes differ."""
+    return sum(1 for s, passed in a.items() if s in b and b[s] != passed)
+
+
+def _mean_disagreement(pairs: Sequence[tuple[Outcomes, Outcomes]]) -> float:
+    return sum(_disagree(a, b) for a, b in pairs) / len(pairs)
+
+
+def _count(x: float) -> str:
+    """A mean count of scenarios: whole when it is one, else to one decimal."""
+    return f"{x:.0f}" if x == int(x) else f"{x:.1f}"
 
 
 def _share(runs: list[Outcomes], scenario: str) -> Fraction:
@@ -221,12 +247,12 @@ def _compare(
     c.also_flip = [s for s in shared if s in within and (s in c.arm_better or s in c.baseline_better)]
     c.per_run = _per_run(base_runs, arm_runs)
     c.p = sign_test(len(c.arm_better), len(c.baseline_better))
-    if base.floor_measured and arm.floor_measured:
-        noisier = arm if len(arm.flips) > len(base.flips) else base
-        c.floor, c.floor_arm = len(noisier.flips), noisier.arm
+    c.between = _mean_disagreement(list(product(arm_runs, base_runs)))
+    if base.disagreement is not None and arm.disagreement is not None:
+        noisier = arm if arm.disagreement > base.disagreement else base
+        c.floor, c.floor_arm = noisier.disagreement, noisier.arm
 
     untied = c.discordant
-    clean = untied - len(c.also_flip)
     reasons = []
     once = [f"`{x.arm}`" for x in (base, arm) if not x.floor_measured]
     if once:
@@ -238,10 +264,10 @@ def _compare(
             reasons.append(f"{untied} differing scenario(s) cannot reach p < {alpha:g} in a sign test")
         else:
             reasons.append(f"sign test p = {c.p:.3g} >= {alpha:g}")
-    if c.floor is not None and clean <= c.floor:
+    if c.floor is not None and c.between <= c.floor:
         reasons.append(
-            f"the {clean} that differ without flipping within an arm are not more than the {c.floor} "
-            f"that flip between `{c.floor_arm}`'s own runs"
+            f"a run of each disagrees on {_count(c.between)} scenarios on average, not more than the "
+            f"{_count(c.floor)} on which two of `{c.floor_arm}`'s own runs disagree"
         )
     if reasons:
         c.reason = "; ".join(reasons)
@@ -250,8 +276,8 @@ def _compare(
         c.verdict = SHOWN
         c.better = arm.arm if len(c.arm_better) > len(c.baseline_better) else base.arm
         c.reason = (
-            f"sign test p = {c.p:.3g} < {alpha:g}, and the {clean} that differ without flipping within an arm "
-            f"are more than the {c.floor} that flip between `{c.floor_arm}`'s own runs"
+            f"sign test p = {c.p:.3g} < {alpha:g}, and a run of each disagrees on {_count(c.between)} scenarios "
+            f"on average, more than the {_count(c.floor or 0.0)} on which two of `{c.floor_arm}`'s own runs disagree"
         )
         tail = f"{SHOWN}: `{c.better}` passed more"
 
