@@ -119,7 +119,9 @@ class Nvfp4W4A4(Nvfp4):
     def input_params(self, input_absmax: float, weight_dtype: str) -> list[tuple[str, np.ndarray]]:
         dtype = DTYPES[weight_dtype].storage
         amax = np.float32(np.float32(input_absmax).astype(dtype))  # the observer's maximum is an activation
-        return [(names.INPUT_GLOBAL_SCALE, np.array([nvfp4.global_scale(float(amax), int4.mode_of(dtype))], np.float32))]
+        return [
+            (names.INPUT_GLOBAL_SCALE, np.array([nvfp4.global_scale(float(amax), int4.mode_of(dtype))], np.float32))
+        ]
 
     def weights_words(self) -> str:
         return (
