@@ -188,7 +188,7 @@ def check_model(path: str | os.PathLike[str], stats: CalibrationStats, ckpt: Che
         return QUANTIZATION
     raise CheckpointError(
         f"was measured on another model ({prov.model_fingerprint[:19]}..., {ckpt.root} is {found[:19]}...)",
-        file=path,
+        file=os.fspath(path),
         code="calibration.model",
     )
 
