@@ -222,4 +222,4 @@ def _provenance(path: Path, meta: dict[str, str]) -> Provenance:
             file=path,
             code="calibration.metadata",
         )
-    return Provenance(**fields)  # type: ignore[arg-type]
+    return Provenance(**fields)  # type: ignore[arg-type]  # each value was checked against its field's annotation above

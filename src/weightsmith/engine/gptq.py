@@ -297,7 +297,9 @@ def _quantize_group(
     zps = [g.zero_point for g in grids if g is not None]
     grid = Grid(
         np.concatenate([g.scale.astype(np.float32) for g in grids if g is not None]).astype(first.scale.dtype),
-        None if first.zero_point is None else np.concatenate(zps),  # type: ignore[arg-type]
+        None
+        if first.zero_point is None
+        else np.concatenate([z for z in zps if z is not None]),  # all or none have them
         first.group,
         first.q_min,
         first.q_max,
