@@ -60,6 +60,20 @@ class SpecMetricNames:
 
 
 @dataclass(frozen=True)
+class CounterlessMetrics:
+    """A kind whose /metrics has no spec-decode counters, so no window's acceptance can be read.
+
+    Its samples are recognised by the prefix `flavour`; a window then says `unavailable` with `why`
+    (acceptance absent, never zero) instead of `not-speculating`, which would claim the server runs
+    without a draft.
+    """
+
+    flavour: str
+    generation_tokens: str
+    why: str
+
+
+@dataclass(frozen=True)
 class EvidencePattern:
     """One thing to look for: where, the regex (group `value` is reported), and what it means."""
 
@@ -83,8 +97,8 @@ class ServerKind:
     name: str
     #: Words in the base name of one of the command's first three tokens that mark this kind.
     command_marks: tuple[str, ...] = ()
-    #: Its spec-decode counters on /metrics, if it exposes any.
-    metrics: SpecMetricNames | None = None
+    #: Its spec-decode counters on /metrics, or how its /metrics is recognised when it has none.
+    metrics: SpecMetricNames | CounterlessMetrics | None = None
     #: Why /metrics may be missing (shown when it answers 404 or 501).
     metrics_hint: str = ""
     #: A /health status meaning "still loading" rather than "serving".
@@ -228,7 +242,12 @@ def with_flavour(flavour: str) -> ServerKind | None:
 
 def metric_names() -> tuple[SpecMetricNames, ...]:
     """Every kind's spec-decode names: /metrics is matched against all of them, whatever the arm says."""
-    return tuple(k.metrics for k in KINDS if k.metrics is not None)
+    return tuple(k.metrics for k in KINDS if isinstance(k.metrics, SpecMetricNames))
+
+
+def counterless_metrics() -> tuple[CounterlessMetrics, ...]:
+    """The kinds whose /metrics is recognised but has no spec-decode counters."""
+    return tuple(k.metrics for k in KINDS if isinstance(k.metrics, CounterlessMetrics))
 
 
 def loading_statuses() -> frozenset[int]:
