@@ -88,9 +88,7 @@ def _code(mode: int, is_float: bool, raw: np.uint16 | np.float32, s: np.float32)
 
 
 @njit(inline="always", nogil=True)
-def _quantize_rows(
-    x: np.ndarray, mode: int, is_float: bool, br: int, bc: int, q: np.ndarray, scale: np.ndarray
-) -> int:
+def _quantize_rows(x: np.ndarray, mode: int, is_float: bool, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     """The kernel body; `mode` and `is_float` are compile-time constants in each caller.
 
     Per block of `br` rows: the maxima of all its column blocks, row by row in memory order; then
