@@ -11,6 +11,8 @@ Fidelity caveats say what the eval did not measure: task accuracy, and outputs w
 
 from __future__ import annotations
 
+from typing import Any
+
 from weightsmith.bench.analysis import METRICS
 from weightsmith.bench.quality import verdict as qv
 from weightsmith.bench.stats import NOT_SHOWN, SHOWN, PairedComparison
@@ -169,7 +171,7 @@ def _fidelity(src: CardSources, c: Citations) -> list[str]:
 ROUNDED_SHARE = 0.9
 
 
-def _rounded(ev: dict, c: Citations) -> str:
+def _rounded(ev: dict[str, Any], c: Citations) -> str:
     """Whether the original the error is measured against was itself already rounded to 4 bits."""
     grid = ev["weights"].get("original_grid")
     if not grid or not grid["blocks"]:
