@@ -131,6 +131,14 @@ def test_search_kernels_refuse_non_finite_values() -> None:
     assert int4_search.memoryless_steps(w.view(np.uint16), 1, 128, masks, improved) == 5 * 256 + 200
 
 
+@pytest.mark.parametrize("search", ["mse", "wmse", "noclip"])
+def test_a_non_finite_value_under_a_search_reaches_the_caller_as_its_index(search: str) -> None:
+    w = _weights(16, 256, 0).astype(np.float32)
+    w[5, 200] = np.nan
+    writes, bad = make_scheme("w4a16", 128, search).encode(w.astype(ml_dtypes.bfloat16), 0, (16, 256))
+    assert (writes, bad) == ([], 5 * 256 + 200)
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_asymmetric_search_beats_asymmetric_rtn_and_stays_exact_in_format(seed: int) -> None:
     from compressed_tensors.quantization import QuantizationArgs

@@ -13,8 +13,10 @@ interrupted run leaves the checkpoint as it was.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -49,8 +51,8 @@ def calibrate_kv(
     force: bool = False,
     out: Path | None = None,
     trust_remote_code: bool = False,
-    progress=None,
-) -> tuple[Path, dict]:
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Path, dict[str, Any]]:
     """Measure and add the KV-cache scales of `quant` (in place, or into `out`); returns (output, calibration entry)."""
     from weightsmith.engine.calibrate import calibration_tokens, measure
     from weightsmith.fidelity.logits import missing_library

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,17 +100,19 @@ def kv_scales(kv: dict[str, tuple[float, float]], attention: list[str], where: P
                 code="calibration.missing",
             )
         for kind, amax in zip(("k", "v"), pair, strict=True):
-            out[names.kv_scale_name(module, kind)] = np.array([eightbit.static_scale(amax, np.float32)], np.float32)
+            out[names.kv_scale_name(module, kind)] = np.array(
+                [eightbit.static_scale(amax, np.dtype(np.float32))], np.float32
+            )
     return out
 
 
-def kv_cache_scheme(fmt: str) -> dict:
+def kv_cache_scheme(fmt: str) -> dict[str, Any]:
     """The `kv_cache_scheme` compressed-tensors writes for a static per-tensor FP8 cache (every field)."""
     assert fmt in KV_CACHE_FORMATS, fmt
     # observer: the scales are the maximum over every calibration token, as llm-compressor's static_minmax
     return dict(ct.weight_args(8, True, None, type_="float", strategy="tensor"), observer="static_minmax")
 
 
-def provenance(cal: Calibration) -> dict:
+def provenance(cal: Calibration) -> dict[str, Any]:
     """Where the statistics came from, for the manifest and the card (plain JSON)."""
     return {"file": cal.path.name, **asdict(cal.stats.provenance)}

@@ -188,7 +188,7 @@ def check_model(path: str | os.PathLike[str], stats: CalibrationStats, ckpt: Che
         return QUANTIZATION
     raise CheckpointError(
         f"was measured on another model ({prov.model_fingerprint[:19]}..., {ckpt.root} is {found[:19]}...)",
-        file=path,
+        file=os.fspath(path),
         code="calibration.model",
     )
 
@@ -222,4 +222,4 @@ def _provenance(path: Path, meta: dict[str, str]) -> Provenance:
             file=path,
             code="calibration.metadata",
         )
-    return Provenance(**fields)  # type: ignore[arg-type]
+    return Provenance(**fields)  # type: ignore[arg-type]  # each value was checked against its field's annotation above

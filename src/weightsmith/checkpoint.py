@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from weightsmith.errors import CheckpointError, HeaderError
 from weightsmith.files import NotRegularFile, exists, kind, name_problem, outside, read_regular
@@ -39,7 +41,7 @@ class TensorRef:
     info: TensorInfo
 
 
-def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False) -> dict:
+def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False) -> dict[str, Any]:
     """A JSON object file, with every way it can be wrong reported as one line.
 
     `what` names a file every checkpoint needs (config.json, the index), for the missing-file line.
@@ -52,7 +54,7 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
         why = f"does not exist (every checkpoint needs its {what})" if what else "does not exist"
         raise CheckpointError(why, file=path, code="file.missing") from None
     except NotRegularFile as exc:
-        raise CheckpointError(exc.strerror, file=path, code="file.not-regular") from None
+        raise CheckpointError(exc.strerror or str(exc), file=path, code="file.not-regular") from None
     except OSError as exc:
         raise CheckpointError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
     pointer = parse_pointer(data)
@@ -62,7 +64,7 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise CheckpointError("cannot be read (not UTF-8)", file=path, code="file.unreadable") from None
-    duplicates: list[tuple[dict, str, object, object]] = []
+    duplicates: list[tuple[dict[str, Any], str, object, object]] = []
     try:
         doc = json.loads(text, object_pairs_hook=_recording_duplicates(duplicates) if unique_keys else None)
     except json.JSONDecodeError as exc:
@@ -82,10 +84,12 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
     return doc
 
 
-def _recording_duplicates(found: list[tuple[dict, str, object, object]]):
+def _recording_duplicates(
+    found: list[tuple[dict[str, Any], str, object, object]],
+) -> Callable[[list[tuple[str, object]]], dict[str, Any]]:
     """A JSON object hook that notes each repeated key (with the object and both values)."""
 
-    def hook(pairs: list[tuple[str, object]]) -> dict:
+    def hook(pairs: list[tuple[str, object]]) -> dict[str, Any]:
         obj = dict(pairs)
         if len(obj) != len(pairs):
             seen: dict[str, object] = {}
@@ -98,7 +102,9 @@ def _recording_duplicates(found: list[tuple[dict, str, object, object]]):
     return hook
 
 
-def _duplicate_key_error(path: Path, doc: dict, found: list[tuple[dict, str, object, object]]) -> CheckpointError:
+def _duplicate_key_error(
+    path: Path, doc: dict[str, Any], found: list[tuple[dict[str, Any], str, object, object]]
+) -> CheckpointError:
     weight_map = doc.get("weight_map")
     for obj, key, first, second in found:
         if obj is weight_map:
@@ -117,7 +123,7 @@ def _duplicate_key_error(path: Path, doc: dict, found: list[tuple[dict, str, obj
     )
 
 
-def index_shape_problem(index_path: Path, index: dict) -> CheckpointError | None:
+def index_shape_problem(index_path: Path, index: dict[str, Any]) -> CheckpointError | None:
     """Why the index is not `{"weight_map": {tensor: shard name}, "metadata": {...}}`, or None."""
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict):
@@ -145,8 +151,8 @@ def index_shape_problem(index_path: Path, index: dict) -> CheckpointError | None
 def shard_problem(root: Path, name: object) -> str | None:
     """Why `name` cannot be a shard of the folder `root`, or None: the rule every reader and writer applies."""
     why = name_problem(name)
-    if why is None:
-        why = outside(root, name)  # type: ignore[arg-type]  (name_problem has made it a str)
+    if why is None and isinstance(name, str):  # name_problem refuses anything but a string
+        why = outside(root, name)
     return why
 
 
@@ -169,7 +175,7 @@ def unsafe_shards(root: Path, index_path: Path, weight_map: dict[str, str]) -> d
     return problems
 
 
-def index_problems(index_path: Path, index: dict, headers: dict[str, Header]) -> list[CheckpointError]:
+def index_problems(index_path: Path, index: dict[str, Any], headers: dict[str, Header]) -> list[CheckpointError]:
     """Every way the index and the shard headers disagree, both directions.
 
     `headers` may lack shards that could not be read: their entries are not resolved, and
@@ -262,7 +268,9 @@ def duplicate_tensors(headers: dict[str, Header]) -> list[CheckpointError]:
 class Checkpoint:
     """A validated checkpoint folder. Holds headers only; tensor bytes are read on demand."""
 
-    def __init__(self, root: Path, config: dict, index: dict | None, headers: dict[str, Header]) -> None:
+    def __init__(
+        self, root: Path, config: dict[str, Any], index: dict[str, Any] | None, headers: dict[str, Header]
+    ) -> None:
         self.root = root
         self.config = config
         self.index = index
@@ -336,7 +344,7 @@ class Checkpoint:
         return self.path(self.tensors[tensor].shard)
 
     @property
-    def quantization_config(self) -> dict | None:
+    def quantization_config(self) -> dict[str, Any] | None:
         qc = self.config.get("quantization_config")
         return qc if isinstance(qc, dict) else None
 

@@ -8,6 +8,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -72,7 +73,7 @@ def _warn_few_tokens(plan: Plan) -> None:
         )
 
 
-def plan_json(plan: Plan) -> dict:
+def plan_json(plan: Plan) -> dict[str, Any]:
     return {
         "source": str(plan.source.root),
         "scheme": plan.scheme.name,
@@ -169,7 +170,7 @@ def run_quantize(
     src: Path,
     out: Path,
     *,
-    scheme: str,
+    scheme: str | None,
     group_size: int | None,
     ignore: list[str],
     preset: str | None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
@@ -59,13 +60,13 @@ def compact_targets(modules: Iterable[str], others: set[str]) -> list[str]:
     return targets
 
 
-def mixed_config(recipe: Recipe, quantized: dict[str, Rule], ignore: list[str]) -> dict:
+def mixed_config(recipe: Recipe, quantized: dict[str, Rule], ignore: list[str]) -> dict[str, Any]:
     """The `quantization_config` of a recipe whose rules give `quantized` (module -> rule) their schemes.
 
     One group per rule that quantized anything, in rule order, named after its scheme's preset
     (`W4A16`, `NVFP4A16`; a second rule with the same preset gets `_2`).
     """
-    groups: dict[str, dict] = {}
+    groups: dict[str, dict[str, Any]] = {}
     formats: list[str] = []
     for rule in recipe.rules:
         mine = sorted(m for m, r in quantized.items() if r is rule)

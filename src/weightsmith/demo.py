@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -32,7 +33,7 @@ DEMO_CONFIG = {
 }
 
 
-def demo_tensors(config: dict = DEMO_CONFIG) -> list[TensorSpec]:
+def demo_tensors(config: dict[str, Any] = DEMO_CONFIG) -> list[TensorSpec]:
     """Names and shapes of the demo draft, in the order they are generated."""
     h, i = config["hidden_size"], config["intermediate_size"]
     nq, nkv, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
@@ -69,7 +70,7 @@ def _values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     return w.astype(ml_dtypes.bfloat16)
 
 
-def write_demo_checkpoint(folder: Path, seed: int = 0, config: dict = DEMO_CONFIG) -> Path:
+def write_demo_checkpoint(folder: Path, seed: int = 0, config: dict[str, Any] = DEMO_CONFIG) -> Path:
     """Write the demo draft (config.json + model.safetensors) into `folder` and return it; tests pass
     a smaller `config` of the same shape."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 
 @dataclass(frozen=True)
@@ -23,13 +24,21 @@ class DType:
     numpy: np.dtype | None
     is_float: bool
 
+    @property
+    def storage(self) -> np.dtype:
+        """`numpy` of a code that has one: callers that hold a dense or 8-bit code ask for it this way,
+        so that a sub-byte code reaching them is a clear error rather than a None further on."""
+        if self.numpy is None:
+            raise ValueError(f"safetensors dtype {self.code} has no numpy storage type")
+        return self.numpy
+
     def nbytes(self, numel: int) -> int | None:
         """Bytes that `numel` elements occupy, or None when they do not end on a byte boundary."""
         total_bits = numel * self.bits
         return total_bits // 8 if total_bits % 8 == 0 else None
 
 
-def _dt(code: str, bits: int, numpy_type: object | None, is_float: bool) -> DType:
+def _dt(code: str, bits: int, numpy_type: npt.DTypeLike | None, is_float: bool) -> DType:
     return DType(code, bits, np.dtype(numpy_type) if numpy_type is not None else None, is_float)
 
 

@@ -262,7 +262,7 @@ def _read(tp: Any, value: Any, where: str, file: str | Path) -> Any:
     chosen = next((t for t in options if _fits(t, value)), None)
     if chosen is None:
         raise _error(file, f"{where or 'the top level'} is {_kind(value)}, not {_expected(tp)}")
-    if dataclasses.is_dataclass(chosen):
+    if isinstance(chosen, type) and dataclasses.is_dataclass(chosen):
         hints = _hints(chosen)
         given = {}
         for f in dataclasses.fields(chosen):

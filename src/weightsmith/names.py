@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 # --- parameter names (the last dotted component of a tensor name) ---
 WEIGHT = "weight"
@@ -159,12 +160,13 @@ RUNTIME_NAME_RULES: tuple[NameRule, ...] = (
 )
 
 
-def model_type(config: dict | None) -> str | None:
+def model_type(config: dict[str, Any] | None) -> str | None:
     """The architecture key `RUNTIME_NAME_RULES` match: `model_type`, or one derived from `architectures`."""
     if not config:
         return None
-    if isinstance(config.get("model_type"), str):
-        return config["model_type"]
+    declared = config.get("model_type")
+    if isinstance(declared, str):
+        return declared
     arch = config.get("architectures")
     if isinstance(arch, list) and arch and isinstance(arch[0], str):
         stem = re.sub(r"(ForCausalLM|ForConditionalGeneration|Model)$", "", arch[0])

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -65,6 +66,12 @@ class _Scratch(threading.local):
             buf = np.empty(max(nbytes, 1), np.uint8)
             self.__dict__[key] = buf
         return buf[:nbytes]
+
+
+def _matrix(info: TensorInfo) -> tuple[int, int]:
+    """A quantized weight's (out, in): the plan quantizes 2-D weights only."""
+    rows, cols = info.shape
+    return rows, cols
 
 
 def _row_blocks(info: TensorInfo, multiple: int = 1) -> Iterator[tuple[int, int]]:
@@ -122,7 +129,7 @@ def _fused_targets(plan: Plan) -> list[int]:
 
 def kernel_dtype(plan: Plan, d: Decision) -> np.dtype:
     """What the kernels see of a source weight: FP8 inputs arrive decoded to BF16."""
-    return np.dtype(ml_dtypes.bfloat16) if d.scale else plan.source.tensors[d.name].info.dtype.numpy
+    return np.dtype(ml_dtypes.bfloat16) if d.scale else plan.source.tensors[d.name].info.dtype.storage
 
 
 class _Runner:
@@ -192,7 +199,7 @@ class _Runner:
             if self.cancelled.is_set():
                 break
             x = self._input(d, info, reader, r0, r1)
-            state, bad = scheme.observe(x, r0, info.shape, state)
+            state, bad = scheme.observe(x, r0, _matrix(info), state)
             self._check(d, bad, r0, info.shape[1])
         return state
 
@@ -222,7 +229,7 @@ class _Runner:
 
     def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
         """Rows [r0, r1) of a source weight in a reused buffer; FP8 rows decoded to BF16 with their scale."""
-        dtype = info.dtype.numpy
+        dtype = info.dtype.storage
         buf = self.scratch.get("in", (r1 - r0) * info.shape[1] * dtype.itemsize).view(dtype)
         rows = reader.read_rows(info, r0, r1, buf)
         if d.scale is None:
@@ -268,7 +275,7 @@ class _Runner:
         tensor_param: object = None,
     ) -> None:
         x = self._input(d, info, reader, r0, r1)
-        writes, bad = _scheme(d).encode(x, r0, info.shape, tensor_param, self.alloc)
+        writes, bad = _scheme(d).encode(x, r0, _matrix(info), tensor_param, self.alloc)
         self._check(d, bad, r0, info.shape[1])
         for param, data, offset in writes:
             writer.write(f"{d.module}.{param}", data, offset)
@@ -326,7 +333,7 @@ def verify_output(plan: Plan, folder: Path) -> Checkpoint:
             file=folder,
             code="output.verify",
         )
-    if plan.source.index is not None and out.tensor_bytes != out.index["metadata"]["total_size"]:
+    if plan.source.index is not None and (out.index is None or out.tensor_bytes != out.index["metadata"]["total_size"]):
         raise OutputError(
             "verification failed: index total_size disagrees with the shards", file=folder, code="output.verify"
         )
@@ -406,24 +413,28 @@ def execute(
     return QuantizeResult(out, manifest, notes)
 
 
+_Result = TypeVar("_Result")
+
+
 def _drain(
     pool: ThreadPoolExecutor,
     runner: _Runner,
-    fn: Callable[[_Job], object],
+    fn: Callable[[_Job], _Result],
     jobs: list[_Job],
-    nbytes: Callable[[object], int],
+    nbytes: Callable[[_Result], int],
     progress: Progress | None,
-) -> list:
+) -> list[_Result]:
     """Run `fn` over `jobs` on the pool; at the first error or interrupt, stop the rest and re-raise."""
     futures = [pool.submit(lambda batch: [fn(job) for job in batch], batch) for batch in _batches(jobs)]
-    results = []
+    results: list[_Result] = []
     try:
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
             for f in done:
-                if f.exception() is not None:
-                    raise f.exception()
+                error = f.exception()
+                if error is not None:
+                    raise error
                 results.extend(f.result())
                 if progress is not None:
                     progress(sum(nbytes(r) for r in f.result()))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class SourceFormat:
                 tensor=weight,
                 code="source.fp8-scale",
             )
-        where = {"file": ckpt.path(ref.shard), "tensor": scale}
+        where: dict[str, Any] = {"file": ckpt.path(ref.shard), "tensor": scale}
         if ref.info.dtype.code not in self.scale_dtypes:
             raise CheckpointError(
                 f"is {ref.info.dtype.code}, but config.json declares FP8 scales stored as "
@@ -115,9 +116,9 @@ class SourceFormat:
                 code="source.fp8-scale-dtype",
                 **where,
             )
-        block = fp8.scale_block(ref.info.shape, info.shape, self.blocks, self.per_channel)
+        out, inp = info.shape
+        block = fp8.scale_block(ref.info.shape, (out, inp), self.blocks, self.per_channel)
         if block is None:
-            out, inp = info.shape
             layouts = ["[1] per tensor"]
             layouts += [f"{[-(-out // r), -(-inp // c)]} for {r}x{c} blocks" for r, c in self.blocks]
             if self.per_channel:
@@ -161,7 +162,11 @@ def detect_source_format(ckpt: Checkpoint) -> SourceFormat:
             and formats <= {ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED}
         ):
             blocks = {s.block for s in schemes if s.block}
-            blocks |= {(1, s.group_size) for s in schemes if s.strategy == "group" and (s.group_size or 0) > 0}
+            blocks |= {
+                (1, s.group_size)
+                for s in schemes
+                if s.strategy == "group" and s.group_size is not None and s.group_size > 0
+            }
             if len(blocks) > 1:
                 raise CheckpointError(
                     f"quantization_config.config_groups declare different FP8 blocks {sorted(blocks)}; "
@@ -293,7 +298,7 @@ class Plan:
         """Each rule's scheme, in rule order (one entry per rule)."""
         return [r.scheme for r in self.recipe.rules]
 
-    def quantization_config(self) -> dict:
+    def quantization_config(self) -> dict[str, Any]:
         if not self.recipe.mixed:
             config = self.scheme.quantization_config(self.ignore)
         else:
@@ -317,7 +322,7 @@ def _fp8_weights(ckpt: Checkpoint, fmt: SourceFormat) -> dict[str, Block | None]
         module, param = names.split(name)
         if param != names.WEIGHT or info.dtype.code not in FP8_FLOATS:
             continue
-        where = {"file": ckpt.path(ref.shard), "tensor": name, "code": "source.fp8-weight"}
+        where: dict[str, Any] = {"file": ckpt.path(ref.shard), "tensor": name, "code": "source.fp8-weight"}
         if fmt.kind == "dense":
             raise CheckpointError(
                 "is FP8 but config.json declares no FP8 quantization, so there is no scale to decode it", **where
@@ -551,7 +556,7 @@ def _kv_scales(
             file=ckpt.root,
             code="usage",
         )
-    home = {}  # attention module -> the shard of its K projection
+    home: dict[str, str] = {}  # attention module -> the shard of its K projection
     for d in decisions:
         if d.param == names.WEIGHT and names.leaf(d.module) in names.ATTENTION_KEY_PROJECTIONS:
             home.setdefault(d.module.rpartition(".")[0], d.shard)

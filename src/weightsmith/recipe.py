@@ -28,6 +28,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
@@ -127,7 +128,7 @@ def _read(path: Path) -> str:
         raise WeightsmithError("is not UTF-8 text", file=path, code="recipe.invalid") from None
 
 
-def _known(doc: dict, allowed: set[str], where: str, path: Path) -> None:
+def _known(doc: dict[str, Any], allowed: set[str], where: str, path: Path) -> None:
     unknown = sorted(set(doc) - allowed)
     if unknown:
         raise WeightsmithError(

@@ -182,8 +182,9 @@ class Targets:
         fused = fused_layer(module)
         head = names.is_lm_head(module) if lm_head is None else lm_head
         found = self.first(fused or module) or self.linear(head)
-        if found is None and fused is not None:
-            shards = [self.first(s) for s in names.fused_partners(module)[1]]  # type: ignore[index]
+        partners = names.fused_partners(module)  # never None where `fused` is not
+        if found is None and fused is not None and partners is not None:
+            shards = [self.first(s) for s in partners[1]]
             found = shards[0] if all(shards) else None
         return found
 

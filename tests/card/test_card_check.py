@@ -12,7 +12,16 @@ import pytest
 from clirun import run
 from synth import llama_tensors, write_checkpoint
 from weightsmith.bench.metrics import OK, SpecWindow
-from weightsmith.bench.results import ArmInfo, BenchResults, PromptInfo, RequestRecord, VisitResult, to_jsonable
+from weightsmith.bench.results import (
+    ArmInfo,
+    BenchResults,
+    PromptInfo,
+    QualityRun,
+    RequestRecord,
+    ScenarioOutcome,
+    VisitResult,
+    to_jsonable,
+)
 from weightsmith.card.cite import find_cited
 from weightsmith.cli_quantize import run_quantize
 
@@ -257,3 +266,60 @@ def test_card_of_a_checkpoint_that_fails_verify_says_so(
     assert "k_scale" in card  # the finding itself is quoted, so a reader knows what is wrong
     code, stdout, _ = run(capsys, monkeypatch, "card", out, "--check")
     assert code == 0, stdout
+
+
+def with_quality(results: BenchResults, arm_fails: set[int]) -> BenchResults:
+    """`results` with two quality runs per arm over 40 scenarios: `plain` fails s1 always and s0 in its
+    second run (its one flip); `draft` fails those and `arm_fails` in both runs."""
+    for name, failing in (("plain", {1}), ("draft", {1} | arm_fails)):
+        for run_index in range(2):
+            failed = failing | ({0} if run_index == 1 else set())
+            outcomes = [ScenarioOutcome(f"s{k}", ("code", "tools")[k % 2], k not in failed) for k in range(40)]
+            results.quality.append(QualityRun(name, run_index, "builtin:tool-use", outcomes))
+    return results
+
+
+@pytest.mark.parametrize(
+    ("arm_fails", "verdict"),
+    [
+        (set(range(2, 14)), "a difference shown, `plain` passed more scenarios of this suite"),
+        ({2, 3, 4}, "**no ordering shown** (3<!-- bench.json: analysis.quality.comparisons[draft].discordant -->"),
+    ],
+)
+def test_card_cites_quality_verdicts_noise_floor_first(
+    quantized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    arm_fails: set[int], verdict: str,
+) -> None:  # fmt: skip
+    out = card_folder(quantized, tmp_path)
+    bench_path = tmp_path / "in-bench.json"
+    bench_path.write_text(json.dumps(to_jsonable(with_quality(bench_results(), arm_fails))))
+    code, _, err = run(capsys, monkeypatch, "card", out, "--bench", bench_path)
+    assert code == 0, err
+    card = (out / "README.md").read_text()
+    claims = card[card.index("## What we can and cannot claim") : card.index("## How it was made")]
+    floor, versus = claims.index("**Task scores, noise floor first.**"), claims.index("against `plain`, task scores:")
+    assert floor < versus
+    assert verdict in claims
+    sources = {c.source: c.value for c in find_cited(card)}
+    assert sources["bench.json: analysis.quality.arms[plain].flips"] == "1"
+    assert sources["bench.json: analysis.quality.arms[plain].earned[1]"] == "38"
+    assert sources["bench.json: analysis.quality.comparisons[draft].discordant"] == str(len(arm_fails))
+    p = sources["bench.json: analysis.quality.comparisons[draft].p"]
+
+    code, stdout, _ = run(capsys, monkeypatch, "card", out, "--check")
+    assert code == 0, stdout
+    anchor = "<!-- bench.json: analysis.quality.comparisons[draft].p -->"
+    (out / "README.md").write_text(card.replace(p + anchor, "0.5" + anchor))
+    code, stdout, _ = run(capsys, monkeypatch, "card", out, "--check")
+    assert code == 1
+    assert any("analysis.quality.comparisons[draft].p" in ln and f"gives {p}" in ln for ln in stdout.splitlines())
+
+
+def test_card_of_a_benchmark_without_quality_claims_no_task_scores(
+    quantized: Path, inputs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    out = card_folder(quantized, tmp_path)
+    run(capsys, monkeypatch, "card", out, "--bench", inputs[1])
+    card = (out / "README.md").read_text()
+    assert "the benchmark ran no quality suite, so this card claims nothing about task scores" in card

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from weightsmith.bench import determinism as det
 from weightsmith.bench import metrics as m
 from weightsmith.bench import stats
+from weightsmith.bench.quality.verdict import QualityAnalysis, analyse_quality
 from weightsmith.bench.results import BenchResults, RequestRecord
 from weightsmith.bench.schedule import is_fully_balanced
 
@@ -111,6 +112,8 @@ class Analysis:
     determinism_pairs: list[det.PairDeterminism]
     order_fully_balanced: bool
     notes: list[str] = field(default_factory=list)
+    #: Task scores, their noise floors and verdicts; None when the run had no `[quality]` table.
+    quality: QualityAnalysis | None = None
 
 
 def _ok_requests(results: BenchResults, arm: str) -> list[tuple[int, RequestRecord]]:
@@ -321,4 +324,5 @@ def analyse(results: BenchResults) -> Analysis:
         determinism_pairs=pairs,
         order_fully_balanced=balanced,
         notes=notes,
+        quality=analyse_quality(results.quality, [a.name for a in results.arms], baseline, results.alpha),
     )

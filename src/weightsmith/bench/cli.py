@@ -90,6 +90,10 @@ def run_command(
             "failed_arms": failed,
             "interrupted": results.interrupted,
             "verdicts": verdicts,
+            "quality": [
+                {"arm": c.arm, "verdict": c.verdict, "words": c.words}
+                for c in (analysis.quality.comparisons if analysis.quality else [])
+            ],
         }
         print(json.dumps(summary, indent=1))
     else:
@@ -100,6 +104,8 @@ def run_command(
             if c.verdict == SHOWN:
                 word = "better" if c.arm_better else "worse"
             err.print(f"{c.arm} vs {c.baseline}, {c.metric}: {c.effect:+.1%} ({word})")
+        for q in analysis.quality.comparisons if analysis.quality else []:
+            err.print(f"quality, {q.words}", markup=False)
         err.print(f"report: {files['report']}")
         for name in failed:
             err.print(f"[red]arm '{name}' failed[/]: {results.arm(name).failure}")

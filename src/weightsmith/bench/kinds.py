@@ -1,6 +1,6 @@
 """Server kinds: everything bench knows about one kind of server, in one entry.
 
-A kind (vLLM, llama.cpp's llama-server, anything else) decides how an arm's command is
+A kind (vLLM, llama.cpp's llama-server, SGLang, anything else) decides how an arm's command is
 recognised, which Prometheus names carry its speculative-decoding counters, what its readiness
 and `/tokenize` quirks are, which environment variable isolates its compile cache, and which log
 lines say it runs something other than what it claims. Adding a kind is one `ServerKind` in
@@ -60,6 +60,20 @@ class SpecMetricNames:
 
 
 @dataclass(frozen=True)
+class CounterlessMetrics:
+    """A kind whose /metrics has no spec-decode counters, so no window's acceptance can be read.
+
+    Its samples are recognised by the prefix `flavour`; a window then says `unavailable` with `why`
+    (acceptance absent, never zero) instead of `not-speculating`, which would claim the server runs
+    without a draft.
+    """
+
+    flavour: str
+    generation_tokens: str
+    why: str
+
+
+@dataclass(frozen=True)
 class EvidencePattern:
     """One thing to look for: where, the regex (group `value` is reported), and what it means."""
 
@@ -83,8 +97,8 @@ class ServerKind:
     name: str
     #: Words in the base name of one of the command's first three tokens that mark this kind.
     command_marks: tuple[str, ...] = ()
-    #: Its spec-decode counters on /metrics, if it exposes any.
-    metrics: SpecMetricNames | None = None
+    #: Its spec-decode counters on /metrics, or how its /metrics is recognised when it has none.
+    metrics: SpecMetricNames | CounterlessMetrics | None = None
     #: Why /metrics may be missing (shown when it answers 404 or 501).
     metrics_hint: str = ""
     #: A /health status meaning "still loading" rather than "serving".
@@ -201,11 +215,58 @@ LLAMA_CPP = ServerKind(
     ),
 )
 
+# SGLang (sgl-project/sglang; each fact's file and commit is in the shared reference facts). With
+# `--enable-metrics` its /metrics has speculative decoding only as two gauges of its last log
+# interval (`sglang:spec_accept_length`, `sglang:spec_accept_rate`, metrics/collector.py): no
+# counter to difference over a window, so its acceptance is reported absent. Its generation-token
+# counter grows when a request finishes and is labelled `model_name` (tokenizer_manager.py).
+SGLANG = ServerKind(
+    name="sglang",
+    # `sglang serve` (cli/main.py) and `python -m sglang.launch_server` (launch_server.py)
+    command_marks=("sglang",),
+    metrics=CounterlessMetrics(
+        flavour="sglang",
+        generation_tokens="sglang:generation_tokens_total",
+        why="SGLang's /metrics has no spec-decode counters, only gauges of its last log interval "
+        "(sglang:spec_accept_length, sglang:spec_accept_rate), so a window's acceptance cannot be measured",
+    ),
+    metrics_hint="SGLang needs --enable-metrics",
+    # /health and /health_generate answer 503 until the server's own warm-up request has run
+    loading_status=503,
+    # /tokenize and /v1/tokenize read `prompt` and `add_special_tokens`, as vLLM does
+    tokenize_field="prompt",
+    # the root of SGLang's own kernel caches (DeepGEMM, JIT builds, CuTe AOT objects; environ.py)
+    cache_env="SGLANG_CACHE_DIR",
+    log_patterns=(
+        pattern(
+            "sglang-kv-cache-scale-1.0",
+            LOG,
+            r"Using FP8 KV cache but no scaling factors provided\. Defaulting to scaling factors of 1\.0",
+            WARNING,
+            "FP8 KV cache given no scales file: k/v scales are 1.0 unless the checkpoint's own were loaded",
+        ),
+        pattern(
+            "sglang-speculative-algorithm",
+            LOG,
+            r"\bspeculative_algorithm(?:=|': )'(?P<value>[A-Za-z0-9_]{1,32})'",
+            INFO,
+            "speculative decoding algorithm SGLang runs with",
+        ),
+        pattern(
+            "sglang-accept-length",
+            LOG,
+            r"\baccept len: (?P<value>[0-9.]{1,16})",
+            INFO,
+            "SGLang's own acceptance length over a log interval (its /metrics has no counters to window)",
+        ),
+    ),
+)
+
 #: Any other OpenAI-compatible server: nothing known beyond the API.
 OTHER = ServerKind(name="other")
 
 #: Every kind, in the order commands are matched against them (`OTHER`, matching nothing, last).
-KINDS: tuple[ServerKind, ...] = (VLLM, LLAMA_CPP, OTHER)
+KINDS: tuple[ServerKind, ...] = (VLLM, LLAMA_CPP, SGLANG, OTHER)
 
 #: What `kind` may be in the arms file.
 KIND_NAMES: tuple[str, ...] = (AUTO, *(k.name for k in KINDS))
@@ -228,7 +289,12 @@ def with_flavour(flavour: str) -> ServerKind | None:
 
 def metric_names() -> tuple[SpecMetricNames, ...]:
     """Every kind's spec-decode names: /metrics is matched against all of them, whatever the arm says."""
-    return tuple(k.metrics for k in KINDS if k.metrics is not None)
+    return tuple(k.metrics for k in KINDS if isinstance(k.metrics, SpecMetricNames))
+
+
+def counterless_metrics() -> tuple[CounterlessMetrics, ...]:
+    """The kinds whose /metrics is recognised but has no spec-decode counters."""
+    return tuple(k.metrics for k in KINDS if isinstance(k.metrics, CounterlessMetrics))
 
 
 def loading_statuses() -> frozenset[int]:

@@ -11,6 +11,9 @@ Definitions (vLLM's `SpecDecodingProm` docstrings; llama.cpp uses the same):
     mean acceptance length = 1 + d(accepted_tokens) / d(drafts)      (counts the bonus token)
     per-position rate[i]   = d(accepted_per_pos[i]) / d(drafts)
 
+A kind whose /metrics has no such counters (`kinds.CounterlessMetrics`) is recognised by its prefix,
+and each of its windows is `unavailable` with the kind's reason: acceptance absent, never zero.
+
 Counters are summed over `engine` (one series per data-parallel engine) and filtered by
 `model_name` where that label exists. A window in which the server restarted is void (the delta
 would mix two processes): a counter went down, or a counter's `_created` time or the process start
@@ -27,11 +30,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from weightsmith.bench import kinds
-from weightsmith.bench.kinds import ServerKind, SpecMetricNames, metric_names
+from weightsmith.bench.kinds import CounterlessMetrics, ServerKind, SpecMetricNames, counterless_metrics, metric_names
 
 #: Every kind's spec-decode names (`bench/kinds.py`); a server is matched against all of them and
 #: the arm's kind is checked against the one found (`kind_mismatch`).
 FLAVOURS = metric_names()
+#: Kinds whose /metrics is known but has no spec-decode counters: their acceptance is absent, not zero.
+COUNTERLESS = counterless_metrics()
 
 #: prometheus_client's process collector: changes when the server process is a new one.
 PROCESS_START = "process_start_time_seconds"
@@ -108,6 +113,14 @@ def detect_flavour(snapshot: Snapshot) -> SpecMetricNames | None:
     return None
 
 
+def detect_counterless(snapshot: Snapshot) -> CounterlessMetrics | None:
+    """The counterless kind whose Prometheus prefix this server's samples carry, if any."""
+    for names in COUNTERLESS:
+        if any(name.startswith(f"{names.flavour}:") for name in snapshot.samples):
+            return names
+    return None
+
+
 def _series(snapshot: Snapshot, name: str, model: str | None) -> dict[tuple[tuple[str, str], ...], float]:
     """Series of one sample name (filtered by model where labelled), keyed by their labels."""
     out: dict[tuple[tuple[str, str], ...], float] = {}
@@ -158,6 +171,9 @@ def spec_window(before: Snapshot, after: Snapshot, model: str | None) -> SpecWin
     """Acceptance over the window between two scrapes of the same server."""
     names = detect_flavour(after) or detect_flavour(before)
     if names is None:
+        counterless = detect_counterless(after) or detect_counterless(before)
+        if counterless is not None:
+            return SpecWindow(status=UNAVAILABLE, flavour=counterless.flavour, detail=counterless.why)
         return SpecWindow(
             status=NOT_SPECULATING,
             detail="/metrics has no spec-decode counters (server runs without speculative decoding)",
@@ -244,6 +260,7 @@ def settled_scrape(client: httpx.Client, base_url: str, settle_s: float = 0.25, 
 
 def _watched(snapshot: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
     keys = {name for names in FLAVOURS for name in (*names.counters(), names.generation_tokens)}
+    keys |= {names.generation_tokens for names in COUNTERLESS}
     return {k: v for k, v in snapshot.samples.items() if k in keys}
 
 

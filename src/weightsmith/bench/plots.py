@@ -6,6 +6,9 @@
   95% bootstrap interval.
 - `acceptance.png`: per-position acceptance rate from /metrics, one line per arm.
 - `sweep-<arm>.png`: decode rate against the swept parameter, best value marked.
+- `quality.png`: task scores, a panel for all scenarios and one per category: each arm's earned
+  count in each of its runs, the runs of one arm joined, so a move between its own runs shows
+  beside the gap to another arm.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
@@ -270,6 +274,65 @@ def plot_sweeps(analysis: Analysis, out_dir: Path) -> list[Path]:
     return paths
 
 
+#: More categories than this are not drawn (the report's table lists them all).
+_QUALITY_PANELS = 24
+_RUN_MARKERS = "os^Dv<>ph*"
+
+
+def plot_quality(analysis: Analysis, path: Path) -> Path | None:
+    """Earned per run, per arm: a panel for all scenarios, then one per category."""
+    q = analysis.quality
+    if q is None or not q.arms:
+        return None
+    panels: list[tuple[str, list[tuple[int, list[int], list[int]]]]] = [
+        ("all scenarios", [(i, a.earned, a.total) for i, a in enumerate(q.arms)])
+    ]
+    for category in q.categories[: _QUALITY_PANELS - 1]:
+        panels.append(
+            (
+                category,
+                [(i, c.earned, c.total) for i, a in enumerate(q.arms) for c in a.categories if c.category == category],
+            )
+        )
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    width = max(3.0, 0.9 * len(q.arms) + 1.4)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 2.9 * rows + 0.6), squeeze=False)
+    runs = max(len(a.runs) for a in q.arms)
+    for ax, (title, series) in zip(axes.flat, panels, strict=False):
+        top = max((t for _, _, totals in series for t in totals), default=0)
+        for i, earned, _ in series:
+            colour = _COLOURS[i % len(_COLOURS)]
+            xs = [i + 0.3 * (j - (len(earned) - 1) / 2) / max(1, runs - 1) for j in range(len(earned))]
+            ax.plot(xs, earned, color=colour, lw=1.0, alpha=0.6)
+            for j, (x, e) in enumerate(zip(xs, earned, strict=True)):
+                ax.scatter([x], [e], marker=_RUN_MARKERS[j % len(_RUN_MARKERS)], color=colour, s=36, zorder=3)
+        ax.axhline(top, color="0.5", lw=0.8, ls="--")
+        ax.set_title(f"{title[:40]} (max {top})", fontsize=9)
+        ax.set_xticks(range(len(q.arms)), [_label(a.arm, 14) for a in q.arms], fontsize=7)
+        ax.set_xlim(-0.6, len(q.arms) - 0.4)
+        ax.set_ylim(0, max(1, top) * 1.08)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    handles = [
+        Line2D([], [], marker=_RUN_MARKERS[j % len(_RUN_MARKERS)], color="0.3", ls="", label=f"run {j + 1}")
+        for j in range(runs)
+    ]
+    fig.legend(handles=handles, loc="upper right", fontsize=8, ncol=min(runs, 6), frameon=False)
+    shown = (
+        ""
+        if len(q.categories) < _QUALITY_PANELS
+        else f" (first {_QUALITY_PANELS - 1} of {len(q.categories)} categories)"
+    )
+    fig.suptitle(f"Scenarios passed per run, per arm (dashed: the maximum){shown}", fontsize=11, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
+
+
 def write_plots(results: BenchResults, analysis: Analysis, out_dir: Path) -> dict[str, Path]:
     """Every plot that has data, by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -278,6 +341,7 @@ def write_plots(results: BenchResults, analysis: Analysis, out_dir: Path) -> dic
         ("ttft", lambda p: plot_ttft(results, analysis, p)),
         ("decode", lambda p: plot_decode(results, analysis, p)),
         ("acceptance", lambda p: plot_acceptance(analysis, p)),
+        ("quality", lambda p: plot_quality(analysis, p)),
     )
     for name, fn in plotters:
         path = fn(out_dir / f"{name}.png")

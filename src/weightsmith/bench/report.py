@@ -15,6 +15,8 @@ from weightsmith.bench.analysis import METRICS, Analysis, analyse
 from weightsmith.bench.determinism import ArmDeterminism
 from weightsmith.bench.paths import served_model
 from weightsmith.bench.plots import write_plots
+from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
+from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN
 from weightsmith.files import replace_file
@@ -24,6 +26,10 @@ _METRIC = {m.key: m for m in METRICS}
 #: the `#` that every unique first line starts with.
 _CACHED_TOKENS_NOTED = 3
 _MAX_POSITIONS_SHOWN = 8
+#: Scenario ids named inline (flips, discordant ones) before "and N more"; the per-scenario table
+#: in the report stops at _MAX_SCENARIO_ROWS (results.json holds every one).
+_MAX_NAMED = 12
+_MAX_SCENARIO_ROWS = 200
 
 
 def _ms(seconds: float | None) -> str:
@@ -78,6 +84,13 @@ def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
                 example.setdefault(v.arm, r.error)
     for name, n in errors.items():
         lines.append(f"- `{name}`: {n} request(s) failed, e.g. {example[name]}")
+    for arm in results.arms:
+        failed = [o for r in results.quality if r.arm == arm.name for o in r.outcomes if o.error]
+        if failed:
+            lines.append(
+                f"- `{arm.name}`: {len(failed)} quality scenario request(s) failed and count as not passed, "
+                f"e.g. `{failed[0].scenario}`: {failed[0].error}"
+            )
     for cell in analysis.cells:
         per_request = cell.cached_tokens_total / max(1, cell.n_ok)
         if per_request > _CACHED_TOKENS_NOTED:
@@ -355,6 +368,158 @@ def _determinism(results: BenchResults, analysis: Analysis) -> list[str]:
     return lines
 
 
+def _named(ids: list[str]) -> str:
+    """Scenario ids as code spans, the first _MAX_NAMED of them."""
+    shown = ", ".join(f"`{s}`" for s in ids[:_MAX_NAMED])
+    return shown + (f" and {len(ids) - _MAX_NAMED} more" if len(ids) > _MAX_NAMED else "")
+
+
+def _runs_cell(earned: list[int], total: list[int]) -> str:
+    """'87, 85 / 88' (one maximum) or '87/88, 85/87'."""
+    if len(set(total)) == 1:
+        return ", ".join(map(str, earned)) + f" / {total[0]}"
+    return ", ".join(f"{e}/{t}" for e, t in zip(earned, total, strict=True))
+
+
+def _quality_floor(q: QualityAnalysis) -> list[str]:
+    lines = [
+        "### Noise floor: each arm against its own runs",
+        "",
+        "An arm's runs send the same scenarios to the same server serving the same bytes at temperature 0; "
+        "whatever moves between them is noise, and every comparison below is read against it.",
+        "",
+    ]
+    for a in q.arms:
+        lines.append(f"- {a.words}." + (f" Flipping: {_named(a.flips)}." if a.flips else ""))
+    return lines
+
+
+def _quality_comparisons(q: QualityAnalysis) -> list[str]:
+    lines = [
+        "### Against the baseline",
+        "",
+        f"Each arm against `{q.baseline}`, scenario by scenario. A scenario is discordant when the two arms did "
+        "not pass it in the same share of their runs; the exact two-sided sign test is on those scenarios. "
+        f"A difference is shown only when the test rejects at alpha {q.alpha:g} and a run of each arm disagrees "
+        "with a run of the baseline on more scenarios, on average, than two runs of the noisier arm disagree "
+        "with each other.",
+        "",
+    ]
+    rows = []
+    for c in q.comparisons:
+        verdict = f"**{c.verdict}**" if c.verdict == QUALITY_SHOWN else c.verdict
+        lines.append(f"- {verdict}: {c.words}.")
+        if c.discordant:
+            lines.append(
+                f"  Better in `{c.arm}`: {_named(c.arm_better) or 'none'}; better in `{c.baseline}`: "
+                f"{_named(c.baseline_better) or 'none'}."
+            )
+        per_run = "; ".join(
+            f"run {r.run + 1}: {r.arm_only}↑ {r.baseline_only}↓" + ("" if r.p is None else f", p={r.p:.3g}")
+            for r in c.per_run
+        )
+        rows.append(
+            [
+                f"`{c.arm}`",
+                str(c.scenarios),
+                f"{len(c.arm_better)}↑ {len(c.baseline_better)}↓",
+                str(len(c.also_flip)),
+                "–" if c.between is None else f"{c.between:.3g}",
+                "–" if c.floor is None else f"{c.floor:.3g} (`{c.floor_arm}`)",
+                "–" if c.p is None else f"{c.p:.3g}",
+                per_run or "–",
+                verdict,
+            ]
+        )
+    lines += [
+        "",
+        *_table(
+            [
+                "arm",
+                "scenarios paired",
+                "discordant (↑ arm passed more)",
+                "of them flip within an arm",
+                "disagree per pair of runs, between arms",
+                "disagree per pair of runs, noisier arm",
+                "sign test p",
+                "per run index (McNemar)",
+                "verdict",
+            ],
+            rows,
+        ),
+    ]
+    return lines
+
+
+def _quality_categories(q: QualityAnalysis) -> list[str]:
+    arms: list[ArmQuality] = q.arms
+    rows = [["**all scenarios**", *(_runs_cell(a.earned, a.total) + (" ‡" if a.flips else "") for a in arms)]]
+    for name in q.categories:
+        cells = []
+        for a in arms:
+            found = [c for c in a.categories if c.category == name]
+            cells.append(
+                "–" if not found else _runs_cell(found[0].earned, found[0].total) + (" ‡" if name in a.moved else "")
+            )
+        rows.append([name, *cells])
+    return [
+        "### Per category",
+        "",
+        "Passed per run / maximum, runs in order; ‡: the count moved between the arm's own runs.",
+        "",
+        *_table(["category", *(f"`{a.arm}`" for a in arms)], rows),
+    ]
+
+
+def _quality_scenarios(q: QualityAnalysis) -> list[str]:
+    arms = [a.arm for a in q.arms]
+    varying = [s for s in q.scenarios if len({p for a in arms for p in s.passed.get(a, [])}) > 1]
+    if not varying:
+        return ["Every scenario had the same outcome in every run of every arm."]
+    rows = [
+        [f"`{s.scenario}`", s.category]
+        + ["".join("–" if p is None else ("✓" if p else "✗") for p in s.passed.get(a, [])) or "–" for a in arms]
+        for s in varying[:_MAX_SCENARIO_ROWS]
+    ]
+    more = len(varying) - len(rows)
+    return [
+        f"<details><summary>Scenarios whose outcome is not the same in every run of every arm ({len(varying)} of "
+        f"{len(q.scenarios)})</summary>",
+        "",
+        *_table(["scenario", "category", *(f"`{a}`" for a in arms)], rows),
+        "",
+        ("" if not more else f"{more} more not shown; ")
+        + "✓ passed, ✗ not passed, – not run; every scenario of every run is in results.json "
+        "(`analysis.quality.scenarios`).",
+        "",
+        "</details>",
+    ]
+
+
+def _quality(analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> list[str]:
+    q = analysis.quality
+    if q is None:
+        return ["Not run (no `[quality]` table in the arms file)."]
+    suites = ", ".join(dict.fromkeys(f"`{a.suite}`" for a in q.arms))
+    counts = {len(a.runs) for a in q.arms}
+    runs = f"{counts.pop()} run(s) per arm" if len(counts) == 1 else ", ".join(f"`{a.arm}` {len(a.runs)} run(s)"
+                                                                               for a in q.arms)  # fmt: skip
+    lines = [
+        f"Suite {suites}; {runs} at temperature 0, after the measured requests of the same serve visits. "
+        "A failed request counts as not passed.",
+        "",
+        *_quality_floor(q),
+        "",
+    ]
+    if q.comparisons:
+        lines += [*_quality_comparisons(q), ""]
+    lines += [*_quality_categories(q), ""]
+    if "quality" in plots:
+        lines += [f"![scenarios passed per run, per arm and category]({_rel(plots['quality'], out_dir)})", ""]
+    lines += _quality_scenarios(q)
+    return lines
+
+
 def _logcheck(results: BenchResults) -> list[str]:
     lines = []
     for arm in results.arms:
@@ -452,6 +617,7 @@ def render_markdown(results: BenchResults, analysis: Analysis, plots: dict[str, 
     if analysis.sweeps:
         lines += ["## Sweeps", "", *_sweeps(analysis, plots, out_dir)]
     lines += ["## Determinism", "", *_determinism(results, analysis), ""]
+    lines += ["## Quality", "", *_quality(analysis, plots, out_dir), ""]
     lines += ["## Server log check", "", *_logcheck(results), ""]
     lines += ["## Noise floor", "", *_noise(analysis), ""]
     lines += ["## Setup", "", *_setup(results), ""]

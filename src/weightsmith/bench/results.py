@@ -281,7 +281,7 @@ def _build(tp: Any, data: Any, where: str) -> Any:
 def _check_values(results: BenchResults) -> None:
     """What the analysis and the report rely on beyond types.
 
-    Every arm a visit, a determinism run or the baseline names is one of the file's arms; statuses
+    Every arm a visit, a determinism run, a quality run or the baseline names is one of the file's arms; statuses
     are known; alpha lies where a confidence level can; the workload settings are tables.
     """
     if not 0 < results.alpha < 0.5:
@@ -292,7 +292,11 @@ def _check_values(results: BenchResults) -> None:
     names = {a.name for a in results.arms}
     if results.baseline not in names:
         raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")
-    named = (("visits", [v.arm for v in results.visits]), ("determinism", [d.arm for d in results.determinism]))
+    named = (
+        ("visits", [v.arm for v in results.visits]),
+        ("determinism", [d.arm for d in results.determinism]),
+        ("quality", [q.arm for q in results.quality]),
+    )
     for field_name, arms in named:
         for i, arm in enumerate(arms):
             if arm not in names:

@@ -1,5 +1,8 @@
 """What we can and cannot claim: the noise floor first, then each verdict in words that cannot be misquoted.
 
+Task scores from the benchmark's quality suite follow the same order: what moved between an arm's own
+runs first, then each comparison, "no ordering shown" unless `bench/quality/verdict.py` showed one.
+
 A comparison inside the noise floor, or one whose interval includes no change, is written as "no
 ordering shown" and never as better or worse; a difference that survived every test is written as
 what was measured (faster, slower, sooner) against the named baseline, on this workload and host.
@@ -8,7 +11,10 @@ Fidelity caveats say what the eval did not measure: task accuracy, and outputs w
 
 from __future__ import annotations
 
+from typing import Any
+
 from weightsmith.bench.analysis import METRICS
+from weightsmith.bench.quality import verdict as qv
 from weightsmith.bench.stats import NOT_SHOWN, SHOWN, PairedComparison
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import BENCH_FILE, EVAL_FILE, CardSources
@@ -24,8 +30,10 @@ _SHOWN_WORDS = {
 
 
 def claims(src: CardSources, c: Citations) -> list[str]:
-    """Speed claims (noise floor first) when a benchmark was given, then fidelity claims."""
-    return [*_speed(src, c), "", *_fidelity(src, c)]
+    """Speed claims (noise floor first) when a benchmark was given, task scores when it ran a quality suite,
+    then fidelity claims."""
+    scores = _quality(src, c)
+    return [*_speed(src, c), "", *scores, *([""] if scores else []), *_fidelity(src, c)]
 
 
 def _speed(src: CardSources, c: Citations) -> list[str]:
@@ -71,6 +79,68 @@ def _verdict(cmp: PairedComparison, c: Citations) -> str:
     return f"{head} not compared ({c.text(cmp.reason or cmp.verdict, B, f + '.reason')})."
 
 
+def _scores(c: Citations, a: qv.ArmQuality, field: str) -> str:
+    """Each run's earned count of its maximum, cited: '87 and 85 of 88', or '87 of 88 and 85 of 87'."""
+    earned = [c.num(str(e), B, f"{field}.earned[{i}]") for i, e in enumerate(a.earned)]
+    total = [c.num(str(t), B, f"{field}.total[{i}]") for i, t in enumerate(a.total)]
+    if len(set(a.total)) == 1:
+        return " and ".join([", ".join(earned[:-1]), earned[-1]] if len(earned) > 1 else earned) + f" of {total[0]}"
+    each = [f"{e} of {t}" for e, t in zip(earned, total, strict=True)]
+    return ", ".join(each[:-1]) + " and " + each[-1]
+
+
+def _quality(src: CardSources, c: Citations) -> list[str]:
+    """Task scores: each arm's own run-to-run flips first, then each arm against the baseline."""
+    an = src.analysis
+    if src.bench is None or an is None:
+        return []
+    q = an.quality
+    if q is None:
+        return ["- **Task scores**: the benchmark ran no quality suite, so this card claims nothing about task scores."]
+    lines = [
+        "**Task scores, noise floor first.** Each arm ran the same scenarios more than once against the same "
+        "server; a scenario that passes in one run and fails in another of the same arm is noise, and a difference "
+        "between arms is claimed only beyond it.",
+        "",
+    ]
+    for a in q.arms:
+        f = f"analysis.quality.arms[{a.arm}]"
+        head = f"- `{a.arm}` on {c.text(a.suite, B, f + '.suite')}: passed {_scores(c, a, f)} scenarios"
+        if a.floor_measured:
+            lines.append(
+                f"{head} in its {c.num(str(len(a.runs)), B, f + '.runs')} runs; "
+                f"{c.num(str(len(a.flips)), B, f + '.flips')} scenarios flip between its own runs, and "
+                f"{c.num(str(len(a.moved)), B, f + '.moved')} of {c.num(str(len(a.categories)), B, f + '.categories')}"
+                " categories moved."
+            )
+        else:
+            lines.append(f"{head} in its one run; what moves between two of its own runs was not measured.")
+    for cmp in q.comparisons:
+        f = f"analysis.quality.comparisons[{cmp.arm}]"
+        head = f"- `{cmp.arm}` against `{cmp.baseline}`, task scores:"
+        if cmp.verdict == qv.NOT_COMPARED:
+            lines.append(f"{head} not compared ({c.text(cmp.reason, B, f + '.reason')}).")
+            continue
+        p = "no test" if cmp.p is None else "p = " + c.num(format(cmp.p, ".3g"), B, f + ".p")
+        figures = f"{c.num(str(cmp.discordant), B, f + '.discordant')} scenarios they did not pass equally often"
+        if cmp.floor is not None:  # both arms ran more than once: their own flips are known
+            figures += (
+                f", {c.num(str(len(cmp.also_flip)), B, f + '.also_flip')} of them also flip between an arm's own runs"
+            )
+        figures += f"; sign test {p}"
+        if cmp.verdict == qv.SHOWN:
+            lines.append(
+                f"{head} {figures}: a difference shown, `{cmp.better}` passed more scenarios of this suite, "
+                "beyond what either arm's own runs moved."
+            )
+        else:
+            lines.append(
+                f"{head} **no ordering shown** ({figures}; {c.text(cmp.reason, B, f + '.reason')}). "
+                "This run does not rank them on this suite."
+            )
+    return lines
+
+
 def _fidelity(src: CardSources, c: Citations) -> list[str]:
     ev = src.eval
     if ev is None:
@@ -101,7 +171,7 @@ def _fidelity(src: CardSources, c: Citations) -> list[str]:
 ROUNDED_SHARE = 0.9
 
 
-def _rounded(ev: dict, c: Citations) -> str:
+def _rounded(ev: dict[str, Any], c: Citations) -> str:
     """Whether the original the error is measured against was itself already rounded to 4 bits."""
     grid = ev["weights"].get("original_grid")
     if not grid or not grid["blocks"]:

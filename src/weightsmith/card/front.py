@@ -95,7 +95,8 @@ def read_metadata(markdown: str, file: str | Path = CARD_FILE) -> dict[str, Any]
     except Exception as exc:  # the parser raises YAML's and its own errors; any of them means unreadable
         detail = " ".join(str(exc).split())[:200]
         raise WeightsmithError(f"front matter is not readable: {detail}", file=file, code="card.front") from None
-    return card.data.to_dict()
+    data: dict[str, Any] = card.data.to_dict()
+    return data
 
 
 def checked_front_matter(meta: dict[str, Any]) -> list[str]:

@@ -6,8 +6,9 @@ from typing import Any
 
 from weightsmith import names
 from weightsmith.card.cite import Citations
-from weightsmith.card.sources import CONFIG_FILE, INSPECT_FILE, CardSources
+from weightsmith.card.sources import INSPECT_FILE, CardSources
 from weightsmith.card.target import named_target
+from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
 from weightsmith.plan import PRESETS
 from weightsmith.schemes import REGISTRY
@@ -150,10 +151,10 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         reason = _ignore_reason(entry, recipe.preset, tied)
         lines.append(f"- **Kept unquantized** {c.text(entry, M, f'recipe.ignore[{i}]')}: {reason}.")
     for row in src.inspect["rows"]:
-        why = _NOT_TARGETED.get(row["key"])
-        if why and row["params"] and row["bits_per_param"] is not None:
+        untargeted = _NOT_TARGETED.get(row["key"])
+        if untargeted and row["params"] and row["bits_per_param"] is not None:
             bits = c.num(f"{row['bits_per_param']:.3f}", INS, f"rows[{row['key']}].bits_per_param")
-            lines.append(f"- **Kept at source precision** {row['key']} ({bits} bits per parameter): {why}.")
+            lines.append(f"- **Kept at source precision** {row['key']} ({bits} bits per parameter): {untargeted}.")
     lines += _calibration_lines(m, src.config, c)
     lines += _coverage(src, c)
     lines.append(

@@ -16,8 +16,9 @@ from typing import Any
 
 from weightsmith.card.cite import Citations
 from weightsmith.card.made import article, draft_kind
-from weightsmith.card.sources import BENCH_FILE, CONFIG_FILE, PREFLIGHT_FILE, VERIFY_FILE, CardSources
+from weightsmith.card.sources import BENCH_FILE, PREFLIGHT_FILE, VERIFY_FILE, CardSources
 from weightsmith.card.target import named_target
+from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.manifest import MANIFEST_FILE
 
 #: vLLM's `--speculative-config` method for each draft kind the card recognises.

@@ -103,7 +103,7 @@ def _kind(value: Any) -> str:
     return "null" if value is None else _WORDS.get(type(value).__name__, type(value).__name__)
 
 
-def _matches_type(value: Any, allowed: tuple) -> bool:
+def _matches_type(value: Any, allowed: tuple[Any, ...]) -> bool:
     for t in allowed:
         if t is None and value is None:
             return True
@@ -149,7 +149,7 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _expected(options: tuple) -> str:
+def _expected(options: tuple[Any, ...]) -> str:
     words = []
     for o in options:
         if o is None:

@@ -9,11 +9,13 @@ draft's config.json, the bench arms that served it) and says plainly when nothin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from weightsmith.bench.paths import DRAFT, served_model
 from weightsmith.bench.results import ArmInfo
 from weightsmith.card.cite import Citations
-from weightsmith.card.sources import BENCH_FILE, CONFIG_FILE, CardSources
+from weightsmith.card.sources import BENCH_FILE, CardSources
+from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.manifest import MANIFEST_FILE
 
 #: Where a draft's config.json may name its target, as the training tools write it.
@@ -28,7 +30,7 @@ class NamedTarget:
     field: str
 
 
-def named_target(config: dict) -> NamedTarget | None:
+def named_target(config: dict[str, Any]) -> NamedTarget | None:
     """The first target config.json names, or None."""
     for path in TARGET_FIELDS:
         value: object = config

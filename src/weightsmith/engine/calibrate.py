@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from weightsmith.engine import recorders
 from weightsmith.engine.experts import expert_inputs, expert_table
@@ -88,11 +89,11 @@ def calibration_tokens(
     return sequences, sample.source, hashlib.sha256(sample.text.encode()).hexdigest()
 
 
-def _tokenize(tokenizer: object, text: str, tokens: int) -> list[int]:
+def _tokenize(tokenizer: Any, text: str, tokens: int) -> list[int]:
     """The first `tokens` tokens of `text`, tokenising only as much of it as that takes."""
     chars = tokens * 16
     while True:
-        ids = tokenizer(text[:chars], add_special_tokens=False).input_ids  # type: ignore[operator]
+        ids: list[int] = tokenizer(text[:chars], add_special_tokens=False).input_ids
         if len(ids) > tokens or chars >= len(text):
             return ids[:tokens]
         chars *= 4

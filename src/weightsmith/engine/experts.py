@@ -50,7 +50,7 @@ def expert_inputs(layer: Any, layer_path: str, table: ExpertTable, into: dict[st
     if not watched:
         yield
         return
-    functional = torch.nn.functional
+    functional: Any = torch.nn.functional  # its `linear` is swapped for a while, which its type forbids
     original = functional.linear
 
     def linear(x: Any, weight: Any, bias: Any = None) -> Any:

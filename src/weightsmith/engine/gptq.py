@@ -242,7 +242,7 @@ def _hessians(layer: Any, linears: dict[str, Any], hidden: list[Any], calls: lis
     last: list[Any] = [None, None]  # (the tensor last accumulated, its module): held, so never reused
 
     def hook_for(path: str) -> Any:
-        def hook(_module: Any, args: tuple) -> None:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:
             x = args[0]
             if path not in owner:
                 owner[path] = last[1] if last[0] is x else path
@@ -294,10 +294,12 @@ def _quantize_group(
         return
     first = grids[0]
     assert first is not None
-    zps = [g.zero_point for g in grids]
+    zps = [g.zero_point for g in grids if g is not None]
     grid = Grid(
-        np.concatenate([g.scale.astype(np.float32) for g in grids]).astype(first.scale.dtype),
-        None if first.zero_point is None else np.concatenate(zps),  # type: ignore[arg-type]
+        np.concatenate([g.scale.astype(np.float32) for g in grids if g is not None]).astype(first.scale.dtype),
+        None
+        if first.zero_point is None
+        else np.concatenate([z for z in zps if z is not None]),  # all or none have them
         first.group,
         first.q_min,
         first.q_max,

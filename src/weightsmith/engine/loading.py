@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.skeleton import Skeleton
@@ -32,7 +33,8 @@ class Loader:
         self.skeleton = skeleton
         self.source = source
         model = skeleton.model
-        self.mapping = get_model_conversion_mapping(model)
+        # annotated as the base class; its two subclasses, which LoadStateDictConfig wants, are all there are
+        self.mapping: list[Any] = get_model_conversion_mapping(model)
         renamings = [t for t in self.mapping if isinstance(t, WeightRenaming)]
         converters = [t for t in self.mapping if isinstance(t, WeightConverter)]
         expected = model.state_dict()
@@ -113,7 +115,8 @@ class Loader:
 
     def _head_path(self) -> str:
         head = self.skeleton.model.get_output_embeddings()
-        return next(path for path, module in self.skeleton.model.named_modules() if module is head)
+        path: str = next(path for path, module in self.skeleton.model.named_modules() if module is head)
+        return path
 
     def free(self, unit: int) -> None:
         """Send the unit's parameters back to the meta device (buffers stay: they are not weights)."""

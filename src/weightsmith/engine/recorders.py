@@ -77,7 +77,7 @@ def input_maxima(module: Any, prefix: str, into: dict[str, float]) -> Iterator[N
     import torch
 
     def hook_for(path: str) -> Any:
-        def hook(_module: Any, args: tuple) -> None:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:
             x = float(torch.linalg.vector_norm(args[0].detach(), float("inf")))
             into[path] = max(into.get(path, 0.0), x)
 

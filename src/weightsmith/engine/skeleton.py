@@ -80,7 +80,7 @@ def _decoder_layers(model: Any, config: Any, architecture: str, config_path: Pat
     import torch
 
     count = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "num_hidden_layers", 0)
-    found = [
+    found: list[str] = [
         name
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.ModuleList) and len(module) == count and count > 0

@@ -34,8 +34,8 @@ HIDDEN = "hidden_states"
 class Call:
     """The arguments a layer received besides its hidden states, to call it again the same way."""
 
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     keyword: bool  # the hidden states came as `hidden_states=`, not first
 
     def __call__(self, layer: Any, hidden: Any) -> Any:
@@ -51,7 +51,7 @@ class Call:
 def replaced_layers(layers: Any, forward: Callable[[int, Any, Call], Any]) -> Iterator[None]:
     """Every layer's `forward` replaced by `forward(index, hidden states, the rest of the call)`."""
 
-    def split(index: int, args: tuple, kwargs: dict) -> Any:
+    def split(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if args:
             return forward(index, args[0], Call(args[1:], kwargs, keyword=False))
         rest = dict(kwargs)

@@ -51,7 +51,7 @@ def round_fp4(x: Any) -> Any:
     return out * torch.sign(x)
 
 
-def _grid(args: dict, where: str) -> tuple[float, Callable[[Any], Any]]:
+def _grid(args: dict[str, Any], where: str) -> tuple[float, Callable[[Any], Any]]:
     """The largest code and the rounding of already scaled, clamped values to the code grid."""
     import torch
 
@@ -70,7 +70,7 @@ def _grid(args: dict, where: str) -> tuple[float, Callable[[Any], Any]]:
     )
 
 
-def fake_quantizer(args: dict, scale: float, where: str = CONFIG_FILE) -> Quantizer:
+def fake_quantizer(args: dict[str, Any], scale: float, where: str = CONFIG_FILE) -> Quantizer:
     """The fake-quantization of an input by `args` (a config group's `input_activations`) and its stored
     `scale`: the global scale under local group scales (`tensor_group`), or the per-tensor scale."""
     import torch

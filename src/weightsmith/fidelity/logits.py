@@ -157,7 +157,7 @@ def kl_divergence(ref_logits: Any, logits: Any) -> float:
 
 def top1_agreement(ref_logits: Any, logits: Any) -> float:
     """Fraction of positions where both models rank the same next token first."""
-    return (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+    return float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item())
 
 
 def _first_line(exc: BaseException) -> str:
@@ -200,9 +200,11 @@ def load_model(folder: str | Path) -> Any:
         extra["quantization_config"] = loading
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*loading attributes.*", category=UserWarning)
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        # with output_loading_info the result is a (model, info) pair, which transformers' annotation omits
+        loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=torch.float32, local_files_only=True, output_loading_info=True, **extra
         )
+        model, info = loaded
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         if info.get(kind):
             raise ValueError(f"{kind.replace('_', ' ')}: {_keys(info[kind])}")

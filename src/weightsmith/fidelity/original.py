@@ -7,6 +7,8 @@ measured is the error quantization added, not the FP8 rounding that was already 
 
 from __future__ import annotations
 
+from typing import Self
+
 import numpy as np
 
 from weightsmith import names
@@ -25,7 +27,7 @@ class TensorReader:
         self.ckpt = ckpt
         self._readers: dict[str, ShardReader] = {}
 
-    def __enter__(self) -> TensorReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

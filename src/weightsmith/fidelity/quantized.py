@@ -11,6 +11,7 @@ have picked another group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from weightsmith import names
 from weightsmith.checkpoint import CONFIG_FILE, Checkpoint
@@ -39,7 +40,7 @@ class QuantizedModule:
     module: str
     group: str
     format: str | None
-    weights: dict
+    weights: dict[str, Any]
     #: parameter name (`weight_packed`, ...) -> full tensor name in the checkpoint
     params: dict[str, str]
 
@@ -48,7 +49,7 @@ class QuantizedModule:
         return names.category(f"{self.module}.{names.WEIGHT}")
 
 
-def _groups(ckpt: Checkpoint) -> tuple[dict, dict[str, dict]]:
+def _groups(ckpt: Checkpoint) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The quantization config and its config groups that quantize weights, or a one-line error."""
     cfg = ckpt.root / CONFIG_FILE
     qc = ckpt.quantization_config
@@ -80,7 +81,7 @@ def _groups(ckpt: Checkpoint) -> tuple[dict, dict[str, dict]]:
     return qc, weight_groups
 
 
-def _required_params(fmt: str | None, weights: dict) -> list[str]:
+def _required_params(fmt: str | None, weights: dict[str, Any]) -> list[str]:
     """The weight's tensors in its format's layout (activation scales are not needed to dequantize)."""
     layout = layouts.of_group(fmt, weights)
     return list(layout.dtypes(inputs=False)) if layout is not None else []

@@ -7,7 +7,7 @@ import math
 import sys
 from dataclasses import dataclass
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from weightsmith import __version__
@@ -59,7 +59,8 @@ def _mb(n: int) -> str:
 
 def category_table(weights: WeightReport) -> Table:
     table = Table(title="weight error by category", title_justify="left")
-    for col, justify in (("category", "left"), ("layers", "right"), ("params", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("category", "left"), ("layers", "right"), ("params", "right"))
+    for col, justify in columns:
         table.add_column(col, justify=justify)
     table.add_column("rel MSE", justify="right")
     table.add_column("SQNR dB", justify="right")

@@ -7,6 +7,8 @@ format stores per quantized module is in formats/layouts.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 QUANT_METHOD = "compressed-tensors"
 PACK_QUANTIZED = "pack-quantized"
 NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
@@ -51,7 +53,7 @@ def weight_args(
     type_: str = "int",
     strategy: str = "group",
     scale_dtype: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """A `QuantizationArgs` dict in the schema compressed-tensors 0.17-0.20 all accept.
 
     Every field is written out (as compressed-tensors 0.19 does), so older readers that pin a
@@ -78,7 +80,9 @@ def weight_args(
 QUANT_ARGS_FIELDS = frozenset(weight_args(num_bits=4, symmetric=True, group_size=128))
 
 
-def config_group(fmt: str, weights: dict, targets: list[str], input_activations: dict | None = None) -> dict:
+def config_group(
+    fmt: str, weights: dict[str, Any], targets: list[str], input_activations: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One `QuantizationScheme` of `config_groups`, with its own `format`.
 
     `input_activations` is None for weight-only schemes; data-free schemes that quantize
@@ -93,7 +97,7 @@ def config_group(fmt: str, weights: dict, targets: list[str], input_activations:
     }
 
 
-def quantization_config_of(groups: dict[str, dict], fmt: str, ignore: list[str]) -> dict:
+def quantization_config_of(groups: dict[str, dict[str, Any]], fmt: str, ignore: list[str]) -> dict[str, Any]:
     """The whole `quantization_config` block: named groups, the global format, the ignore list."""
     return {
         "config_groups": groups,
@@ -110,7 +114,11 @@ def quantization_config_of(groups: dict[str, dict], fmt: str, ignore: list[str])
 
 
 def quantization_config(
-    group_name: str, fmt: str, weights: dict, ignore: list[str], input_activations: dict | None = None
-) -> dict:
+    group_name: str,
+    fmt: str,
+    weights: dict[str, Any],
+    ignore: list[str],
+    input_activations: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The `quantization_config` of one config group targeting every Linear (one scheme throughout)."""
     return quantization_config_of({group_name: config_group(fmt, weights, ["Linear"], input_activations)}, fmt, ignore)

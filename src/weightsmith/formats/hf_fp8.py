@@ -9,6 +9,8 @@ read these facts here, so neither accepts what the other refuses.
 
 from __future__ import annotations
 
+from typing import Any
+
 from weightsmith import names
 from weightsmith.formats.layouts import Args, Layout
 from weightsmith.quant.fp8 import Block, parse_block
@@ -17,7 +19,7 @@ QUANT_METHOD = "fp8"
 BLOCK_KEY = "weight_block_size"
 
 
-def block_size(qc: dict) -> Block | None:
+def block_size(qc: dict[str, Any]) -> Block | None:
     """The declared block, None for per-tensor scales; ValueError (naming the key) when malformed."""
     value = qc.get(BLOCK_KEY)
     if value is None:
@@ -39,7 +41,7 @@ def layout(block: Block | None) -> Layout:
     return Layout(args, names.WEIGHT, "F8_E4M3", scale=scale_param(block), scale_block=block)
 
 
-def scale_dtypes(qc: dict) -> frozenset[str]:
+def scale_dtypes(qc: dict[str, Any]) -> frozenset[str]:
     """Dtypes a scale may be stored in: F32, and F8_E8M0 too under `scale_fmt: ue8m0`.
 
     Under ue8m0 every scale is a power of two, which float32 holds exactly, so F32 stays accepted.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
@@ -70,9 +71,9 @@ class Args:
     scale_dtype: str | None = None
 
     @classmethod
-    def of(cls, weights: dict) -> Args:
+    def of(cls, weights: dict[str, Any]) -> Args:
         """From a config group's `weights` block as JSON gives it; a value of the wrong type reads as unset."""
-        block = weights.get("block_structure")
+        block: Any = weights.get("block_structure")
         good = isinstance(block, list) and len(block) == 2 and all(type(v) is int and v > 0 for v in block)
         return cls(
             num_bits=_int(weights.get("num_bits")),
@@ -186,7 +187,7 @@ def compressed_tensors(fmt: str | None, args: Args, inputs: str | None = None) -
     """The layout of a compressed-tensors config group (`inputs`: what `input_scale` gave), or None
     for a format or argument combination no layout describes."""
     # a global activation scale is float32 as every `*_global_scale`; a per-tensor one a float scale
-    extra = {"input_scale": inputs, "input_dtype": "F32" if inputs == names.INPUT_GLOBAL_SCALE else FLOAT_SCALE}
+    input_dtype = "F32" if inputs == names.INPUT_GLOBAL_SCALE else FLOAT_SCALE
     if fmt == ct.PACK_QUANTIZED:
         bits = args.num_bits or 4
         return Layout(
@@ -198,7 +199,8 @@ def compressed_tensors(fmt: str | None, args: Args, inputs: str | None = None) -
             scale_block=args.scale_block,
             weight_shape=True,
             zero_point=not args.symmetric,
-            **extra,
+            input_scale=inputs,
+            input_dtype=input_dtype,
         )
     if fmt == ct.NVFP4_PACK_QUANTIZED:
         return Layout(
@@ -210,20 +212,33 @@ def compressed_tensors(fmt: str | None, args: Args, inputs: str | None = None) -
             scale_dtype="F8_E4M3",
             scale_block=(1, args.group_size or NVFP4_GROUP),
             global_scale=names.WEIGHT_GLOBAL_SCALE,
-            **extra,
+            input_scale=inputs,
+            input_dtype=input_dtype,
         )
     if fmt in (ct.MXFP4_PACK_QUANTIZED, ct.MXFP8_QUANTIZED):
         fp4 = fmt == ct.MXFP4_PACK_QUANTIZED
         codes, dtype = (names.WEIGHT_PACKED, "U8") if fp4 else (names.WEIGHT, "F8_E4M3")
         group = (1, args.group_size or MX_GROUP)
-        return Layout(args, codes, dtype, 4 if fp4 else 8, 8, scale_dtype="U8", scale_block=group, **extra)
+        return Layout(
+            args,
+            codes,
+            dtype,
+            4 if fp4 else 8,
+            8,
+            scale_dtype="U8",
+            scale_block=group,
+            input_scale=inputs,
+            input_dtype=input_dtype,
+        )
     # one value per byte: FP8, int8, and int4 in int8 (W4AFP8)
     code = _UNPACKED_CODES.get(args.type or "")
     if fmt in ct.UNPACKED_FORMATS and code is not None and (args.num_bits == 8 or args.type == "int"):
-        return Layout(args, names.WEIGHT, code, scale_block=args.scale_block, **extra)
+        return Layout(
+            args, names.WEIGHT, code, scale_block=args.scale_block, input_scale=inputs, input_dtype=input_dtype
+        )
     return None
 
 
-def of_group(fmt: str | None, weights: dict, input_activations: object = None) -> Layout | None:
+def of_group(fmt: str | None, weights: dict[str, Any], input_activations: object = None) -> Layout | None:
     """The layout of a config group as JSON gives it (its `format`, `weights` and `input_activations`)."""
     return compressed_tensors(fmt, Args.of(weights), input_scale(input_activations))

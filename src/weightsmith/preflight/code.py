@@ -14,6 +14,7 @@ import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from weightsmith.preflight.source import VllmSource
 
@@ -212,8 +213,9 @@ def quant_config_calls(src: VllmSource, rel: str) -> list[QuantCall]:
             isinstance(owner, ast.Attribute) and owner.attr == "quant_config"
         ):
             method = node.func.attr
-            guard = _guard(node, parents, lambda test, m=method: _mentions_attr(test, m))
-            calls.append(QuantCall(method, _evidence(rel, lines, node), guard and _guard_evidence(rel, lines, guard)))
+            guard = _guard(node, parents, partial(_mentions_attr, attr=method))
+            evidence = _guard_evidence(rel, lines, guard) if guard is not None else None
+            calls.append(QuantCall(method, _evidence(rel, lines, node), evidence))
     return calls
 
 
@@ -304,9 +306,8 @@ def weight_reads(src: VllmSource, rel: str) -> list[WeightRead]:
             and isinstance(node.ctx, ast.Load)
         ):
             guard = _guard(node, parents, _quant_guard)
-            reads.append(
-                WeightRead(node.value.attr, _evidence(rel, lines, node), guard and _guard_evidence(rel, lines, guard))
-            )
+            evidence = _guard_evidence(rel, lines, guard) if guard is not None else None
+            reads.append(WeightRead(node.value.attr, _evidence(rel, lines, node), evidence))
     return reads
 
 

@@ -60,7 +60,7 @@ def check_pair(tgt: Side, drf: Side, method: str) -> list[Item]:
     return items
 
 
-def _aux_layers(drf: Side, method: str) -> tuple[list | None, str]:
+def _aux_layers(drf: Side, method: str) -> tuple[list[object] | None, str]:
     config = drf.config
     if method == "dflash":
         nested = config.get("dflash_config")

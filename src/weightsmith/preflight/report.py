@@ -99,7 +99,7 @@ class Side:
     modules: dict[str, Module]
 
     @property
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         config = self.found.config
         return config if isinstance(config, dict) else {}
 

@@ -58,13 +58,13 @@ _MIN_NORMAL_BITS = np.uint32(0x3C800000)  # 2**-6, E4M3's smallest normal
 
 
 @njit(inline="always", nogil=True)
-def _magnitude_bits(mode) -> np.uint32:
+def _magnitude_bits(mode: int) -> np.uint32:
     """The bits of a stored element other than its sign."""
     return np.uint32(0x7FFFFFFF) if mode == MODE_F32 else np.uint32(0x7FFF)
 
 
 @njit(inline="always", nogil=True)
-def _max_magnitude(xr, mode) -> np.uint32:
+def _max_magnitude(xr: np.ndarray, mode: int) -> np.uint32:
     """The largest magnitude in a 1-D run of stored elements, as bits (sign cleared).
 
     For floats the order of magnitudes is the order of their bits without the sign, so this is an
@@ -78,7 +78,7 @@ def _max_magnitude(xr, mode) -> np.uint32:
 
 
 @njit(inline="always", nogil=True)
-def _code(mode, is_float, raw, s):
+def _code(mode: int, is_float: bool, raw: np.uint16 | np.float32, s: np.float32) -> np.uint8:
     """One stored element quantized with scale `s`: torch's `x / scale` in the weight dtype, clamped, cast."""
     if is_float:
         t = min(max(round_to(mode, decode(mode, raw) / s), np.float32(-448.0)), np.float32(448.0))
@@ -88,7 +88,7 @@ def _code(mode, is_float, raw, s):
 
 
 @njit(inline="always", nogil=True)
-def _quantize_rows(x, mode, is_float, br, bc, q, scale):
+def _quantize_rows(x: np.ndarray, mode: int, is_float: bool, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     """The kernel body; `mode` and `is_float` are compile-time constants in each caller.
 
     Per block of `br` rows: the maxima of all its column blocks, row by row in memory order; then
@@ -110,7 +110,7 @@ def _quantize_rows(x, mode, is_float, br, bc, q, scale):
             for r in range(r0, r1):
                 for c in range(cols):
                     if np.uint32(stored_bits(mode, x[r, c]) & _magnitude_bits(mode)) >= inf:
-                        return r * cols + c
+                        return int(r * cols + c)
         for cb in range(blocks):
             s = round_to(mode, from_stored_bits(mode, maxima[cb]) / half)
             if s == 0:
@@ -132,32 +132,32 @@ def _quantize_rows(x, mode, is_float, br, bc, q, scale):
 
 # One compiled kernel per (dtype, kind): with both known at compile time the rounding branches vanish.
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_int(x, br, bc, q, scale):
+def _bf16_int(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     return _quantize_rows(x, MODE_BF16, False, br, bc, q, scale)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_float(x, br, bc, q, scale):
+def _bf16_float(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     return _quantize_rows(x, MODE_BF16, True, br, bc, q, scale)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f16_int(x, br, bc, q, scale):
+def _f16_int(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F16, False, br, bc, q, scale)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f16_float(x, br, bc, q, scale):
+def _f16_float(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F16, True, br, bc, q, scale)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f32_int(x, br, bc, q, scale):
+def _f32_int(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F32, False, br, bc, q, scale)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f32_float(x, br, bc, q, scale):
+def _f32_float(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F32, True, br, bc, q, scale)
 
 
@@ -190,7 +190,7 @@ def quantize_rows(
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _fp8_with_scale(x, mode, s, q):
+def _fp8_with_scale(x: np.ndarray, mode: int, s: np.float32, q: np.ndarray) -> None:
     for r in range(x.shape[0]):
         xr, qr = x[r], q[r]
         for c in range(x.shape[1]):
@@ -241,4 +241,5 @@ class EightBitWeight:
 def dequantize(weight: EightBitWeight, block: Block) -> np.ndarray:
     """`q * scale` in float32, rounded once to the scale dtype, as compressed-tensors' decompressor does."""
     q = np.asarray(weight.q).astype(np.float32)
-    return (q * expand(weight.scale, q.shape, block)).astype(weight.scale.dtype)
+    values: np.ndarray = (q * expand(weight.scale, q.shape, block)).astype(weight.scale.dtype)
+    return values

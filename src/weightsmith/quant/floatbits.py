@@ -60,7 +60,7 @@ def round_to(mode: int, v: np.float32) -> np.float32:
 
 
 @njit(inline="always", nogil=True)
-def decode(mode: int, raw) -> np.float32:
+def decode(mode: int, raw: np.uint16 | np.uint32 | np.float32) -> np.float32:
     """One stored element as float32: bf16 or fp16 bits in a uint16, or a float32 as is."""
     if mode == MODE_BF16:
         return np.uint32(np.uint32(raw) << np.uint32(16)).view(np.float32)

@@ -93,7 +93,8 @@ def dequantize_rows(fp8: np.ndarray, scale: np.ndarray, r0: int, block: Block | 
         whole = scale_block(np.shape(scale), (rows, cols), (DEFAULT_BLOCK,), per_channel=True) if r0 == 0 else None
         block = whole or DEFAULT_BLOCK
     mult = expand_scale(scale, (r0, r0 + rows), cols, block)
-    return (fp8.astype(np.float32) * mult).astype(ml_dtypes.bfloat16)
+    values: np.ndarray = (fp8.astype(np.float32) * mult).astype(ml_dtypes.bfloat16)
+    return values
 
 
 def quantize_blocks(w: np.ndarray, block: Block = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:

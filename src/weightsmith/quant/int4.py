@@ -33,7 +33,7 @@ MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfl
 
 
 @njit(inline="always", nogil=True)
-def stored_bits(mode, raw):
+def stored_bits(mode: int, raw: np.uint16 | np.float32) -> np.uint32:
     """The stored bits of one element (16-bit floats arrive as their bits already)."""
     if mode == MODE_F32:
         return np.float32(raw).view(np.uint32)
@@ -41,14 +41,14 @@ def stored_bits(mode, raw):
 
 
 @njit(inline="always", nogil=True)
-def from_stored_bits(mode, b):
+def from_stored_bits(mode: int, b: np.uint32) -> np.float32:
     if mode == MODE_F32:
         return np.uint32(b).view(np.float32)
     return decode(mode, b)
 
 
 @njit(inline="always", nogil=True)
-def group_range(x, r, c0, group, mode):
+def group_range(x: np.ndarray, r: int, c0: int, group: int, mode: int) -> tuple[np.float32, np.float32, int]:
     """(min(G, 0), max(G, 0), column of a NaN/Inf or -1) of one group, from the stored bits.
 
     Zero is always inside the range, as compressed-tensors' `calculate_qparams` makes it. For finite
@@ -79,7 +79,9 @@ def group_range(x, r, c0, group, mode):
 
 
 @njit(inline="always", nogil=True)
-def load_group(x, r, c0, group, mode, vals):
+def load_group(
+    x: np.ndarray, r: int, c0: int, group: int, mode: int, vals: np.ndarray
+) -> tuple[np.float32, np.float32, int]:
     """`group_range` of one group, with its values decoded into `vals` (for kernels that revisit them)."""
     lo, hi, bad = group_range(x, r, c0, group, mode)
     for i in range(group):
@@ -88,7 +90,7 @@ def load_group(x, r, c0, group, mode, vals):
 
 
 @njit(inline="always", nogil=True)
-def eps_of(mode):
+def eps_of(mode: int) -> np.float32:
     """torch.finfo(dtype).eps of the emulated dtype: what compressed-tensors puts in place of a zero scale."""
     if mode == MODE_BF16:
         return np.float32(2.0**-7)
@@ -98,7 +100,9 @@ def eps_of(mode):
 
 
 @njit(inline="always", nogil=True)
-def group_params(mode, symmetric, lo, hi, p):
+def group_params(
+    mode: int, symmetric: bool, lo: np.float32, hi: np.float32, p: np.float32
+) -> tuple[np.float32, np.float32]:
     """(scale, zero point) compressed-tensors computes for a group's range [lo, hi] clipped by `p`.
 
     `p` is 1 for plain RTN, or the factor a scale search chose, applied as llm-compressor's observers
@@ -124,7 +128,17 @@ def group_params(mode, symmetric, lo, hi, p):
 
 
 @njit(inline="always", nogil=True)
-def _quantize_rows(x, mode, group, symmetric, bytewise, shrink, packed, scale, zero_point):
+def _quantize_rows(
+    x: np.ndarray,
+    mode: int,
+    group: int,
+    symmetric: bool,
+    bytewise: bool,
+    shrink: np.ndarray,
+    packed: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray,
+) -> int:
     """The kernel body; `mode`, `symmetric` and `bytewise` are compile-time constants in each caller.
 
     `bytewise`: each value as an int8 of its own in `packed` ([rows, cols], W4AFP8's storage)
@@ -138,7 +152,7 @@ def _quantize_rows(x, mode, group, symmetric, bytewise, shrink, packed, scale, z
             c0 = g * group
             lo, hi, bad = group_range(x, r, c0, group, mode)
             if bad >= 0:
-                return r * cols + bad
+                return int(r * cols + bad)
             s, zp = group_params(mode, symmetric, lo, hi, shrink[r, g])
             if not symmetric:
                 zero_point[r, g] = np.int8(zp)
@@ -172,47 +186,65 @@ def _quantize_rows(x, mode, group, symmetric, bytewise, shrink, packed, scale, z
 # One compiled kernel per (dtype, symmetry, storage): with all three known at compile time the
 # per-element rounding branches vanish and the loops vectorise (about 2x faster than a runtime switch).
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_sym(x, group, shrink, packed, scale, zero_point):
+def _bf16_sym(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_BF16, group, True, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_asym(x, group, shrink, packed, scale, zero_point):
+def _bf16_asym(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_BF16, group, False, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_sym_bytes(x, group, shrink, packed, scale, zero_point):
+def _bf16_sym_bytes(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_BF16, group, True, True, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f16_sym(x, group, shrink, packed, scale, zero_point):
+def _f16_sym(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_F16, group, True, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f16_asym(x, group, shrink, packed, scale, zero_point):
+def _f16_asym(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_F16, group, False, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f16_sym_bytes(x, group, shrink, packed, scale, zero_point):
+def _f16_sym_bytes(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_F16, group, True, True, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f32_sym(x, group, shrink, packed, scale, zero_point):
+def _f32_sym(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_F32, group, True, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f32_asym(x, group, shrink, packed, scale, zero_point):
+def _f32_asym(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_F32, group, False, False, shrink, packed, scale, zero_point)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f32_sym_bytes(x, group, shrink, packed, scale, zero_point):
+def _f32_sym_bytes(
+    x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
+) -> int:
     return _quantize_rows(x, MODE_F32, group, True, True, shrink, packed, scale, zero_point)
 
 

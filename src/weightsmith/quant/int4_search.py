@@ -95,7 +95,9 @@ def _weighted_error(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float
 
 
 @njit(inline="always", nogil=True)
-def _candidate_error(mode: int, symmetric: bool, objective: int, vals: np.ndarray, lo, hi, p) -> np.float32:
+def _candidate_error(
+    mode: int, symmetric: bool, objective: int, vals: np.ndarray, lo: np.float32, hi: np.float32, p: np.float32
+) -> np.float32:
     s, zp = group_params(mode, symmetric, lo, hi, p)
     if objective == MAGNITUDE:
         return _weighted_error(vals, s, zp)
@@ -105,7 +107,16 @@ def _candidate_error(mode: int, symmetric: bool, objective: int, vals: np.ndarra
 
 
 @njit(nogil=True, cache=True)
-def _mse_rows(x, mode, group, symmetric, objective, coarse, fine, shrink):
+def _mse_rows(
+    x: np.ndarray,
+    mode: int,
+    group: int,
+    symmetric: bool,
+    objective: int,
+    coarse: np.ndarray,
+    fine: np.ndarray,
+    shrink: np.ndarray,
+) -> int:
     rows, cols = x.shape
     vals = np.empty(group, np.float32)
     for r in range(rows):
@@ -113,7 +124,7 @@ def _mse_rows(x, mode, group, symmetric, objective, coarse, fine, shrink):
             c0 = g * group
             lo, hi, bad = load_group(x, r, c0, group, mode, vals)
             if bad >= 0:
-                return r * cols + bad
+                return int(r * cols + bad)
             best, best_p = np.float32(np.inf), np.float32(1.0)
             for k in range(coarse.size):
                 e = _candidate_error(mode, symmetric, objective, vals, lo, hi, coarse[k])
@@ -145,13 +156,13 @@ def search_mse(
 
 
 @njit(nogil=True, cache=True)
-def _noclip_rows(x, mode, group, shrink):
+def _noclip_rows(x: np.ndarray, mode: int, group: int, shrink: np.ndarray) -> int:
     rows, cols = x.shape
     for r in range(rows):
         for g in range(cols // group):
             lo, hi, bad = group_range(x, r, g * group, group, mode)
             if bad >= 0:
-                return r * cols + bad
+                return int(r * cols + bad)
             m = max(-lo, hi)
             p = np.float32(1.0)
             if m > 0:
@@ -173,7 +184,16 @@ def search_noclip(x: np.ndarray, mode: int, group: int, shrink: np.ndarray) -> i
 
 
 @njit(nogil=True, cache=True)
-def _memoryless_rows(x, mode, group, steps, grid, norm, masks, improved):
+def _memoryless_rows(
+    x: np.ndarray,
+    mode: int,
+    group: int,
+    steps: int,
+    grid: float,
+    norm: np.float32,
+    masks: np.ndarray,
+    improved: np.ndarray,
+) -> int:
     rows, cols = x.shape
     vals = np.empty(group, np.float32)
     big = np.float32(3.3895313892515355e38) if mode == MODE_BF16 else np.float32(np.finfo(np.float32).max)
@@ -185,7 +205,7 @@ def _memoryless_rows(x, mode, group, steps, grid, norm, masks, improved):
             c0 = g * group
             lo, hi, bad = load_group(x, r, c0, group, mode, vals)
             if bad >= 0:
-                return r * cols + bad
+                return int(r * cols + bad)
             best = big
             mask = np.uint32(0)
             for k in range(steps):

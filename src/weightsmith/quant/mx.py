@@ -59,7 +59,7 @@ def biased_exponent(amax: np.float32, mode: int) -> np.int64:
 def group_scale(amax: np.float32, mode: int, offset: int) -> np.float32:
     """The divisor compressed-tensors quantizes a group with: 2**(e - 127) in the weight dtype."""
     k = biased_exponent(amax, mode)
-    e = np.int64(0) if k < 0 else (np.int64(255) if k == 255 else min(max(k - offset, 0), 255))
+    e = np.int64(0) if k < 0 else (np.int64(255) if k == 255 else np.int64(min(max(int(k) - offset, 0), 255)))
     # e << 23 is 2**(e - 127) for 1 <= e <= 254 and inf for 255; e = 0 is the subnormal 2**-127
     s = np.uint32((e << 23) if e > 0 else (1 << 22)).view(np.float32)
     if mode == MODE_F16:
@@ -76,7 +76,7 @@ def scale_byte(s: np.float32) -> np.uint8:
 
 
 @njit(inline="always", nogil=True)
-def _quantize_rows(x, mode, bits, out, scale_bytes):
+def _quantize_rows(x: np.ndarray, mode: int, bits: int, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     """The kernel body; `mode` and `bits` are compile-time constants in each caller.
 
     Per row: the row decoded to float32; each group's amax as an integer maximum of its magnitude
@@ -104,7 +104,7 @@ def _quantize_rows(x, mode, bits, out, scale_bytes):
             if m >= _INF_BITS:
                 for i in range(GROUP):
                     if np.uint32(mags[c0 + i] & _MAGNITUDE) >= _INF_BITS:
-                        return r * cols + c0 + i
+                        return int(r * cols + c0 + i)
             s = group_scale(np.uint32(m).view(np.float32), mode, offset)
             scale_bytes[r, g] = scale_byte(s)
             inv[c0 : c0 + GROUP] = np.float32(1.0) / s  # a power of two (0 for an infinite scale): x * inv is x / s
@@ -122,32 +122,32 @@ def _quantize_rows(x, mode, bits, out, scale_bytes):
 # One compiled kernel per (dtype, element width): with both known at compile time the rounding
 # branches vanish and the element loops vectorise.
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_fp4(x, out, scale_bytes):
+def _bf16_fp4(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     return _quantize_rows(x, MODE_BF16, 4, out, scale_bytes)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_fp8(x, out, scale_bytes):
+def _bf16_fp8(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     return _quantize_rows(x, MODE_BF16, 8, out, scale_bytes)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f16_fp4(x, out, scale_bytes):
+def _f16_fp4(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F16, 4, out, scale_bytes)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f16_fp8(x, out, scale_bytes):
+def _f16_fp8(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F16, 8, out, scale_bytes)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f32_fp4(x, out, scale_bytes):
+def _f32_fp4(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F32, 4, out, scale_bytes)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _f32_fp8(x, out, scale_bytes):
+def _f32_fp8(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     return _quantize_rows(x, MODE_F32, 8, out, scale_bytes)
 
 

@@ -99,7 +99,16 @@ def fp4_nibble(t: np.float32) -> np.uint32:
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _quantize_rows(x, mode, global_scale, search, fp8_values, offsets, packed, scale_codes):
+def _quantize_rows(
+    x: np.ndarray,
+    mode: int,
+    global_scale: np.float32,
+    search: bool,
+    fp8_values: np.ndarray,
+    offsets: np.ndarray,
+    packed: np.ndarray,
+    scale_codes: np.ndarray,
+) -> int:
     rows, cols = x.shape
     vals = np.empty(GROUP, np.float32)
     sq = np.empty(GROUP, np.float32)
@@ -111,7 +120,7 @@ def _quantize_rows(x, mode, global_scale, search, fp8_values, offsets, packed, s
             c0 = g * GROUP
             lo, hi, bad = load_group(x, r, c0, GROUP, mode, vals)
             if bad >= 0:
-                return r * cols + bad
+                return int(r * cols + bad)
             local = round_to(mode, max(-lo, hi) / six)
             code = fp8_code(min(gs * local, np.float32(FP8_MAX)))
             best_code = code
@@ -133,7 +142,7 @@ def _quantize_rows(x, mode, global_scale, search, fp8_values, offsets, packed, s
                     if err < best_err:
                         best_err, best_code = err, c
             if best_code == 0:
-                best_code = FP8_EPS_CODE
+                best_code = np.int64(FP8_EPS_CODE)
             scale = fp8_values[best_code]
             scale_codes[r, g] = np.uint8(best_code)
             eff = scale / gs
@@ -157,12 +166,12 @@ def global_scale(amax: float, mode: int) -> np.float32:
 
 
 @njit(nogil=True, cache=True)
-def _reciprocal_times(a, k, mode):
+def _reciprocal_times(a: np.float32, k: np.float32, mode: int) -> np.float32:
     return round_to(mode, round_to(mode, np.float32(1.0) / a) * k)
 
 
 @njit(nogil=True, cache=True)
-def _amax_rows(x, mode):
+def _amax_rows(x: np.ndarray, mode: int) -> tuple[np.float32, int]:
     rows, cols = x.shape
     amax = np.float32(0.0)
     for r in range(rows):
@@ -231,11 +240,13 @@ def unpack(packed: np.ndarray) -> np.ndarray:
     """E2M1 values (float32) of packed nibbles, element 2k from the low nibble."""
     nibbles = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[0], -1)
     mags = E2M1[nibbles & 7]
-    return np.where(nibbles & 8, -mags, mags).astype(np.float32)
+    values: np.ndarray = np.where(nibbles & 8, -mags, mags).astype(np.float32)
+    return values
 
 
 def dequantize(weight: Nvfp4Weight, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
     """`q * (block_scale / global_scale)` in float32, cast to `dtype` (BF16, as compressed-tensors unpacks)."""
     eff = weight.scale.astype(np.float32) / weight.global_scale.astype(np.float32)[0]
     values = unpack(weight.packed) * np.repeat(eff, GROUP, axis=1)
-    return values.astype(dtype)
+    cast: np.ndarray = values.astype(dtype)
+    return cast

@@ -28,7 +28,7 @@ class ShardReader:
         try:
             self._fd = open_regular(self.path)
         except NotRegularFile as exc:
-            raise CheckpointError(exc.strerror, file=self.path, code="file.not-regular") from None
+            raise CheckpointError(exc.strerror or str(exc), file=self.path, code="file.not-regular") from None
 
     def __enter__(self) -> ShardReader:
         return self

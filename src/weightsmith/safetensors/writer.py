@@ -176,7 +176,7 @@ class ShardWriter:
 
 def byte_view(array: np.ndarray) -> memoryview:
     """A flat byte view of an array of any dtype (bf16 and fp8 arrays export no buffer format)."""
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:

@@ -134,10 +134,10 @@ class Scheme(ABC):
         ]
 
     @abstractmethod
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         """The config group's `weights` block (`QuantizationArgs`)."""
 
-    def input_args(self) -> dict | None:
+    def input_args(self) -> dict[str, Any] | None:
         """The config group's `input_activations` block: None for weight-only schemes."""
         return None
 
@@ -150,7 +150,7 @@ class Scheme(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} takes no calibration data")
 
-    def quantization_config(self, ignore: list[str]) -> dict:
+    def quantization_config(self, ignore: list[str]) -> dict[str, Any]:
         return ct.quantization_config(
             self.config_group_name, self.FORMAT, self.weight_args(), ignore, self.input_args()
         )
@@ -170,7 +170,8 @@ class Scheme(ABC):
         if act is None:
             return f"{self.stored_words()}; activations stay 16-bit"
         bits, kind = act.get("num_bits"), act.get("type")
-        kind = {("float", 8): "FP8 (E4M3)", ("float", 4): "FP4 (E2M1)"}.get((kind, bits), f"{bits}-bit integers")
+        floats: dict[tuple[object, object], str] = {("float", 8): "FP8 (E4M3)", ("float", 4): "FP4 (E2M1)"}
+        kind = floats.get((kind, bits), f"{bits}-bit integers")
         scale = "power-of-two (E8M0) scale" if act.get("scale_dtype") == "torch.uint8" else "scale"
         per = f"group of {act['group_size']}" if act.get("strategy") == "group" else act.get("strategy")
         return f"{self.stored_words()}; activations quantized to {kind} at run time, one {scale} per {per}"
@@ -203,12 +204,12 @@ class Scheme(ABC):
 
     @classmethod
     @abstractmethod
-    def recognizes(cls, fmt: str, weights: dict) -> bool:
+    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
         """Whether a config group of this format and `weights` block is this scheme's on disk."""
 
     @classmethod
     @abstractmethod
-    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
         """The dense weight a module stands for, from its on-disk parameters (as compressed-tensors gives it)."""
 
 
@@ -238,7 +239,7 @@ def make_scheme(name: str, group_size: int | None = None, scale_search: str | No
     return cls.make(name, group_size, scale_search)
 
 
-def decode(fmt: str, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+def decode(fmt: str, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
     """The dense weight of a quantized module, by whichever registered scheme recognizes its group."""
     for cls in dict.fromkeys(REGISTRY.values()):
         if cls.recognizes(fmt, weights):

@@ -20,7 +20,7 @@ from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh
 
 
-def dynamic_activations(type_: str, strategy: str, group_size: int | None = None) -> dict:
+def dynamic_activations(type_: str, strategy: str, group_size: int | None = None) -> dict[str, Any]:
     """An `input_activations` block quantized at run time (no stored scale): 8 bits, symmetric."""
     return dict(ct.weight_args(8, True, group_size, type_=type_, strategy=strategy), dynamic=True)
 
@@ -34,7 +34,7 @@ def refuse_options(name: str, group_size: int | None, scale_search: str | None) 
         raise WeightsmithError(f"{name} takes no --group-size (its scale layout is fixed)", code="usage")
 
 
-def block_of(weights: dict, shape: tuple[int, int]) -> eightbit.Block:
+def block_of(weights: dict[str, Any], shape: tuple[int, int]) -> eightbit.Block:
     """The rows x columns one scale covers, from a config group's `weights` block (the format's layout rule)."""
     block = layouts.Args.of(weights).scale_block
     return block if block is not None else (max(shape[0], 1), None)
@@ -80,10 +80,10 @@ class EightBit(Scheme):
         ], -1
 
     @classmethod
-    def recognizes(cls, fmt: str, weights: dict) -> bool:
+    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
         return fmt in ct.UNPACKED_FORMATS and weights.get("type") == cls.KIND and weights.get("num_bits") == 8
 
     @classmethod
-    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
         q = params[names.WEIGHT]
         return eightbit.dequantize(eightbit.EightBitWeight(q, params[names.WEIGHT_SCALE]), block_of(weights, q.shape))

@@ -36,10 +36,10 @@ class Fp8Dynamic(EightBit):
         refuse_options(name, group_size, scale_search)
         return cls(name, 0)
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         return ct.weight_args(8, True, None, type_=eightbit.FLOAT, strategy="channel")
 
-    def input_args(self) -> dict:
+    def input_args(self) -> dict[str, Any]:
         return dynamic_activations(eightbit.FLOAT, "token")
 
 
@@ -54,11 +54,11 @@ class Fp8Block(Fp8Dynamic):
         refuse_options(name, group_size, scale_search)
         return cls(name, BLOCK)
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         args = ct.weight_args(8, True, None, type_=eightbit.FLOAT, strategy="block")
         return dict(args, block_structure=[BLOCK, BLOCK])
 
-    def input_args(self) -> dict:
+    def input_args(self) -> dict[str, Any]:
         return dynamic_activations(eightbit.FLOAT, "group", BLOCK)
 
 
@@ -95,15 +95,15 @@ class Fp8Static(EightBit):
             "measured on calibration data"
         )
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         # as llm-compressor's oneshot writes the FP8 preset's weights (its memoryless observer named)
         return dict(_per_tensor(), observer="memoryless_minmax")
 
-    def input_args(self) -> dict:
+    def input_args(self) -> dict[str, Any]:
         return dict(_per_tensor(), observer="static_minmax")
 
     def input_params(self, input_absmax: float, weight_dtype: str) -> list[tuple[str, np.ndarray]]:
-        dtype = DTYPES[weight_dtype].numpy
+        dtype = DTYPES[weight_dtype].storage
         return [(names.INPUT_SCALE, np.array([eightbit.static_scale(input_absmax, dtype)], dtype))]
 
     def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:
@@ -124,5 +124,5 @@ class Fp8Static(EightBit):
         return writes, -1
 
 
-def _per_tensor() -> dict:
+def _per_tensor() -> dict[str, Any]:
     return ct.weight_args(8, True, None, type_=eightbit.FLOAT, strategy="tensor")

@@ -62,7 +62,7 @@ class Int4(Scheme):
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return int4.supports(shape[1], self.group_size)
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)
         if self.scale_search == "memoryless_mse":
             args["observer"] = "memoryless_mse"
@@ -123,7 +123,7 @@ class Int4(Scheme):
                 objective = int4_search.MAGNITUDE if self.scale_search == "wmse" else int4_search.POWER25
                 bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric, objective)
                 if bad >= 0:
-                    return [], bad
+                    return scale, zp, bad
             elif self.scale_search == "noclip":
                 bad = int4_search.search_noclip(xin, mode, g, shrink)
                 if bad >= 0:
@@ -153,13 +153,13 @@ class Int4(Scheme):
         return writes, -1
 
     @classmethod
-    def recognizes(cls, fmt: str, weights: dict) -> bool:
+    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
         return fmt == ct.PACK_QUANTIZED and weights.get("num_bits") == 4 and weights.get("strategy") == "group"
 
     @classmethod
-    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
-        shape = tuple(int(v) for v in params[names.WEIGHT_SHAPE])
+    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
+        rows, cols = (int(v) for v in params[names.WEIGHT_SHAPE])
         weight = int4.Int4Weight(
-            params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params.get(names.WEIGHT_ZERO_POINT), shape
+            params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params.get(names.WEIGHT_ZERO_POINT), (rows, cols)
         )
         return int4.dequantize(weight, int(weights["group_size"]))

@@ -38,10 +38,10 @@ class W8A8(EightBit):
         refuse_options(name, group_size, scale_search)
         return cls(name, 0)
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         return ct.weight_args(8, True, None, strategy="channel")
 
-    def input_args(self) -> dict:
+    def input_args(self) -> dict[str, Any]:
         return dynamic_activations(eightbit.INT, "token")
 
 
@@ -65,7 +65,7 @@ class W8A16(EightBit):
             return f"input size {shape[1]} is not a multiple of the group size {self.group_size}"
         return None
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         return ct.weight_args(8, True, self.group_size)
 
     def grid(self, x: np.ndarray) -> Grid | None:
@@ -93,11 +93,11 @@ class W8A16(EightBit):
         return writes, -1
 
     @classmethod
-    def recognizes(cls, fmt: str, weights: dict) -> bool:
+    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
         return fmt == ct.PACK_QUANTIZED and weights.get("num_bits") == 8 and weights.get("strategy") == "group"
 
     @classmethod
-    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
         rows, cols = (int(v) for v in params[names.WEIGHT_SHAPE])
         raw = np.ascontiguousarray(params[names.WEIGHT_PACKED]).view(np.uint8).reshape(rows, -1)[:, :cols]
         q = (raw ^ np.uint8(OFFSET)).view(np.int8)

@@ -46,15 +46,15 @@ class _Mx(Scheme):
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return mx.supports(shape[1])
 
-    def _args(self, dynamic: bool) -> dict:
+    def _args(self, dynamic: bool) -> dict[str, Any]:
         args = ct.weight_args(self.num_bits, True, mx.GROUP, type_="float", scale_dtype=SCALE_DTYPE)
         args["dynamic"] = dynamic
         return args
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         return self._args(dynamic=False)
 
-    def input_args(self) -> dict | None:
+    def input_args(self) -> dict[str, Any] | None:
         return None if self.name.endswith("a16") else self._args(dynamic=True)
 
     def encode(
@@ -68,11 +68,11 @@ class _Mx(Scheme):
         return [(self.layout.codes, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
 
     @classmethod
-    def recognizes(cls, fmt: str, weights: dict) -> bool:
+    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
         return fmt == cls.FORMAT
 
     @classmethod
-    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
         layout = layouts.of_group(cls.FORMAT, weights)
         assert layout is not None  # every MX format has one
         return mx.dequantize(params[layout.codes], params[layout.scale])

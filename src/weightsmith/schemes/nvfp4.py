@@ -46,7 +46,7 @@ class Nvfp4(Scheme):
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         return nvfp4.supports(shape[1])
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         return ct.weight_args(4, True, 16, type_="float", strategy="tensor_group", scale_dtype="torch.float8_e4m3fn")
 
     def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:
@@ -81,11 +81,11 @@ class Nvfp4(Scheme):
         return writes, bad
 
     @classmethod
-    def recognizes(cls, fmt: str, weights: dict) -> bool:
+    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
         return fmt == ct.NVFP4_PACK_QUANTIZED
 
     @classmethod
-    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
         packed, scale = params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE]
         return nvfp4.dequantize(nvfp4.Nvfp4Weight(packed, scale, params[names.WEIGHT_GLOBAL_SCALE]))
 
@@ -108,18 +108,20 @@ class Nvfp4W4A4(Nvfp4):
     def config_group_name(self) -> str:
         return "NVFP4"
 
-    def weight_args(self) -> dict:
+    def weight_args(self) -> dict[str, Any]:
         # as llm-compressor's oneshot writes the NVFP4 preset's weights (its memoryless observer named)
         return dict(super().weight_args(), observer="memoryless_minmax")
 
-    def input_args(self) -> dict:
+    def input_args(self) -> dict[str, Any]:
         args = ct.weight_args(4, True, 16, type_="float", strategy="tensor_group", scale_dtype="torch.float8_e4m3fn")
         return dict(args, dynamic="local", observer="static_minmax")
 
     def input_params(self, input_absmax: float, weight_dtype: str) -> list[tuple[str, np.ndarray]]:
-        dtype = DTYPES[weight_dtype].numpy
+        dtype = DTYPES[weight_dtype].storage
         amax = np.float32(np.float32(input_absmax).astype(dtype))  # the observer's maximum is an activation
-        return [(names.INPUT_GLOBAL_SCALE, np.array([nvfp4.global_scale(amax, int4.mode_of(dtype))], np.float32))]
+        return [
+            (names.INPUT_GLOBAL_SCALE, np.array([nvfp4.global_scale(float(amax), int4.mode_of(dtype))], np.float32))
+        ]
 
     def weights_words(self) -> str:
         return (

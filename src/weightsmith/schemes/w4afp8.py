@@ -36,7 +36,7 @@ class W4Afp8(Int4):
     def config_group_name(self) -> str:
         return "W4AFP8"
 
-    def input_args(self) -> dict:
+    def input_args(self) -> dict[str, Any]:
         return dynamic_activations(eightbit.FLOAT, "token")
 
     def encode(
@@ -54,10 +54,10 @@ class W4Afp8(Int4):
         ], -1
 
     @classmethod
-    def recognizes(cls, fmt: str, weights: dict) -> bool:
+    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
         return fmt in ct.UNPACKED_FORMATS and weights.get("type") == "int" and weights.get("num_bits") == 4
 
     @classmethod
-    def decode(cls, weights: dict, params: dict[str, np.ndarray]) -> np.ndarray:
+    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
         q = params[names.WEIGHT]
         return eightbit.dequantize(eightbit.EightBitWeight(q, params[names.WEIGHT_SCALE]), block_of(weights, q.shape))

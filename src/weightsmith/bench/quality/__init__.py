@@ -1,1 +1,1 @@
-"""Quality A/B: task scenarios sent through the server, checked, and compared between arms."""
+"""Quality A/B through the server: scenarios, their checks, and verdicts read against each arm's own noise."""
