@@ -15,7 +15,7 @@ from weightsmith.bench import client as cl
 from weightsmith.bench.config import parse_config
 from weightsmith.bench.quality import sandbox
 from weightsmith.bench.quality.runs import prepare
-from weightsmith.bench.report import RESULTS_FILE, write_results_file
+from weightsmith.bench.report import RESULTS_FILE, write_all, write_results_file
 from weightsmith.bench.results import VISIT_OK, load_results
 from weightsmith.bench.runner import run_bench
 
@@ -133,6 +133,15 @@ def test_quality_runs_in_the_first_visit_and_leave_the_window_alone(tmp_path: Pa
     write_results_file(results, None, tmp_path / "out")
     again = load_results(tmp_path / "out" / RESULTS_FILE)
     assert again.quality == results.quality
+    # the report reads them: arm b's three misses are the discordant scenarios, none a within-arm flip
+    analysis, files = write_all(results, tmp_path / "report")
+    assert analysis.quality is not None
+    (comparison,) = analysis.quality.comparisons
+    assert (comparison.baseline, comparison.arm) == ("a", "b")
+    assert sorted(comparison.baseline_better) == ["double", "mul", "weather"]
+    assert comparison.arm_better == [] and comparison.also_flip == []
+    section = files["report"].read_text().split("## Quality", 1)[1]
+    assert "2 run(s) per arm" in section and "`b`" in section
 
 
 def test_a_bad_suite_stops_the_run_before_any_server(tmp_path: Path) -> None:
