@@ -78,7 +78,13 @@ def test_builtin_suites_on_llama_server(
         for o in q.outcomes:
             print(f"  {q.arm} r{q.run} {o.scenario:40} {'pass' if o.passed else 'FAIL'} {o.detail[:90]}")
 
-    _, files = write_all(results, tmp_path / "report")
-    assert files["report"].is_file()
+    analysis, files = write_all(results, tmp_path / "report")
     again = load_results(files["results"])
     assert again.quality == results.quality
+    # the report's Quality section and its plot are written from these runs
+    assert analysis.quality is not None and [a.arm for a in analysis.quality.arms] == ["smollm2-a", "smollm2-b"]
+    report = files["report"].read_text()
+    section = report.split("## Quality", 1)[1]
+    assert f"`{suite}`" in section and "2 run(s) per arm" in section and "smollm2-b" in section
+    assert files["quality"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(section.split("\n## ", 1)[0][:3000])
