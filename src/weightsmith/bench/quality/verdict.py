@@ -264,7 +264,7 @@ def _compare(
             reasons.append(f"{untied} differing scenario(s) cannot reach p < {alpha:g} in a sign test")
         else:
             reasons.append(f"sign test p = {c.p:.3g} >= {alpha:g}")
-    if c.floor is not None and c.between <= c.floor:
+    if c.floor is not None and c.between <= c.floor and c.p is not None:
         reasons.append(
             f"a run of each disagrees on {_count(c.between)} scenarios on average, not more than the "
             f"{_count(c.floor)} on which two of `{c.floor_arm}`'s own runs disagree"
