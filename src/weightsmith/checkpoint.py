@@ -26,6 +26,8 @@ CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 SHARD_SUFFIX = ".safetensors"
+#: The shard `transplant` and `calibrate-kv` add to a checkpoint (KV-cache scales, usually).
+DEFAULT_SHARD = "model-kvscales.safetensors"
 
 #: Index problems that do not stop a reader from finding every tensor.
 TOLERABLE_INDEX_CODES = frozenset({"index.total-size"})

@@ -18,9 +18,8 @@ from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8, layouts, modelopt
-from weightsmith.formats.layouts import Layout
+from weightsmith.formats.layouts import Layout, parse_block
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS
-from weightsmith.quant.fp8 import parse_block
 from weightsmith.targets import Groups, Targets
 from weightsmith.terminal import short_repr
 

@@ -10,8 +10,7 @@ read these facts here, so neither accepts what the other refuses.
 from __future__ import annotations
 
 from weightsmith import names
-from weightsmith.formats.layouts import Args, Layout
-from weightsmith.quant.fp8 import Block, parse_block
+from weightsmith.formats.layouts import Args, Block, Layout, parse_block
 
 QUANT_METHOD = "fp8"
 BLOCK_KEY = "weight_block_size"

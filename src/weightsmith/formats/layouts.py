@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import MX_GROUP, NVFP4_GROUP
+from weightsmith.terminal import short_repr
 
 #: `Tensor.dtype` of a float scale: stored in the weight's own float dtype, unless the config group
 #: declares a `scale_dtype` (compressed-tensors keeps a scale in the dtype of what it observed).
@@ -32,6 +33,23 @@ _UNPACKED_CODES = {"float": "F8_E4M3", "int": "I8"}
 #: Every compressed-tensors format a layout describes (`verify` says so of any other).
 FORMATS = frozenset({ct.PACK_QUANTIZED, ct.NVFP4_PACK_QUANTIZED, ct.MXFP4_PACK_QUANTIZED, ct.MXFP8_QUANTIZED})
 FORMATS |= frozenset(ct.UNPACKED_FORMATS)
+
+#: Rows x columns of weight one scale covers, recognised from the scale's shape (see `scale_block`).
+Block = tuple[int, int]
+
+
+def parse_block(value: object) -> Block:
+    """A declared block size (`weight_block_size`, `block_structure`): [rows, cols] of positive integers.
+
+    Raises ValueError saying what is wrong, for the caller to name the file and key.
+    """
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(type(v) is int and v > 0 for v in value)  # bool is not a block size
+    ):
+        raise ValueError(f"is {short_repr(value)}, not a list of two positive integers (rows, cols)")
+    return value[0], value[1]
 
 
 @dataclass(frozen=True)
