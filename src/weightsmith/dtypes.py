@@ -44,7 +44,8 @@ def _numpy_dtype(storage: str) -> np.dtype:
     import numpy as np
 
     module, _, name = storage.rpartition(".")
-    return np.dtype(getattr(importlib.import_module(module), name))
+    dtype: np.dtype = np.dtype(getattr(importlib.import_module(module), name))
+    return dtype
 
 
 # Declaration order of safetensors' `Dtype` enum (safetensors 0.8.0 `tensor.rs`). The reference

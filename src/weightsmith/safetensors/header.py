@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _no_duplicates(path: Path):
+def _no_duplicates(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
     def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
         doc = dict(pairs)
         if len(doc) != len(pairs):
@@ -117,7 +118,7 @@ def _int_or_negative_zero(literal: str) -> int:
     return _NegativeZero(0) if literal == "-0" else int(literal)
 
 
-def _no_constants(path: Path):
+def _no_constants(path: Path) -> Callable[[str], object]:
     def hook(literal: str) -> object:
         raise _fail(path, "header.not-json", f"header is not valid JSON ({literal} is not a JSON value)")
 
@@ -237,7 +238,7 @@ def parse_header(path: Path, prefix: bytes, file_size: int, max_tensors: int = M
         raise _fail(path, "header.not-utf8", f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     if not text.lstrip(" \t\r\n").startswith("{"):
         raise _fail(path, "header.not-json", "header does not start with a JSON object")
-    doc = _without_duplicates(text)
+    doc: object = _without_duplicates(text)
     if doc is None:  # a duplicate name or key, or not JSON: the strict decoder says which, and where
         doc = _strict_json(path, text)
     if not isinstance(doc, dict):
@@ -348,7 +349,7 @@ def read_header(path: str | os.PathLike[str], max_tensors: int = MAX_TENSORS) ->
     except FileNotFoundError:
         raise HeaderError("does not exist", file=path, code="file.missing") from None
     except NotRegularFile as exc:
-        raise HeaderError(exc.strerror, file=path, code="file.not-regular") from None
+        raise HeaderError(str(exc.strerror), file=path, code="file.not-regular") from None
     except OSError as exc:
         raise HeaderError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
     return parse_header(path, head, size, max_tensors)
