@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from weightsmith import __version__
+from weightsmith import __version__, blas_probe
 from weightsmith.errors import WeightsmithError
 
 #: The module that adds each top-level command, in help order. Only the module of the command a
@@ -60,7 +60,8 @@ SUMMARIES = {
 }
 #: Commands that multiply no matrices. numpy and scipy each load an OpenBLAS that starts a thread
 #: per core, which spins for about a tenth of a second looking for work: CPU the quantize workers
-#: need (5-10% of a one-second run on two cores). For these commands OpenBLAS starts none.
+#: need (5-10% of a one-second run on two cores). For these commands OpenBLAS starts none, and
+#: numba's BLAS probe is answered without importing scipy.linalg (`blas_probe`).
 NO_BLAS_THREADS = ("quantize", "demo")
 err_console = Console(stderr=True, highlight=False)
 
@@ -114,8 +115,10 @@ def build_app(args: list[str]) -> typer.Typer:
         for name, summary in SUMMARIES.items():
             app.command(name, help=summary)(_listed_only)
         return app
-    if args[0] in NO_BLAS_THREADS and "numpy" not in sys.modules:  # read once, as numpy loads
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if args[0] in NO_BLAS_THREADS:
+        if "numpy" not in sys.modules:  # read once, as numpy loads
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        blas_probe.skip()
     importlib.import_module(named).register(app)
     return app
 
