@@ -43,6 +43,7 @@ bench: $(VENV)/.test $(VENV)/.kernels
 	for s in fp8-dynamic fp8-block w8a16 w8a8 w4afp8 mxfp4a16 mxfp8a16; do \
 		$(BIN)/python benchmarks/quantize_speed.py --gib 0.5 --scheme $$s || exit 1; done
 	$(BIN)/python benchmarks/scale_search_speed.py
+	$(BIN)/python benchmarks/inspect_speed.py
 
 # The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.
 fidelity: $(VENV)/.test
