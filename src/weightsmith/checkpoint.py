@@ -179,7 +179,11 @@ def index_problems(index_path: Path, index: dict, headers: dict[str, Header]) ->
     """
     problems: list[CheckpointError] = []
     weight_map: dict[str, str] = index["weight_map"]
-    for name, shard in weight_map.items():
+    held: dict[str, str] = {}  # each name -> the first shard that holds it, built without a Python loop
+    for holder, holder_header in reversed(headers.items()):
+        held.update(dict.fromkeys(holder_header.tensors, holder))
+    agree = held == weight_map  # then no entry is missing, unlisted or misplaced: only duplicates are left
+    for name, shard in () if agree else weight_map.items():
         header = headers.get(shard)
         if header is not None and name not in header.tensors:
             problems.append(
@@ -192,7 +196,7 @@ def index_problems(index_path: Path, index: dict, headers: dict[str, Header]) ->
             )
     problems.extend(duplicate_tensors(headers))
     seen: set[str] = set()
-    for shard, header in headers.items():
+    for shard, header in () if agree else headers.items():
         for name in header.tensors:
             if name in seen:  # a duplicate, reported above
                 continue

@@ -79,6 +79,7 @@ class QuantDeclaration:
         groups = {s.name: s.targets for s in self.schemes}
         self._groups = Groups(groups, CONFIG_FILE, strict=False)
         self._by_name = {s.name: s for s in self.schemes}
+        self._layouts: dict[Scheme, Layout | None] = {}
         self._ignore = Targets(
             self.ignore, "quantization_config ignore", CONFIG_FILE, wildcards=self.fnmatch_ignore, strict=False
         )
@@ -113,11 +114,14 @@ class QuantDeclaration:
     def layout(self, scheme: Scheme) -> Layout | None:
         """The tensors a module stored under `scheme` must have (a `FLOAT_SCALE` dtype: one of
         `scheme.scale_dtypes`), or None for a format no layout describes."""
-        if self.method == MODELOPT:
-            return modelopt.LAYOUTS.get(scheme.format or "")
-        if self.method == HF_FP8:
-            return hf_fp8.layout(scheme.block)
-        return layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
+        if scheme not in self._layouts:  # asked once per module: 100k times on a large MoE
+            if self.method == MODELOPT:
+                self._layouts[scheme] = modelopt.LAYOUTS.get(scheme.format or "")
+            elif self.method == HF_FP8:
+                self._layouts[scheme] = hf_fp8.layout(scheme.block)
+            else:
+                self._layouts[scheme] = layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
+        return self._layouts[scheme]
 
 
 def read_declaration(config: dict[str, Any] | None, hf_quant_config: dict[str, Any] | None) -> QuantDeclaration | None:

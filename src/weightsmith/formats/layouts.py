@@ -18,7 +18,7 @@ dimension), `compressors/nvfp4`, `compressors/mx` (E8M0 scales as uint8) and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
@@ -138,9 +138,24 @@ class Layout:
     #: The activations' calibrated scale, when activations keep one, and its dtype.
     input_scale: str | None = None
     input_dtype: str | None = "F32"
+    #: `tensors` by (out, in_features, inputs), filled as asked.
+    _shapes: dict[tuple[int, int, bool], dict[str, Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def tensors(self, out: int, in_features: int, inputs: bool = True) -> dict[str, Tensor]:
-        """Parameter name -> tensor, for a weight [out, in_features]; `inputs`: with the activation scale."""
+        """Parameter name -> tensor, for a weight [out, in_features]; `inputs`: with the activation scale.
+
+        A new dict each call (callers may change it) of tensors computed once per shape: the
+        modules of a MoE share a few shapes, and `verify` asks for each of 100k modules.
+        """
+        key = (out, in_features, inputs)
+        found = self._shapes.get(key)
+        if found is None:
+            found = self._shapes[key] = self._tensors(out, in_features, inputs)
+        return dict(found)
+
+    def _tensors(self, out: int, in_features: int, inputs: bool) -> dict[str, Tensor]:
         found = {self.codes: Tensor(self.codes_dtype, (out, math.ceil(in_features * self.code_bits / self.word_bits)))}
         if self.scale_block is None:
             scale = _one(self.scale_dtype)
