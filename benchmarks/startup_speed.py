@@ -57,6 +57,8 @@ class Runs:
         self.cpus.append(cpu)
 
     def line(self) -> str:
+        if len(self.walls) == 1:
+            return f"  {self.label:44s} wall {self.walls[0]:6.3f} s, CPU {self.cpus[0]:6.3f} s{self.note}"
         return (
             f"  {self.label:44s} wall median {statistics.median(self.walls):6.3f} s (best {min(self.walls):.3f}), "
             f"CPU median {statistics.median(self.cpus):6.3f} s{self.note}"
