@@ -22,7 +22,8 @@ STATUS_ORDER = (QUANTIZED, IGNORED, NOT_TARGETED, MISSED, QUANTIZED_IGNORED, QUA
 
 
 def status_of(decl: QuantDeclaration, module: Module) -> str:
-    return status(module, decl.scheme_for(module.name, module.lm_head) is not None, decl.ignored(module.name))
+    scheme, ignored = decl.resolve(module)
+    return status(module, scheme is not None, ignored)
 
 
 def status(module: Module, targeted: bool, ignored: bool) -> str:
