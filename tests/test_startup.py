@@ -48,3 +48,36 @@ def test_quantize_starts_openblas_without_its_thread_pool_unless_the_user_chose(
     assert _blas_threads("quantize") == "1 True"  # set before numpy loaded
     assert _blas_threads("quantize", env={"OPENBLAS_NUM_THREADS": "3"}) == "3 True"
     assert _blas_threads("inspect").split()[0] == "None"  # other commands: untouched
+
+
+KERNEL_WITHOUT_SCIPY = """
+import sys
+import ml_dtypes, numpy as np
+from weightsmith import blas_probe
+from weightsmith.schemes import make_scheme
+blas_probe.skip()
+x = np.ones((8, 128), ml_dtypes.bfloat16)
+packed = make_scheme("w4a16", None, None).encode(x, 0, x.shape, None)
+loaded = "scipy.linalg" in sys.modules
+import scipy.linalg  # any later import is the real one
+print(loaded, scipy.linalg.__name__)
+"""
+
+
+def test_running_a_kernel_after_skip_does_not_import_scipy_linalg() -> None:
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", KERNEL_WITHOUT_SCIPY], capture_output=True, text=True, env=environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "scipy.linalg"]
+
+
+def test_quantize_skips_the_blas_probe_and_other_commands_do_not() -> None:
+    script = BLAS_THREADS.replace(
+        'print(os.environ.get("OPENBLAS_NUM_THREADS"), "numpy" in sys.modules)',
+        'print(any(type(f).__name__ == "_NoBlasProbe" for f in sys.meta_path))',
+    )
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    for command, expected in (("quantize", "True"), ("demo", "True"), ("inspect", "False")):
+        done = subprocess.run([sys.executable, "-c", script, command], capture_output=True, text=True, env=environ)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == expected, command

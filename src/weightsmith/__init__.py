@@ -7,7 +7,11 @@ without loading the quantize kernels.
 
 from __future__ import annotations
 
-from typing import Any
+#: `typing.TYPE_CHECKING` without importing typing: `python -m weightsmith` runs this file before the
+#: command line can answer Ctrl-C with one line (`__main__`), so it imports nothing at all.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "plan_quantize", "quantize"]

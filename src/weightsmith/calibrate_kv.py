@@ -22,8 +22,8 @@ import typer
 from rich.console import Console
 
 from weightsmith import calibrated, calibration, names
-from weightsmith.audit.transplant import DEFAULT_SHARD, add_tensors, check_kv_target
-from weightsmith.checkpoint import Checkpoint, read_json
+from weightsmith.audit.transplant import add_tensors, check_kv_target
+from weightsmith.checkpoint import DEFAULT_SHARD, Checkpoint, read_json
 from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint

@@ -28,6 +28,8 @@ CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 SHARD_SUFFIX = ".safetensors"
+#: The shard `transplant` and `calibrate-kv` add to a checkpoint (KV-cache scales, usually).
+DEFAULT_SHARD = "model-kvscales.safetensors"
 
 #: Index problems that do not stop a reader from finding every tensor.
 TOLERABLE_INDEX_CODES = frozenset({"index.total-size"})
@@ -183,7 +185,11 @@ def index_problems(index_path: Path, index: dict[str, Any], headers: dict[str, H
     """
     problems: list[CheckpointError] = []
     weight_map: dict[str, str] = index["weight_map"]
-    for name, shard in weight_map.items():
+    held: dict[str, str] = {}  # each name -> the first shard that holds it, built without a Python loop
+    for holder, holder_header in reversed(headers.items()):
+        held.update(dict.fromkeys(holder_header.tensors, holder))
+    agree = held == weight_map  # then no entry is missing, unlisted or misplaced: only duplicates are left
+    for name, shard in () if agree else weight_map.items():
         header = headers.get(shard)
         if header is not None and name not in header.tensors:
             problems.append(
@@ -196,7 +202,7 @@ def index_problems(index_path: Path, index: dict[str, Any], headers: dict[str, H
             )
     problems.extend(duplicate_tensors(headers))
     seen: set[str] = set()
-    for shard, header in headers.items():
+    for shard, header in () if agree else headers.items():
         for name in header.tensors:
             if name in seen:  # a duplicate, reported above
                 continue

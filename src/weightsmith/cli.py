@@ -17,12 +17,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from weightsmith import __version__
+from weightsmith import __version__, blas_probe
 from weightsmith.errors import WeightsmithError
 
 #: The module that adds each top-level command, in help order. Only the module of the command a
 #: command line names is imported: `weightsmith inspect` then starts without numba, scipy or httpx,
-#: which the other commands need. `--help` and unknown names load them all.
+#: which the other commands need.
 COMMAND_MODULES = {
     "quantize": "weightsmith.cli_quantize",
     "demo": "weightsmith.cli_quantize",
@@ -30,16 +30,38 @@ COMMAND_MODULES = {
     "verify": "weightsmith.audit.commands",
     "transplant": "weightsmith.audit.commands",
     "diff": "weightsmith.audit.commands",
-    "bench": "weightsmith.bench.cli",
     "eval": "weightsmith.fidelity.cli",
     "calibrate": "weightsmith.engine.cli",
     "calibrate-kv": "weightsmith.calibrate_kv",
     "card": "weightsmith.card.cli",
     "preflight": "weightsmith.preflight.cli",
+    "bench": "weightsmith.bench.cli",
+}
+#: Each command's line in `weightsmith --help`: the first paragraph of its own help. The list is
+#: shown from here, so that `--help` (and a mistyped name) imports none of the command modules,
+#: which take a second to load between them; tests/test_cli.py holds each line to its command's.
+SUMMARIES = {
+    "quantize": "Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe "
+    "of several).",
+    "demo": "Make a DFlash-like draft, quantize it with the dflash-draft preset, verify it, print sizes.",
+    "inspect": "Where the bytes are: per category, dtype or layer, with bits per parameter. Reads headers only.",
+    "verify": "Everything that can be wrong on disk. Exit 0 clean, 1 defects found, 2 cannot read at all.",
+    "transplant": "Copy selected tensors (e.g. KV-cache scales) into a new shard of TARGET, re-index and declare.",
+    "diff": "Which tensors are byte-identical (blake2b), which differ and by how much. Exit 1 if any differ.",
+    "eval": "How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity.",
+    "calibrate": "Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by "
+    "layer.",
+    "calibrate-kv": "Measure FP8 KV-cache scales (k_scale, v_scale) on calibration text and add them to a "
+    "checkpoint.",
+    "card": "A model card with only measured numbers, each citing its file and field. Exit 1 when --check fails.",
+    "preflight": "Will this vLLM load and serve this pair correctly? Read from its source and the checkpoints, "
+    "no GPU.",
+    "bench": "A/B serving benchmarks: arms from a TOML file, counterbalanced, with honest statistics.",
 }
 #: Commands that multiply no matrices. numpy and scipy each load an OpenBLAS that starts a thread
 #: per core, which spins for about a tenth of a second looking for work: CPU the quantize workers
-#: need (5-10% of a one-second run on two cores). For these commands OpenBLAS starts none.
+#: need (5-10% of a one-second run on two cores). For these commands OpenBLAS starts none, and
+#: numba's BLAS probe is answered without importing scipy.linalg (`blas_probe`).
 NO_BLAS_THREADS = ("quantize", "demo")
 err_console = Console(stderr=True, highlight=False)
 
@@ -89,11 +111,21 @@ def build_app(args: list[str]) -> typer.Typer:
     )
     app.callback()(_root)  # a root callback also keeps a one-command app a group
     named = COMMAND_MODULES.get(args[0]) if args else None
-    if args and args[0] in NO_BLAS_THREADS and "numpy" not in sys.modules:  # read once, as numpy loads
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    for module in [named] if named else dict.fromkeys(COMMAND_MODULES.values()):
-        importlib.import_module(module).register(app)
+    if named is None:  # `--help`, `--version`, no command or a mistyped one: the list, from the table
+        for name, summary in SUMMARIES.items():
+            app.command(name, help=summary)(_listed_only)
+        return app
+    if args[0] in NO_BLAS_THREADS:
+        if "numpy" not in sys.modules:  # read once, as numpy loads
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        blas_probe.skip()
+    importlib.import_module(named).register(app)
     return app
+
+
+def _listed_only() -> None:
+    """Stands for a command in the list `--help` prints; `build_app` adds the real one before it can run."""
+    raise AssertionError("a listed-only command ran")
 
 
 def main() -> None:

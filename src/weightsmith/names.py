@@ -78,14 +78,22 @@ def leaf(module: str) -> str:
     return module.rpartition(".")[2]
 
 
+#: Each shard's last component -> (its fused layer's, all its shards'), the first group naming it winning.
+_FUSED_BY_SHARD: dict[str, tuple[str, tuple[str, ...]]] = {}
+for _fused, _parts in (*FUSED_LAYERS.items(), *(("w13", p) for p in FUSED_EXPERT_PAIRS)):
+    for _part in _parts:
+        _FUSED_BY_SHARD.setdefault(_part, (_fused, _parts))
+
+
 def fused_partners(module: str) -> tuple[str, tuple[str, ...]] | None:
     """For a shard of a fused layer, the fused layer's name and all its shards' module names."""
     parent, _, last = module.rpartition(".")
-    for fused, parts in (*FUSED_LAYERS.items(), *(("w13", p) for p in FUSED_EXPERT_PAIRS)):
-        if last in parts:
-            prefix = f"{parent}." if parent else ""
-            return prefix + fused, tuple(prefix + p for p in parts)
-    return None
+    found = _FUSED_BY_SHARD.get(last)
+    if found is None:
+        return None
+    fused, parts = found
+    prefix = f"{parent}." if parent else ""
+    return prefix + fused, tuple(prefix + p for p in parts)
 
 
 # --- KV-cache scales ---

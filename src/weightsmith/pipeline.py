@@ -129,7 +129,7 @@ def _fused_targets(plan: Plan) -> list[int]:
 
 def kernel_dtype(plan: Plan, d: Decision) -> np.dtype:
     """What the kernels see of a source weight: FP8 inputs arrive decoded to BF16."""
-    return np.dtype(ml_dtypes.bfloat16) if d.scale else plan.source.tensors[d.name].info.dtype.storage
+    return np.dtype(ml_dtypes.bfloat16) if d.scale else plan.source.tensors[d.name].info.dtype.element
 
 
 class _Runner:
@@ -229,7 +229,7 @@ class _Runner:
 
     def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
         """Rows [r0, r1) of a source weight in a reused buffer; FP8 rows decoded to BF16 with their scale."""
-        dtype = info.dtype.storage
+        dtype = info.dtype.element
         buf = self.scratch.get("in", (r1 - r0) * info.shape[1] * dtype.itemsize).view(dtype)
         rows = reader.read_rows(info, r0, r1, buf)
         if d.scale is None:

@@ -29,8 +29,8 @@ from weightsmith.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS, from_numpy
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8
+from weightsmith.formats.layouts import Block
 from weightsmith.quant import fp8
-from weightsmith.quant.fp8 import Block
 from weightsmith.recipe import Recipe, Rule
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes import Scheme

@@ -106,6 +106,53 @@ def fused_layer(module: str) -> str | None:
     return fused[0]
 
 
+#: An exact name with an all-digit path component (`model.layers.3.mlp`): it tells layers apart.
+_NUMBERED = re.compile(r"(?:^|\.)\d+(?:\.|$)")
+
+
+def number_blind(entries: Iterable[str]) -> bool:
+    """Whether these target or ignore entries answer alike for any two module names that differ only
+    in their all-digit path components (`layers.3` and `layers.17`, `experts.0` and `experts.255`).
+
+    True when no exact name has an all-digit component and every `re:` pattern is written from
+    literals other than digits, `.*`, `*` after a literal or group, groups and `(?:...)`, `|`, `^`
+    and `$`: such a pattern can match a run of digits only with `.*`, which matches any other run
+    as well. Anything that might count or spell digits (a digit, `\\d` or any letter escape, `[...]`,
+    `{m,n}`, `+`, `?`, a lone `.`, inline flags) leaves the answer to each name. The audit then
+    resolves a 100k-module MoE once per name pattern instead of once per module.
+    """
+    for entry in entries:
+        if entry.startswith(REGEX):
+            if not _blind_regex(entry[len(REGEX) :]):
+                return False
+        elif _NUMBERED.search(entry):
+            return False
+    return True
+
+
+def _blind_regex(text: str) -> bool:
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":  # an escaped punctuation mark is a literal; a letter or digit escape is a class or a reference
+            if text[i + 1 : i + 2].isalnum() or i + 1 == len(text):
+                return False
+            i += 2
+        elif c == ".":
+            if text[i + 1 : i + 2] != "*":
+                return False
+            i += 2
+        elif c == "(" and text[i + 1 : i + 2] == "?":
+            if text[i + 2 : i + 3] != ":":
+                return False
+            i += 3
+        elif c.isdigit() or c in "[]{}+?":
+            return False
+        else:
+            i += 1
+    return True
+
+
 class Targets:
     """Ordered entries: exact module names, `re:` regexes, class names (`Linear`), or fnmatch wildcards.
 
@@ -154,9 +201,13 @@ class Targets:
 
     def first(self, *modules: str) -> str | None:
         """The earliest entry that equals or `re.match`es any of `modules` by name (vLLM's `_find_first_match`)."""
-        best = min((self._exact[m] for m in modules if m in self._exact), default=len(self.entries))
+        best = len(self.entries)
+        exact, patterns, combined = self._exact, self._patterns, self._combined  # once per module of a 100k MoE
         for module in modules:
-            hit = _first_match(self._patterns, self._combined, module)
+            hit = exact.get(module)
+            if hit is not None and hit < best:
+                best = hit
+            hit = _first_match(patterns, combined, module) if patterns else None
             if hit is not None and hit < best:
                 best = hit
         return self.entries[best] if best < len(self.entries) else None

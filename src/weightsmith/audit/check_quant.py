@@ -68,8 +68,8 @@ def _describe(scheme: Scheme) -> str:
 
 
 def _module_findings(decl: QuantDeclaration, module: Module, reads: SmallReads) -> list[Finding]:
-    status = cov.status_of(decl, module)
-    scheme = decl.scheme_for(module.name, module.lm_head)
+    scheme, ignored = decl.resolve(module)
+    status = cov.status(module, scheme is not None, ignored)
     if status == cov.MISSED:
         assert scheme is not None  # a module is missed only when a scheme targets it
         dtype = _main(module).info.dtype.code

@@ -2,6 +2,8 @@
 
 `register(app)` adds them to the project's typer app. Input problems surface as `WeightsmithError`
 (one line, exit 2, printed by `cli.main`); `verify` and `diff` exit 1 when they find something.
+`verify`, `transplant` and `diff` import their modules when they run, so that `inspect` starts
+without what they need to read values (numpy).
 """
 
 from __future__ import annotations
@@ -12,11 +14,8 @@ from typing import Annotated
 import typer
 
 from weightsmith.audit import render
-from weightsmith.audit.diff import diff
 from weightsmith.audit.inspect import VIEWS, inspect
-from weightsmith.audit.transplant import DEFAULT_SHARD, transplant
-from weightsmith.audit.verify import verify
-from weightsmith.interrupt import terminate_as_interrupt
+from weightsmith.checkpoint import DEFAULT_SHARD
 
 
 def _inspect(
@@ -42,6 +41,8 @@ def _verify(
     ] = False,
 ) -> None:
     """Everything that can be wrong on disk. Exit 0 clean, 1 defects found, 2 cannot read at all."""
+    from weightsmith.audit.verify import verify
+
     report = verify(checkpoint, scan=scan_values)
     if as_json:
         print(render.to_json(report))
@@ -65,6 +66,9 @@ def _transplant(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Copy selected tensors (e.g. KV-cache scales) into a new shard of TARGET, re-index and declare."""
+    from weightsmith.audit.transplant import transplant
+    from weightsmith.interrupt import terminate_as_interrupt
+
     with terminate_as_interrupt():  # the partial output is removed, as on Ctrl-C
         result = transplant(donor, target, select, shard=shard, out=out, replace=replace)
     if as_json:
@@ -79,6 +83,8 @@ def _diff(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Which tensors are byte-identical (blake2b), which differ and by how much. Exit 1 if any differ."""
+    from weightsmith.audit.diff import diff
+
     report = diff(a, b)
     if as_json:
         print(render.to_json(report))

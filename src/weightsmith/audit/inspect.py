@@ -10,11 +10,10 @@ the category whose weights they serve.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from weightsmith import names
 from weightsmith.audit.coverage import Coverage, coverage
@@ -23,7 +22,6 @@ from weightsmith.audit.quant_config import QuantDeclaration, read_declaration
 from weightsmith.audit.survey import Survey, gc_paused, survey
 from weightsmith.errors import CheckpointError
 from weightsmith.safetensors.header import TensorInfo
-from weightsmith.safetensors.reader import ShardReader
 
 BY_CATEGORY, BY_DTYPE, BY_LAYER = "category", "dtype", "layer"
 VIEWS = (BY_CATEGORY, BY_DTYPE, BY_LAYER)
@@ -210,10 +208,12 @@ class _Counter:
                 f"{module.name}: packed weight with no bit width in the config and no weight_shape; counted as stored"
             )
             return info.numel
+        from weightsmith.safetensors.reader import ShardReader  # here: inspect starts without numpy
+
         with ShardReader(self.found.path(ref.shard), self.found.headers[ref.shard]) as reader:
             shape = reader.read(f"{module.name}.{names.WEIGHT_SHAPE}")
         self._shapes_read += 1
-        return int(np.prod(shape.astype(np.int64)))
+        return math.prod(int(n) for n in shape)
 
     def rows(self, by: str) -> list[Row]:
         if by == BY_CATEGORY:

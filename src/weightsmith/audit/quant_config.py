@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8, layouts, modelopt
-from weightsmith.formats.layouts import Layout
+from weightsmith.formats.layouts import Layout, parse_block
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS
-from weightsmith.quant.fp8 import parse_block
-from weightsmith.targets import Groups, Targets
+from weightsmith.targets import Groups, Targets, number_blind
 from weightsmith.terminal import short_repr
+
+if TYPE_CHECKING:
+    from weightsmith.audit.modules import Module
 
 MODELOPT, HF_FP8 = "modelopt", hf_fp8.QUANT_METHOD
 HF_FP8_BLOCK = "fp8-block"
@@ -80,6 +82,10 @@ class QuantDeclaration:
         groups = {s.name: s.targets for s in self.schemes}
         self._groups = Groups(groups, CONFIG_FILE, strict=False)
         self._by_name = {s.name: s for s in self.schemes}
+        self._layouts: dict[Scheme, Layout | None] = {}
+        #: (scheme, ignored) by (name pattern, lm_head), when no entry can tell layer or expert numbers apart.
+        blind = not self.fnmatch_ignore and number_blind([*self.ignore, *(t for s in self.schemes for t in s.targets)])
+        self._by_pattern: dict[tuple[str, bool], tuple[Scheme | None, bool]] | None = {} if blind else None
         self._ignore = Targets(
             self.ignore, "quantization_config ignore", CONFIG_FILE, wildcards=self.fnmatch_ignore, strict=False
         )
@@ -94,6 +100,16 @@ class QuantDeclaration:
         """
         group = self._groups.group(module, lm_head)
         return None if group is None else self._by_name[group]
+
+    def resolve(self, module: Module) -> tuple[Scheme | None, bool]:
+        """`scheme_for` and `ignored` of a module, asked once per name pattern when the config allows."""
+        if self._by_pattern is None:
+            return self.scheme_for(module.name, module.lm_head), self.ignored(module.name)
+        key = (module.pattern, module.lm_head)
+        found = self._by_pattern.get(key)
+        if found is None:
+            found = self._by_pattern[key] = (self.scheme_for(module.name, module.lm_head), self.ignored(module.name))
+        return found
 
     def ignored(self, module: str) -> bool:
         """Listed in `ignore` itself, or its fused layer (`qkv_proj` for `q_proj`) listed exactly, as vLLM reads it.
@@ -114,11 +130,14 @@ class QuantDeclaration:
     def layout(self, scheme: Scheme) -> Layout | None:
         """The tensors a module stored under `scheme` must have (a `FLOAT_SCALE` dtype: one of
         `scheme.scale_dtypes`), or None for a format no layout describes."""
-        if self.method == MODELOPT:
-            return modelopt.LAYOUTS.get(scheme.format or "")
-        if self.method == HF_FP8:
-            return hf_fp8.layout(scheme.block)
-        return layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
+        if scheme not in self._layouts:  # asked once per module: 100k times on a large MoE
+            if self.method == MODELOPT:
+                self._layouts[scheme] = modelopt.LAYOUTS.get(scheme.format or "")
+            elif self.method == HF_FP8:
+                self._layouts[scheme] = hf_fp8.layout(scheme.block)
+            else:
+                self._layouts[scheme] = layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
+        return self._layouts[scheme]
 
 
 def read_declaration(config: dict[str, Any] | None, hf_quant_config: dict[str, Any] | None) -> QuantDeclaration | None:

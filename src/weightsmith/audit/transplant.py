@@ -28,7 +28,7 @@ from weightsmith.audit.findings import ERROR
 from weightsmith.audit.quant_config import MODELOPT, read_declaration
 from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
-from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
+from weightsmith.checkpoint import CONFIG_FILE, DEFAULT_SHARD, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
 from weightsmith.dtypes import from_numpy
 from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import copy_new, name_problem, write_json_new
@@ -40,7 +40,6 @@ from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 from weightsmith.targets import Targets
 
-DEFAULT_SHARD = "model-kvscales.safetensors"
 HASH = "blake2b-256"
 #: What llm-compressor writes for a static, per-tensor FP8 KV cache (the scales' meaning).
 CT_FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}

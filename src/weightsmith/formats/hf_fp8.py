@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from weightsmith import names
-from weightsmith.formats.layouts import Args, Layout
-from weightsmith.quant.fp8 import Block, parse_block
+from weightsmith.formats.layouts import Args, Block, Layout, parse_block
 
 QUANT_METHOD = "fp8"
 BLOCK_KEY = "weight_block_size"

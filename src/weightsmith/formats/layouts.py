@@ -18,12 +18,13 @@ dimension), `compressors/nvfp4`, `compressors/mx` (E8M0 scales as uint8) and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import MX_GROUP, NVFP4_GROUP
+from weightsmith.terminal import short_repr
 
 #: `Tensor.dtype` of a float scale: stored in the weight's own float dtype, unless the config group
 #: declares a `scale_dtype` (compressed-tensors keeps a scale in the dtype of what it observed).
@@ -33,6 +34,23 @@ _UNPACKED_CODES = {"float": "F8_E4M3", "int": "I8"}
 #: Every compressed-tensors format a layout describes (`verify` says so of any other).
 FORMATS = frozenset({ct.PACK_QUANTIZED, ct.NVFP4_PACK_QUANTIZED, ct.MXFP4_PACK_QUANTIZED, ct.MXFP8_QUANTIZED})
 FORMATS |= frozenset(ct.UNPACKED_FORMATS)
+
+#: Rows x columns of weight one scale covers, recognised from the scale's shape (see `scale_block`).
+Block = tuple[int, int]
+
+
+def parse_block(value: object) -> Block:
+    """A declared block size (`weight_block_size`, `block_structure`): [rows, cols] of positive integers.
+
+    Raises ValueError saying what is wrong, for the caller to name the file and key.
+    """
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(type(v) is int and v > 0 for v in value)  # bool is not a block size
+    ):
+        raise ValueError(f"is {short_repr(value)}, not a list of two positive integers (rows, cols)")
+    return value[0], value[1]
 
 
 @dataclass(frozen=True)
@@ -121,9 +139,24 @@ class Layout:
     #: The activations' calibrated scale, when activations keep one, and its dtype.
     input_scale: str | None = None
     input_dtype: str | None = "F32"
+    #: `tensors` by (out, in_features, inputs), filled as asked.
+    _shapes: dict[tuple[int, int, bool], dict[str, Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def tensors(self, out: int, in_features: int, inputs: bool = True) -> dict[str, Tensor]:
-        """Parameter name -> tensor, for a weight [out, in_features]; `inputs`: with the activation scale."""
+        """Parameter name -> tensor, for a weight [out, in_features]; `inputs`: with the activation scale.
+
+        A new dict each call (callers may change it) of tensors computed once per shape: the
+        modules of a MoE share a few shapes, and `verify` asks for each of 100k modules.
+        """
+        key = (out, in_features, inputs)
+        found = self._shapes.get(key)
+        if found is None:
+            found = self._shapes[key] = self._tensors(out, in_features, inputs)
+        return dict(found)
+
+    def _tensors(self, out: int, in_features: int, inputs: bool) -> dict[str, Tensor]:
         found = {self.codes: Tensor(self.codes_dtype, (out, math.ceil(in_features * self.code_bits / self.word_bits)))}
         if self.scale_block is None:
             scale = _one(self.scale_dtype)

@@ -18,26 +18,10 @@ import math
 import ml_dtypes
 import numpy as np
 
-from weightsmith.terminal import short_repr
+from weightsmith.formats.layouts import Block
 
-#: Rows x columns of weight one scale covers, recognised from the scale's shape (see `scale_block`).
-Block = tuple[int, int]
 #: The block HF fp8 and compressed-tensors FP8_BLOCK checkpoints use.
 DEFAULT_BLOCK: Block = (128, 128)
-
-
-def parse_block(value: object) -> Block:
-    """A declared block size (`weight_block_size`, `block_structure`): [rows, cols] of positive integers.
-
-    Raises ValueError saying what is wrong, for the caller to name the file and key.
-    """
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(type(v) is int and v > 0 for v in value)  # bool is not a block size
-    ):
-        raise ValueError(f"is {short_repr(value)}, not a list of two positive integers (rows, cols)")
-    return value[0], value[1]
 
 
 def scale_block(

@@ -157,17 +157,47 @@ def _no_lone_surrogates(path: Path, doc: dict[str, object]) -> None:
             raise _fail(path, "header.entry", f"entry holds {why}", key)
 
 
-def _int_list(value: object) -> list[int] | None:
-    """`value` if it is a list of integers that fit a u64 (the reference reader's `usize`), else None.
+def _without_duplicates(text: str) -> dict[str, object] | None:
+    """The decoded header when it is a JSON object without a repeated key in any object, else None.
 
-    A `_NegativeZero` fails the exact type test, as -0 fails the reference reader.
+    The plain decoder, with no Python call per object, then a count that proves no key repeats:
+    each member of an object is written with one `:` outside strings, so when the members of the
+    top-level object and of the objects it holds add up to every `:` in the text, no object lost a
+    member to a repeated key (and none deeper has members at all). A `:` inside a name only makes
+    the count disagree, which sends the header to `_strict_json`.
     """
-    if type(value) is not list:
+    try:
+        doc = json.loads(text, parse_constant=_refuse, parse_int=_int_or_negative_zero if "-0" in text else None)
+    except (ValueError, RecursionError):  # JSONDecodeError, or a NaN/Infinity literal
         return None
-    for v in value:  # a plain loop: this runs twice per tensor, 200k times on a large MoE
-        if type(v) is not int or v < 0 or v > _U64_MAX:
-            return None
-    return value
+    if type(doc) is not dict:
+        return None
+    members = len(doc)
+    for value in doc.values():
+        if type(value) is dict:
+            members += len(value)
+    return doc if members == text.count(":") else None
+
+
+def _refuse(literal: str) -> object:
+    raise ValueError(literal)
+
+
+def _strict_json(path: Path, text: str) -> object:
+    """Decode with a hook on every object that names a repeated key; one line for any other fault."""
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates(path),
+            parse_constant=_no_constants(path),
+            # a hook on every integer costs time; only a header that holds "-0" somewhere needs it
+            parse_int=_int_or_negative_zero if "-0" in text else None,
+        )
+    except HeaderError:
+        raise
+    except (json.JSONDecodeError, RecursionError) as exc:
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        raise _fail(path, "header.not-json", f"header is not valid JSON ({msg})") from None
 
 
 def _by_offsets(t: TensorInfo) -> tuple[int, int]:
@@ -208,19 +238,9 @@ def parse_header(path: Path, prefix: bytes, file_size: int, max_tensors: int = M
         raise _fail(path, "header.not-utf8", f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     if not text.lstrip(" \t\r\n").startswith("{"):
         raise _fail(path, "header.not-json", "header does not start with a JSON object")
-    try:
-        doc = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates(path),
-            parse_constant=_no_constants(path),
-            # a hook on every integer costs time; only a header that holds "-0" somewhere needs it
-            parse_int=_int_or_negative_zero if "-0" in text else None,
-        )
-    except HeaderError:
-        raise
-    except (json.JSONDecodeError, RecursionError) as exc:
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-        raise _fail(path, "header.not-json", f"header is not valid JSON ({msg})") from None
+    doc: object = _without_duplicates(text)
+    if doc is None:  # a duplicate name or key, or not JSON: the strict decoder says which, and where
+        doc = _strict_json(path, text)
     if not isinstance(doc, dict):
         raise _fail(path, "header.not-json", "header is not a JSON object")
     if _SURROGATE_ESCAPE.search(text):
@@ -234,7 +254,10 @@ def parse_header(path: Path, prefix: bytes, file_size: int, max_tensors: int = M
 
     data_start = 8 + n
     entries: list[TensorInfo] = []
-    append, dtypes = entries.append, DTYPES  # locals: this loop runs once per tensor, 100k+ times on a MoE
+    # This loop runs once per tensor, 100k+ times on a large MoE: the checks are written out inline,
+    # with the names they use bound locally, as a function call per check would double its cost.
+    append, dtypes, u64 = entries.append, DTYPES, _U64_MAX
+    in_order, last = True, (0, 0)  # writers list tensors in offset order: then no sort is needed
     for name, entry in doc.items():
         if type(entry) is not dict:
             raise _fail(path, "header.entry", "entry is not an object", name)
@@ -242,14 +265,26 @@ def parse_header(path: Path, prefix: bytes, file_size: int, max_tensors: int = M
         dtype = dtypes.get(code) if type(code) is str else None
         if dtype is None:
             raise _fail(path, "header.dtype", f"unknown dtype {code!r}", name)
-        shape = _int_list(entry.get("shape"))
-        offsets = _int_list(entry.get("data_offsets"))
-        if shape is None:
+        # integers that fit a u64 (the reference reader's `usize`); `type(v) is int` also refuses
+        # a `_NegativeZero`, as -0 fails the reference reader
+        shape = entry.get("shape")
+        numel = 1
+        if type(shape) is list:
+            for v in shape:
+                if type(v) is not int or v < 0 or v > u64:
+                    numel = -1
+                    break
+                numel *= v
+        if type(shape) is not list or numel < 0:
             raise _fail(path, "header.entry", "shape must be a list of non-negative integers", name)
-        if offsets is None or len(offsets) != 2 or offsets[1] < offsets[0]:
+        offsets = entry.get("data_offsets")
+        if type(offsets) is not list or len(offsets) != 2:
+            begin = end = -1
+        else:
+            begin, end = offsets
+        if type(begin) is not int or type(end) is not int or begin < 0 or end < begin or end > u64:
             raise _fail(path, "header.entry", "data_offsets must be [begin, end] with begin <= end", name)
-        begin, end = offsets
-        expected = dtype.nbytes(math.prod(shape))
+        expected = dtype.nbytes(numel)
         if expected is None:
             raise _fail(path, "header.misaligned", f"{dtype.code} {shape} does not end on a byte boundary", name)
         if expected != end - begin:
@@ -260,8 +295,12 @@ def parse_header(path: Path, prefix: bytes, file_size: int, max_tensors: int = M
                 name,
             )
         append(TensorInfo(name, dtype, tuple(shape), begin, end, data_start))
+        if in_order:
+            in_order = last <= (begin, end)
+            last = begin, end
 
-    entries.sort(key=_by_offsets)
+    if not in_order:
+        entries.sort(key=_by_offsets)
     cursor = 0
     for t in entries:
         if t.begin != cursor:

@@ -103,7 +103,7 @@ class Fp8Static(EightBit):
         return dict(_per_tensor(), observer="static_minmax")
 
     def input_params(self, input_absmax: float, weight_dtype: str) -> list[tuple[str, np.ndarray]]:
-        dtype = DTYPES[weight_dtype].storage
+        dtype = DTYPES[weight_dtype].element
         return [(names.INPUT_SCALE, np.array([eightbit.static_scale(input_absmax, dtype)], dtype))]
 
     def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:

@@ -117,7 +117,7 @@ class Nvfp4W4A4(Nvfp4):
         return dict(args, dynamic="local", observer="static_minmax")
 
     def input_params(self, input_absmax: float, weight_dtype: str) -> list[tuple[str, np.ndarray]]:
-        dtype = DTYPES[weight_dtype].storage
+        dtype = DTYPES[weight_dtype].element
         amax = np.float32(np.float32(input_absmax).astype(dtype))  # the observer's maximum is an activation
         return [
             (names.INPUT_GLOBAL_SCALE, np.array([nvfp4.global_scale(float(amax), int4.mode_of(dtype))], np.float32))
