@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -34,6 +35,7 @@ from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
 from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme
+from weightsmith.timesplit import TimeSplit
 
 #: Input bytes per row block: large enough to amortise calls, small enough that a block read,
 #: quantized and written stays in the processor's caches (32 MiB blocks cost 10% more CPU).
@@ -133,6 +135,7 @@ class _Runner:
         self.readers = readers
         self.writers = writers
         self.scratch = _Scratch()
+        self.timing = TimeSplit()
         self.cancelled = threading.Event()
         #: What the scheme's first pass over every target concluded, by module (FUSED schemes).
         self.tensor_params: dict[str, object] = {}
@@ -150,6 +153,10 @@ class _Runner:
         Run first on one worker: loading takes most of a second, which the other workers spend
         copying kept tensors instead of waiting for the kernel.
         """
+        with self.timing.phase("load"):
+            self._warm()
+
+    def _warm(self) -> None:
         firsts: dict[Scheme, Decision] = {}
         for d in self.plan.decisions:
             if d.action == QUANTIZE:
@@ -192,7 +199,8 @@ class _Runner:
             if self.cancelled.is_set():
                 break
             x = self._input(d, info, reader, r0, r1)
-            state, bad = scheme.observe(x, r0, info.shape, state)
+            with self.timing.phase("kernel"):
+                state, bad = scheme.observe(x, r0, info.shape, state)
             self._check(d, bad, r0, info.shape[1])
         return state
 
@@ -205,10 +213,12 @@ class _Runner:
         if ref.info.nbytes == 0:
             pass  # a zero-size tensor: its header entry is all there is
         elif d.action == KEEP:
-            writer.copy(d.name, reader.fd, ref.info.offset, ref.info.nbytes)
+            with self.timing.phase("write"):
+                writer.copy(d.name, reader.fd, ref.info.offset, ref.info.nbytes)
         elif d.action == DECODE:
             rows = self._input(d, ref.info, reader, job.r0, job.r1)
-            writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
+            with self.timing.phase("write"):
+                writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
         elif _scheme(d).first_pass == TENSOR:
             self._quantize_whole(d, ref.info, reader, writer)
         else:
@@ -217,17 +227,24 @@ class _Runner:
             self._unfinished[d.shard] -= 1
             complete = self._unfinished[d.shard] == 0
         if complete:  # flush it to disk now, while the other shards are still being computed
-            writer.sync()
+            with self.timing.phase("fsync"):
+                writer.sync()
         return job.nbytes
 
     def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
         """Rows [r0, r1) of a source weight in a reused buffer; FP8 rows decoded to BF16 with their scale."""
         dtype = info.dtype.numpy
         buf = self.scratch.get("in", (r1 - r0) * info.shape[1] * dtype.itemsize).view(dtype)
-        rows = reader.read_rows(info, r0, r1, buf)
+        with self.timing.phase("read"):
+            rows = reader.read_rows(info, r0, r1, buf)
         if d.scale is None:
             return rows
-        assert d.scale_block is not None  # the plan resolved it for every FP8 weight with values
+        with self.timing.phase("kernel"):
+            return self._decode_fp8(d, rows, r0, r1)
+
+    def _decode_fp8(self, d: Decision, rows: np.ndarray, r0: int, r1: int) -> np.ndarray:
+        """FP8 rows [r0, r1) as BF16, with the scale rows they use."""
+        assert d.scale is not None and d.scale_block is not None  # the plan resolved both for every FP8 weight
         # Only the scale rows these weight rows use: memory stays bounded by the row block.
         scale_info = self.plan.source.tensors[d.scale].info
         scale_reader = self.readers[self.plan.source.tensors[d.scale].shard]
@@ -268,10 +285,12 @@ class _Runner:
         tensor_param: object = None,
     ) -> None:
         x = self._input(d, info, reader, r0, r1)
-        writes, bad = _scheme(d).encode(x, r0, info.shape, tensor_param, self.alloc)
+        with self.timing.phase("kernel"):
+            writes, bad = _scheme(d).encode(x, r0, info.shape, tensor_param, self.alloc)
         self._check(d, bad, r0, info.shape[1])
-        for param, data, offset in writes:
-            writer.write(f"{d.module}.{param}", data, offset)
+        with self.timing.phase("write"):
+            for param, data, offset in writes:
+                writer.write(f"{d.module}.{param}", data, offset)
 
 
 @dataclass
@@ -280,6 +299,8 @@ class QuantizeResult:
 
     output: Path
     manifest: Manifest
+    #: Where the time went (`--json` reports it; benchmarks print it).
+    timing: TimeSplit = field(default_factory=TimeSplit)
     #: What was cleaned up beside the output first (folders left by killed runs), one sentence each.
     notes: list[str] = field(default_factory=list)
 
@@ -357,6 +378,7 @@ def execute(
     other_bytes = sum((src.root / rel).stat().st_size for rel in other.files)
     check_space(out, plan.bytes_out + other_bytes + (1 << 20))
     workers = max(1, workers)
+    started = time.perf_counter()
     try:
         with staged(out, force) as folder:
             readers = {shard: ShardReader(src.path(shard), h) for shard, h in src.headers.items()}
@@ -368,7 +390,10 @@ def execute(
                         if spec.name in plan.values:
                             writers[shard].write(spec.name, plan.values[spec.name])
                 runner = _Runner(plan, readers, writers)
+                timing = runner.timing
                 runner.tensor_params.update(chosen or {})
+                pool_started = time.perf_counter()
+                timing.before = pool_started - started
                 with ThreadPoolExecutor(
                     max_workers=workers + (1 if hash_sources else 0), thread_name_prefix="ws"
                 ) as pool:
@@ -381,6 +406,7 @@ def execute(
                     _drain(pool, runner, runner.run, runner.jobs, lambda n: n, progress)
                     warmed.result()
                     source_hashes = hashes.result() if hashes is not None else {}
+                timing.workers = time.perf_counter() - pool_started
             finally:
                 for r in readers.values():
                     r.close()
@@ -395,6 +421,7 @@ def execute(
                 calibrated_from = plan.calibration.stats.provenance
             manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from, method)
             write_manifest(folder, manifest)
+        timing.after = time.perf_counter() - started - timing.before - timing.workers
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise OutputError(
@@ -403,7 +430,7 @@ def execute(
         raise OutputError(
             f"could not be written ({exc.strerror or exc})", file=exc.filename or out, code="output.io"
         ) from None
-    return QuantizeResult(out, manifest, notes)
+    return QuantizeResult(out, manifest, notes=notes, timing=timing)
 
 
 def _drain(
