@@ -14,9 +14,9 @@ import math
 import os
 import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from weightsmith.quant import fp8
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
-from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme
+from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme, fused_members
 from weightsmith.timesplit import TimeSplit
 
 #: Input bytes per row block: large enough to amortise calls, small enough that a block read,
@@ -56,6 +56,19 @@ class _Job:
     r0: int = 0
     r1: int = 0
     nbytes: int = 0
+
+
+@dataclass
+class _FirstPass:
+    """A FUSED scheme's first pass over one fused set (q/k/v, gate/up, or a weight alone): every
+    member's whole tensor observed, then concluded; its encode jobs run as soon as it is done."""
+
+    targets: list[_Job]
+    then: list[_Job]
+    nbytes: int
+
+
+_Item = _Job | _FirstPass
 
 
 class _Scratch(threading.local):
@@ -115,6 +128,38 @@ def work_bytes(plan: Plan) -> int:
     """Input bytes the run reads: everything once, plus a first pass over every target where the scheme has one."""
     extra = sum(plan.decisions[i].nbytes for i in _fused_targets(plan))
     return plan.bytes_in + extra
+
+
+def _first_passes(plan: Plan, jobs: list[_Job]) -> list[_Item]:
+    """The jobs to run: those of FUSED targets behind the first pass over their fused set, the rest as they are.
+
+    Fused partners share a conclusion only under one rule (as `_Runner.conclude` groups them).
+    """
+    targets = _fused_targets(plan)
+    if not targets:
+        return list(jobs)
+    by_rule: dict[int, dict[str, int]] = defaultdict(dict)
+    for i in targets:
+        by_rule[id(plan.decisions[i].rule)][plan.decisions[i].module] = i
+    owner: dict[int, tuple[int, tuple[str, ...]]] = {}  # decision -> its set's key
+    for rule, modules in by_rule.items():
+        for module, i in modules.items():
+            owner[i] = (rule, tuple(fused_members(module, modules)))
+    passes: dict[tuple[int, tuple[str, ...]], _FirstPass] = {}
+    items: list[_Item] = []
+    for i in targets:
+        fp = passes.get(owner[i])
+        if fp is None:
+            fp = passes[owner[i]] = _FirstPass([], [], 0)
+            items.append(fp)
+        fp.targets.append(_Job(i, nbytes=plan.decisions[i].nbytes))
+        fp.nbytes += plan.decisions[i].nbytes
+    for job in jobs:
+        if job.decision_index in owner:
+            passes[owner[job.decision_index]].then.append(job)
+        else:
+            items.append(job)
+    return sorted(items, key=lambda item: -item.nbytes)
 
 
 def _fused_targets(plan: Plan) -> list[int]:
@@ -203,6 +248,19 @@ class _Runner:
                 state, bad = scheme.observe(x, r0, info.shape, state)
             self._check(d, bad, r0, info.shape[1])
         return state
+
+    def run_batch(self, batch: list[_Item]) -> int:
+        """Run a hand-over of items; returns the input bytes they covered."""
+        done = 0
+        for item in batch:
+            if isinstance(item, _FirstPass):
+                observed = [self.observe(job) for job in item.targets]
+                if not self.cancelled.is_set():
+                    self.conclude({module: state for module, state, _ in observed})
+                done += sum(n for _, _, n in observed)
+            else:
+                done += self.run(item)
+        return done
 
     def run(self, job: _Job) -> int:
         if self.cancelled.is_set():
@@ -399,11 +457,7 @@ def execute(
                 ) as pool:
                     hashes = pool.submit(hash_files, [src.path(s) for s in src.headers]) if hash_sources else None
                     warmed = pool.submit(runner.warm)
-                    targets = [_Job(i, nbytes=plan.decisions[i].nbytes) for i in _fused_targets(plan)]
-                    if targets:
-                        results = _drain(pool, runner, runner.observe, targets, lambda r: r[2], progress)
-                        runner.conclude({module: state for module, state, _ in results})
-                    _drain(pool, runner, runner.run, runner.jobs, lambda n: n, progress)
+                    _schedule(pool, runner, _first_passes(plan, runner.jobs), 2 * workers, progress)
                     warmed.result()
                     source_hashes = hashes.result() if hashes is not None else {}
                 timing.workers = time.perf_counter() - pool_started
@@ -433,38 +487,43 @@ def execute(
     return QuantizeResult(out, manifest, notes=notes, timing=timing)
 
 
-def _drain(
-    pool: ThreadPoolExecutor,
-    runner: _Runner,
-    fn: Callable[[_Job], object],
-    jobs: list[_Job],
-    nbytes: Callable[[object], int],
-    progress: Progress | None,
-) -> list:
-    """Run `fn` over `jobs` on the pool; at the first error or interrupt, stop the rest and re-raise."""
-    futures = [pool.submit(lambda batch: [fn(job) for job in batch], batch) for batch in _batches(jobs)]
-    results = []
+def _schedule(
+    pool: ThreadPoolExecutor, runner: _Runner, items: list[_Item], window: int, progress: Progress | None
+) -> None:
+    """Run `items` on the pool, handing over at most `window` batches at a time; at the first error
+    or interrupt, stop the rest and re-raise.
+
+    When a first pass is concluded, its encode jobs go to the front of the line: a fused set is
+    encoded while its bytes are still in the page cache, while the next sets' first passes run
+    beside it, rather than every target being read once for the first pass and again at the end.
+    """
+    line: deque[list[_Item]] = deque(_batches(items))
+    in_flight: dict[Future[int], list[_Item]] = {}
     try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+        while line or in_flight:
+            while line and len(in_flight) < window:
+                batch = line.popleft()
+                in_flight[pool.submit(runner.run_batch, batch)] = batch
+            done, _ = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)
             for f in done:
-                if f.exception() is not None:
-                    raise f.exception()
-                results.extend(f.result())
+                batch = in_flight.pop(f)
+                error = f.exception()
+                if error is not None:
+                    raise error
                 if progress is not None:
-                    progress(sum(nbytes(r) for r in f.result()))
+                    progress(f.result())
+                then = [job for item in batch if isinstance(item, _FirstPass) for job in item.then]
+                line.extendleft(reversed(list(_batches(then))))
     except BaseException:
         runner.cancelled.set()
-        for f in futures:
+        for f in in_flight:
             f.cancel()
         raise
-    return results
 
 
-def _batches(jobs: list[_Job]) -> Iterator[list[_Job]]:
+def _batches(jobs: Iterable[_Item]) -> Iterator[list[_Item]]:
     """Jobs in runs of at least BATCH_BYTES or BATCH_JOBS: one future per small tensor costs more than its copy."""
-    batch: list[_Job] = []
+    batch: list[_Item] = []
     size = 0
     for job in jobs:
         batch.append(job)
