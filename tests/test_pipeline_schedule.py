@@ -7,7 +7,7 @@ from pathlib import Path
 from synth import llama_tensors, write_checkpoint
 from weightsmith.api import plan_quantize
 from weightsmith.cli_quantize import run_quantize
-from weightsmith.pipeline import _FirstPass, _first_passes, _jobs
+from weightsmith.pipeline import _first_passes, _FirstPass, _jobs
 from weightsmith.recipe import Recipe
 from weightsmith.schemes import make_scheme
 from weightsmith.timesplit import PHASES
