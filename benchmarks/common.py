@@ -164,9 +164,10 @@ print("WORK_SECONDS", time.perf_counter() - started)
 
 
 def reference(src: Path, out: Path, scheme: str = '"W4A16"', setup: str = "") -> dict:
-    """One llm-compressor `model_free_ptq` run in a fresh process: wall (imports included), work, peak RSS."""
+    """One llm-compressor `model_free_ptq` run in a fresh process: wall (imports included), work, peak
+    RSS, and the load average when it ended."""
     shutil.rmtree(out, ignore_errors=True)
     script = REFERENCE.format(setup=setup, scheme=scheme, ignore=IGNORE)
     wall, rss, stdout = timed([sys.executable, "-c", script, str(src), str(out)])
     work = float(stdout.split("WORK_SECONDS")[-1].split()[0])
-    return {"wall": wall, "rss_mib": rss, "work": work}
+    return {"wall": wall, "rss_mib": rss, "work": work, "load": load()}

@@ -41,7 +41,8 @@ def _split(split: dict[str, Any]) -> str:
 
 
 def _bound(gb: float, arm: dict[str, Any], workers: int) -> float:
-    """GB/s if the CPU seconds the run spent were spread over `workers` otherwise idle cores."""
+    """GB/s if the CPU seconds the run spent were spread evenly over `workers` otherwise idle cores:
+    an upper bound (a run never divides its work perfectly), which the load of other jobs lowers."""
     split = arm["split"]
     fixed = arm["work"] - split["workers"]
     return float(gb / (fixed + sum(split["cpu"][k] for k in (*STREAMING, "load")) / workers))
@@ -61,7 +62,7 @@ def quantize_rows(q: dict[str, Any]) -> list[str]:
             f"(**{ref['wall'] / ours['wall']:.1f}x**); peak RSS {ours['rss_mib']:,.0f} MiB vs {ref['rss_mib']:,.0f} MiB"
         )
     figure += (
-        f"; CPU seconds per phase: {_split(ours['split'])}; the same CPU on {w} idle cores: "
+        f"; CPU seconds per phase: {_split(ours['split'])}; CPU bound on {w} idle cores: "
         f"{_bound(gb, ours, w):.2f} GB/s"
     )
     rows = [f"| {what} | {figure} | {cmd} |"]
@@ -71,7 +72,7 @@ def quantize_rows(q: dict[str, Any]) -> list[str]:
             a = q[arm]
             rows.append(
                 f"| {label}, same checkpoint and runs | quantize work {a['work']:.2f} s = **{a['gb_s']:.2f} GB/s**; "
-                f"CPU seconds per phase: {_split(a['split'])}; the same CPU on {w} idle cores: "
+                f"CPU seconds per phase: {_split(a['split'])}; CPU bound on {w} idle cores: "
                 f"{_bound(gb, a, w):.2f} GB/s | same |"
             )
     if "grow" in q:
