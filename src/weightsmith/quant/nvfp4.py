@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant import NVFP4_GROUP
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, round_to
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
 from weightsmith.quant.int4 import from_stored_bits, group_range, kernel_input, mode_of, stored_bits
 
 GROUP = NVFP4_GROUP
@@ -100,21 +100,15 @@ def fp4_nibble(t: np.float32) -> np.uint32:
 
 @njit(inline="always", nogil=True)
 def e2m1_magnitude(t: np.float32) -> np.float32:
-    """`e2m1_value(fp4_index(t))` as float arithmetic alone: each threshold |t| passes adds the step
-    to the next E2M1 value (0.5 up to 2, then 1, 1, 2). Exact, and all of it float32 lanes, so a loop
-    over it vectorises at the full float width."""
+    """`e2m1_value(fp4_index(t))` for |t| <= 6 in a few float operations: E2M1 values are a grid of
+    step 0.5 below 2, 1 up to 4 and 2 up to 6, so |t| rounds to its step's multiple, half to even,
+    and each of `fp4_index`'s ties (0.25, 0.75, ... 5) falls on the same side as that rounding
+    (tests/test_nvfp4.py checks every float32 in [0, 6]). Steps are powers of two, so the scaling
+    is exact; no table, no integer lanes, so the loop over it vectorises at the full float width."""
     a = abs(t)
-    half, one, two = np.float32(0.5), np.float32(1.0), np.float32(2.0)
-    zero = np.float32(0.0)
-    return (
-        (half if a > np.float32(0.25) else zero)
-        + (half if a >= np.float32(0.75) else zero)
-        + (half if a > np.float32(1.25) else zero)
-        + (half if a >= np.float32(1.75) else zero)
-        + (one if a > np.float32(2.5) else zero)
-        + (one if a >= np.float32(3.5) else zero)
-        + (two if a > np.float32(5.0) else zero)
-    )
+    step = np.float32(0.5) if a < np.float32(2.0) else (np.float32(1.0) if a < np.float32(4.0) else np.float32(2.0))
+    inv = np.float32(2.0) if a < np.float32(2.0) else (np.float32(1.0) if a < np.float32(4.0) else np.float32(0.5))
+    return rint_small(a * inv) * step
 
 
 @njit(inline="always", nogil=True)
