@@ -98,6 +98,14 @@ def scheme_rows(results: Path) -> list[str]:
     return [f"| {what} | {'; '.join(cells)} | `python benchmarks/quantize_speed.py --gib 0.5 --scheme NAME` |"]
 
 
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y over x."""
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
 def scaling_rows(s: dict[str, Any]) -> list[str]:
     rows = []
     for kind, fit in s["fits"].items():
@@ -107,11 +115,11 @@ def scaling_rows(s: dict[str, Any]) -> list[str]:
             f"({r['s_per_gb']:.3f} s/GB, {r['ms_per_tensor']:.3f} ms/tensor, load {r['load']:.1f})"
             for r in mine
         )
-        line = (
-            f"{fit['fixed_s']:.2f} s + {fit['s_per_gb']:.3f} s per GB"
-            if kind == "quantize"  # its cost follows the bytes; inspect's follows the tensors (headers)
-            else f"{fit['ms_per_tensor'] * 1e3:.1f} ms per 1,000 tensors ({fit['s_per_gb']:.4f} s per GB)"
-        )
+        if kind == "quantize":  # its cost follows the bytes; inspect's follows the tensors (headers)
+            line = f"{fit['fixed_s']:.2f} s + {fit['s_per_gb']:.3f} s per GB"
+        else:
+            fixed, per_tensor = _fit([(r["tensors"], r["seconds"]) for r in mine])
+            line = f"{fixed:.2f} s + {per_tensor * 1e6:.1f} ms per 1,000 tensors"
         rows.append(
             f"| `{kind}` at 1x, 2x, 10x, median of {s['repeats']} (docs/scaling.png) | {points}; "
             f"fit: **{line}** | `python benchmarks/scaling.py` |"
@@ -146,7 +154,12 @@ def plot(s: dict[str, Any], path: Path) -> None:
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
         ax.legend(loc="upper left", fontsize=8)
-    fig.suptitle(f"time against model size, {s['cores']} cores shared (load in the README table)", fontsize=10)
+    loads = [r["load"] for r in s["rows"]]
+    fig.suptitle(
+        f"time against model size: medians of {s['repeats']} (grey: each run), {s['cores']} cores shared with "
+        f"other jobs (load {min(loads):.1f}-{max(loads):.1f})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
