@@ -38,12 +38,17 @@ test: $(VENV)/.test $(VENV)/.kernels
 	$(BIN)/python tests/vllm_wheels.py
 	$(BIN)/python -m pytest -q
 
+# Speed: each benchmark prints its figures and writes them to benchmarks/results/; the last step
+# regenerates the README's speed table and docs/scaling.png from them.
 bench: $(VENV)/.test $(VENV)/.kernels
-	$(BIN)/python benchmarks/quantize_speed.py --search --nvfp4 --grow 8
+	$(BIN)/python benchmarks/quantize_speed.py --search --nvfp4 --grow 8 --results benchmarks/results/quantize.json
 	for s in fp8-dynamic fp8-block w8a16 w8a8 w4afp8 mxfp4a16 mxfp8a16; do \
-		$(BIN)/python benchmarks/quantize_speed.py --gib 0.5 --scheme $$s || exit 1; done
+		$(BIN)/python benchmarks/quantize_speed.py --gib 0.5 --scheme $$s \
+			--results benchmarks/results/quantize-$$s.json || exit 1; done
 	$(BIN)/python benchmarks/scale_search_speed.py
 	$(BIN)/python benchmarks/inspect_speed.py
+	$(BIN)/python benchmarks/scaling.py --results benchmarks/results/scaling.json
+	$(BIN)/python scripts/speed_report.py
 
 # The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.
 fidelity: $(VENV)/.test

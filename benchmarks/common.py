@@ -44,14 +44,16 @@ def build(
     vocab: int = 32000,
     tied: bool = False,
     config_extra: dict | None = None,
+    layers: int | None = None,
 ) -> int:
     """A Llama-shaped BF16 checkpoint (7B-wide by default) of about `gib` GiB; returns its tensor bytes.
 
     `tied` leaves out `lm_head` (the embeddings serve as the head); `config_extra` adds config keys
-    (head counts, vocabulary) for runs that execute the model rather than only read its tensors.
+    (head counts, vocabulary) for runs that execute the model rather than only read its tensors;
+    `layers` sets the number of decoder layers instead of `gib`.
     """
     per_layer = sum(s.nbytes for s in layer_specs(0, hidden, inter))
-    layers = max(1, round(gib * 2**30 / per_layer))
+    layers = layers or max(1, round(gib * 2**30 / per_layer))
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     pool = (rng.standard_normal(1 << 25, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)  # 64 MiB of values
@@ -117,13 +119,38 @@ def timed(cmd: list[str]) -> tuple[float, float, str]:
 
 
 def ours(src: Path, out: Path, workers: int, *extra: str) -> dict:
-    """One `weightsmith quantize` run in a fresh process: wall and work seconds, peak RSS."""
+    """One `weightsmith quantize` run in a fresh process: wall and work seconds, peak RSS, its time
+    split (`--json`'s `time_split`) and the 1-minute load average when it ended."""
     shutil.rmtree(out, ignore_errors=True)
     run_cli = PEAK_RSS + "import runpy; runpy.run_module('weightsmith.cli', run_name='__main__', alter_sys=True)"
     cmd = [sys.executable, "-c", run_cli, "quantize", str(src), str(out), "--json", "--no-hash", *extra]
     cmd += [a for i in IGNORE for a in ("--ignore", i)] + (["--workers", str(workers)] if workers else [])
     wall, rss, stdout = timed(cmd)
-    return {"wall": wall, "rss_mib": rss, "work": json.loads(stdout)["seconds"]}
+    report = json.loads(stdout)
+    return {"wall": wall, "rss_mib": rss, "work": report["seconds"], "split": report["time_split"], "load": load()}
+
+
+def load() -> float:
+    """The machine's 1-minute load average: how many runnable jobs shared its cores."""
+    return round(os.getloadavg()[0], 2)
+
+
+def split_line(split: dict, work: float, workers: int) -> str:
+    """A run's time split in one line: fixed costs, then each streaming phase's CPU and wall seconds.
+
+    The CPU seconds are what the work costs the processor; their sum over `workers` cores is the
+    quickest the streaming part could go on an idle machine (the bound quoted beside each rate).
+    """
+    cpu, wall = split["cpu"], split["wall"]
+    plan = work - split["before"] - split["workers"] - split["after"]
+    phases = ", ".join(f"{k} {cpu[k]:.2f}/{wall[k]:.2f}" for k in ("read", "kernel", "write", "fsync"))
+    streaming_cpu = sum(cpu[k] for k in ("read", "kernel", "write", "fsync"))
+    return (
+        f"fixed: plan {plan:.2f} s, open {split['before']:.2f} s, kernel load {cpu['load']:.2f}/{wall['load']:.2f} s "
+        f"(CPU/wall, on one worker while the others copy), close+verify+manifest {split['after']:.2f} s; "
+        f"streaming {split['workers']:.2f} s wall, CPU/wall summed over threads: {phases}; "
+        f"streaming CPU {streaming_cpu:.2f} s = {streaming_cpu / workers:.2f} s on {workers} idle cores"
+    )
 
 
 REFERENCE = PEAK_RSS + """
@@ -137,9 +164,10 @@ print("WORK_SECONDS", time.perf_counter() - started)
 
 
 def reference(src: Path, out: Path, scheme: str = '"W4A16"', setup: str = "") -> dict:
-    """One llm-compressor `model_free_ptq` run in a fresh process: wall (imports included), work, peak RSS."""
+    """One llm-compressor `model_free_ptq` run in a fresh process: wall (imports included), work, peak
+    RSS, and the load average when it ended."""
     shutil.rmtree(out, ignore_errors=True)
     script = REFERENCE.format(setup=setup, scheme=scheme, ignore=IGNORE)
     wall, rss, stdout = timed([sys.executable, "-c", script, str(src), str(out)])
     work = float(stdout.split("WORK_SECONDS")[-1].split()[0])
-    return {"wall": wall, "rss_mib": rss, "work": work}
+    return {"wall": wall, "rss_mib": rss, "work": work, "load": load()}

@@ -4,23 +4,28 @@ Builds a synthetic Llama-shaped BF16 checkpoint (default about 2 GiB, in 4 shard
 in alternating order and in fresh processes, `weightsmith quantize` and `model_free_ptq` with the
 same scheme (W4A16, group 128, or the preset of `--scheme NAME`) and ignore list. Prints medians
 of wall time end to end (process start, imports and all), weightsmith's own quantize time and
-throughput, peak RSS of each, and the ratio. `--grow 8` repeats weightsmith alone on an 8 GiB
-checkpoint to show that peak RSS stays flat as the model grows.
+throughput, peak RSS of each, the ratio, the machine's load average, and the time split of the
+median run (what bounds the rate: CPU seconds per phase against the cores there are). `--grow 8`
+repeats weightsmith alone on an 8 GiB checkpoint to show that peak RSS stays flat as the model
+grows. `--results FILE` also writes the figures as JSON (scripts/speed_report.py turns them into
+the README's table).
 
     python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search] [--nvfp4]
-                                        [--scheme fp8-dynamic]
+                                        [--scheme fp8-dynamic] [--results FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
 
-from common import build, ours, reference
+from common import build, load, ours, reference, split_line
+from weightsmith.pipeline import default_workers
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
 RTN, REFERENCE, MSE, NVFP4 = (
@@ -41,7 +46,10 @@ def main() -> None:
     ap.add_argument("--search", action="store_true", help="also time --scale-search mse against plain RTN")
     ap.add_argument("--nvfp4", action="store_true", help="also time --scheme nvfp4a16, plain and with its search")
     ap.add_argument("--scheme", choices=SCHEME_NAMES, default="w4a16", help="the scheme both sides run")
+    ap.add_argument("--results", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args()
+    workers = args.workers or default_workers()
+    results: dict = {"scheme": args.scheme, "workers": workers, "cores": os.cpu_count(), "load_start": load()}
     preset = make_scheme(args.scheme).config_group_name  # what model_free_ptq is asked for
     # our arms: the label the summary prints, and the options added to `weightsmith quantize`
     arms = {RTN: ("--scheme", args.scheme)}
@@ -71,22 +79,37 @@ def main() -> None:
         def med(arm: str, key: str) -> float:
             return statistics.median(x[key] for x in runs[arm])
 
+        def median_run(arm: str) -> dict:
+            return sorted(runs[arm], key=lambda x: x["work"])[len(runs[arm]) // 2]
+
         gb = total / 1e9
+        loads = [x["load"] for rs in runs.values() for x in rs]
+        results.update(gib=round(total / 2**30, 2), shards=shards, repeats=args.repeats)
+        results["load"] = [min(loads, default=0.0), max(loads, default=0.0)]
         ws_wall, ws_work, ws_rss = med(RTN, "wall"), med(RTN, "work"), med(RTN, "rss_mib")
         print(f"\nweightsmith      end to end {ws_wall:6.2f} s   quantize work {ws_work:6.2f} s", end="")
         print(f" ({gb / ws_work:.2f} GB/s of BF16 input)   peak RSS {ws_rss:,.0f} MiB")
         best = min(x["work"] for x in runs[RTN])
         print(f"                 best run: quantize work {best:6.2f} s ({gb / best:.2f} GB/s)")
+        split = median_run(RTN)["split"]
+        print(f"time split of the median run: {split_line(split, median_run(RTN)['work'], workers)}")
+        print(f"load average (1 min) over the runs: {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores")
+        results[RTN] = {"wall": ws_wall, "work": ws_work, "gb_s": gb / ws_work, "best_gb_s": gb / best,
+                        "rss_mib": ws_rss, "split": split}  # fmt: skip
         if runs[REFERENCE]:
             ref_wall, ref_rss = med(REFERENCE, "wall"), med(REFERENCE, "rss_mib")
             print(f"model_free_ptq   end to end {ref_wall:6.2f} s   peak RSS {ref_rss:,.0f} MiB")
             print(f"ratio            {ref_wall / ws_wall:.1f}x faster end to end, ", end="")
             print(f"{med(REFERENCE, 'work') / ws_work:.1f}x on the quantize work (median of {args.repeats})")
+            results[REFERENCE] = {"wall": ref_wall, "work": med(REFERENCE, "work"), "rss_mib": ref_rss}
         for arm in list(arms)[1:]:
             work = med(arm, "work")
             label = arm.removeprefix("weightsmith ")
             print(f"with {label}: quantize work {work:6.2f} s ({gb / work:.2f} GB/s), ", end="")
             print(f"{ws_work / work:.2f} of plain RTN's throughput")
+            mid = median_run(arm)
+            print(f"  time split of its median run: {split_line(mid['split'], mid['work'], workers)}")
+            results[arm] = {"work": work, "gb_s": gb / work, "rss_mib": med(arm, "rss_mib"), "split": mid["split"]}
         if args.grow:
             for leftover in ("ours", "ref", "src"):
                 shutil.rmtree(tmp_path / leftover, ignore_errors=True)
@@ -96,7 +119,12 @@ def main() -> None:
                 f"weightsmith on {big / 2**30:.2f} GiB: end to end {r['wall']:.2f} s, quantize work {r['work']:.2f} s",
                 end="",
             )
-            print(f" ({big / 1e9 / r['work']:.2f} GB/s), peak RSS {r['rss_mib']:,.0f} MiB")
+            print(f" ({big / 1e9 / r['work']:.2f} GB/s), peak RSS {r['rss_mib']:,.0f} MiB, load {r['load']:.2f}")
+            results["grow"] = {"gib": round(big / 2**30, 2), "work": r["work"], "gb_s": big / 1e9 / r["work"],
+                               "rss_mib": r["rss_mib"], "load": r["load"]}  # fmt: skip
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

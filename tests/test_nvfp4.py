@@ -187,3 +187,20 @@ def test_negative_zero_packs_as_compressed_tensors() -> None:
     packed = nvfp4.quantize(w).packed
     assert np.array_equal(module.state_dict()["weight_packed"].numpy(), packed)
     assert packed[0, 0] == 0 and packed[2, 2] >> 4 == 8
+
+
+def test_search_rounding_matches_the_branch_free_index_on_every_float32_up_to_six() -> None:
+    """`e2m1_magnitude` (the scale search's rounding) against `e2m1_value(fp4_index(t))`, which the
+    test above ties to compressed-tensors: every float32 in [-6, 6], ties and neighbours included."""
+    from numba import njit
+
+    @njit(nogil=True)
+    def mismatches(top: int) -> int:
+        bad = 0
+        for b in range(top + 1):
+            t = np.uint32(b).view(np.float32)
+            for v in (t, -t):
+                bad += nvfp4.e2m1_magnitude(v) != nvfp4.e2m1_value(nvfp4.fp4_index(v))
+        return bad
+
+    assert mismatches(int(np.float32(6.0).view(np.uint32))) == 0

@@ -412,6 +412,7 @@ def quantize(
                 {
                     "output": str(result.output),
                     "seconds": round(seconds, 3),
+                    "time_split": result.timing.to_json(),
                     "notes": result.notes,
                     "manifest": result.manifest.to_json(),
                 }, indent=2

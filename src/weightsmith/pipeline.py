@@ -13,12 +13,12 @@ import errno
 import math
 import os
 import threading
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -34,7 +34,8 @@ from weightsmith.quant import fp8
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
-from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme
+from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme, fused_members
+from weightsmith.timesplit import TimeSplit
 
 #: Input bytes per row block: large enough to amortise calls, small enough that a block read,
 #: quantized and written stays in the processor's caches (32 MiB blocks cost 10% more CPU).
@@ -55,6 +56,19 @@ class _Job:
     r0: int = 0
     r1: int = 0
     nbytes: int = 0
+
+
+@dataclass
+class _FirstPass:
+    """A FUSED scheme's first pass over one fused set (q/k/v, gate/up, or a weight alone): every
+    member's whole tensor observed, then concluded; its encode jobs run as soon as it is done."""
+
+    targets: list[_Job]
+    then: list[_Job]
+    nbytes: int
+
+
+_Item = _Job | _FirstPass
 
 
 class _Scratch(threading.local):
@@ -122,6 +136,38 @@ def work_bytes(plan: Plan) -> int:
     return plan.bytes_in + extra
 
 
+def _first_passes(plan: Plan, jobs: list[_Job]) -> list[_Item]:
+    """The jobs to run: those of FUSED targets behind the first pass over their fused set, the rest as they are.
+
+    Fused partners share a conclusion only under one rule (as `_Runner.conclude` groups them).
+    """
+    targets = _fused_targets(plan)
+    if not targets:
+        return list(jobs)
+    by_rule: dict[int, dict[str, int]] = defaultdict(dict)
+    for i in targets:
+        by_rule[id(plan.decisions[i].rule)][plan.decisions[i].module] = i
+    owner: dict[int, tuple[int, tuple[str, ...]]] = {}  # decision -> its set's key
+    for rule, modules in by_rule.items():
+        for module, i in modules.items():
+            owner[i] = (rule, tuple(fused_members(module, modules)))
+    passes: dict[tuple[int, tuple[str, ...]], _FirstPass] = {}
+    items: list[_Item] = []
+    for i in targets:
+        fp = passes.get(owner[i])
+        if fp is None:
+            fp = passes[owner[i]] = _FirstPass([], [], 0)
+            items.append(fp)
+        fp.targets.append(_Job(i, nbytes=plan.decisions[i].nbytes))
+        fp.nbytes += plan.decisions[i].nbytes
+    for job in jobs:
+        if job.decision_index in owner:
+            passes[owner[job.decision_index]].then.append(job)
+        else:
+            items.append(job)
+    return sorted(items, key=lambda item: -item.nbytes)
+
+
 def _fused_targets(plan: Plan) -> list[int]:
     """Decisions whose scheme needs a FUSED first pass (every target seen before any row is encoded)."""
     return [i for i, d in enumerate(plan.decisions) if d.action == QUANTIZE and _scheme(d).first_pass == FUSED]
@@ -140,6 +186,7 @@ class _Runner:
         self.readers = readers
         self.writers = writers
         self.scratch = _Scratch()
+        self.timing = TimeSplit()
         self.cancelled = threading.Event()
         #: What the scheme's first pass over every target concluded, by module (FUSED schemes).
         self.tensor_params: dict[str, object] = {}
@@ -157,6 +204,10 @@ class _Runner:
         Run first on one worker: loading takes most of a second, which the other workers spend
         copying kept tensors instead of waiting for the kernel.
         """
+        with self.timing.phase("load"):
+            self._warm()
+
+    def _warm(self) -> None:
         firsts: dict[Scheme, Decision] = {}
         for d in self.plan.decisions:
             if d.action == QUANTIZE:
@@ -199,9 +250,23 @@ class _Runner:
             if self.cancelled.is_set():
                 break
             x = self._input(d, info, reader, r0, r1)
-            state, bad = scheme.observe(x, r0, _matrix(info), state)
+            with self.timing.phase("kernel"):
+                state, bad = scheme.observe(x, r0, _matrix(info), state)
             self._check(d, bad, r0, info.shape[1])
         return state
+
+    def run_batch(self, batch: list[_Item]) -> int:
+        """Run a hand-over of items; returns the input bytes they covered."""
+        done = 0
+        for item in batch:
+            if isinstance(item, _FirstPass):
+                observed = [self.observe(job) for job in item.targets]
+                if not self.cancelled.is_set():
+                    self.conclude({module: state for module, state, _ in observed})
+                done += sum(n for _, _, n in observed)
+            else:
+                done += self.run(item)
+        return done
 
     def run(self, job: _Job) -> int:
         if self.cancelled.is_set():
@@ -212,10 +277,12 @@ class _Runner:
         if ref.info.nbytes == 0:
             pass  # a zero-size tensor: its header entry is all there is
         elif d.action == KEEP:
-            writer.copy(d.name, reader.fd, ref.info.offset, ref.info.nbytes)
+            with self.timing.phase("write"):
+                writer.copy(d.name, reader.fd, ref.info.offset, ref.info.nbytes)
         elif d.action == DECODE:
             rows = self._input(d, ref.info, reader, job.r0, job.r1)
-            writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
+            with self.timing.phase("write"):
+                writer.write(d.name, rows, job.r0 * ref.info.shape[1] * 2)
         elif _scheme(d).first_pass == TENSOR:
             self._quantize_whole(d, ref.info, reader, writer)
         else:
@@ -224,17 +291,24 @@ class _Runner:
             self._unfinished[d.shard] -= 1
             complete = self._unfinished[d.shard] == 0
         if complete:  # flush it to disk now, while the other shards are still being computed
-            writer.sync()
+            with self.timing.phase("fsync"):
+                writer.sync()
         return job.nbytes
 
     def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
         """Rows [r0, r1) of a source weight in a reused buffer; FP8 rows decoded to BF16 with their scale."""
         dtype = info.dtype.element
         buf = self.scratch.get("in", (r1 - r0) * info.shape[1] * dtype.itemsize).view(dtype)
-        rows = reader.read_rows(info, r0, r1, buf)
+        with self.timing.phase("read"):
+            rows = reader.read_rows(info, r0, r1, buf)
         if d.scale is None:
             return rows
-        assert d.scale_block is not None  # the plan resolved it for every FP8 weight with values
+        with self.timing.phase("kernel"):
+            return self._decode_fp8(d, rows, r0, r1)
+
+    def _decode_fp8(self, d: Decision, rows: np.ndarray, r0: int, r1: int) -> np.ndarray:
+        """FP8 rows [r0, r1) as BF16, with the scale rows they use."""
+        assert d.scale is not None and d.scale_block is not None  # the plan resolved both for every FP8 weight
         # Only the scale rows these weight rows use: memory stays bounded by the row block.
         scale_info = self.plan.source.tensors[d.scale].info
         scale_reader = self.readers[self.plan.source.tensors[d.scale].shard]
@@ -275,10 +349,12 @@ class _Runner:
         tensor_param: object = None,
     ) -> None:
         x = self._input(d, info, reader, r0, r1)
-        writes, bad = _scheme(d).encode(x, r0, _matrix(info), tensor_param, self.alloc)
+        with self.timing.phase("kernel"):
+            writes, bad = _scheme(d).encode(x, r0, _matrix(info), tensor_param, self.alloc)
         self._check(d, bad, r0, info.shape[1])
-        for param, data, offset in writes:
-            writer.write(f"{d.module}.{param}", data, offset)
+        with self.timing.phase("write"):
+            for param, data, offset in writes:
+                writer.write(f"{d.module}.{param}", data, offset)
 
 
 @dataclass
@@ -287,6 +363,8 @@ class QuantizeResult:
 
     output: Path
     manifest: Manifest
+    #: Where the time went (`--json` reports it; benchmarks print it).
+    timing: TimeSplit = field(default_factory=TimeSplit)
     #: What was cleaned up beside the output first (folders left by killed runs), one sentence each.
     notes: list[str] = field(default_factory=list)
 
@@ -364,6 +442,7 @@ def execute(
     other_bytes = sum((src.root / rel).stat().st_size for rel in other.files)
     check_space(out, plan.bytes_out + other_bytes + (1 << 20))
     workers = max(1, workers)
+    started = time.perf_counter()
     try:
         with staged(out, force) as folder:
             readers = {shard: ShardReader(src.path(shard), h) for shard, h in src.headers.items()}
@@ -375,19 +454,19 @@ def execute(
                         if spec.name in plan.values:
                             writers[shard].write(spec.name, plan.values[spec.name])
                 runner = _Runner(plan, readers, writers)
+                timing = runner.timing
                 runner.tensor_params.update(chosen or {})
+                pool_started = time.perf_counter()
+                timing.before = pool_started - started
                 with ThreadPoolExecutor(
                     max_workers=workers + (1 if hash_sources else 0), thread_name_prefix="ws"
                 ) as pool:
                     hashes = pool.submit(hash_files, [src.path(s) for s in src.headers]) if hash_sources else None
                     warmed = pool.submit(runner.warm)
-                    targets = [_Job(i, nbytes=plan.decisions[i].nbytes) for i in _fused_targets(plan)]
-                    if targets:
-                        results = _drain(pool, runner, runner.observe, targets, lambda r: r[2], progress)
-                        runner.conclude({module: state for module, state, _ in results})
-                    _drain(pool, runner, runner.run, runner.jobs, lambda n: n, progress)
+                    _schedule(pool, runner, _first_passes(plan, runner.jobs), 2 * workers, progress)
                     warmed.result()
                     source_hashes = hashes.result() if hashes is not None else {}
+                timing.workers = time.perf_counter() - pool_started
             finally:
                 for r in readers.values():
                     r.close()
@@ -402,6 +481,7 @@ def execute(
                 calibrated_from = plan.calibration.stats.provenance
             manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from, method)
             write_manifest(folder, manifest)
+        timing.after = time.perf_counter() - started - timing.before - timing.workers
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise OutputError(
@@ -410,45 +490,46 @@ def execute(
         raise OutputError(
             f"could not be written ({exc.strerror or exc})", file=exc.filename or out, code="output.io"
         ) from None
-    return QuantizeResult(out, manifest, notes)
+    return QuantizeResult(out, manifest, notes=notes, timing=timing)
 
 
-_Result = TypeVar("_Result")
+def _schedule(
+    pool: ThreadPoolExecutor, runner: _Runner, items: list[_Item], window: int, progress: Progress | None
+) -> None:
+    """Run `items` on the pool, handing over at most `window` batches at a time; at the first error
+    or interrupt, stop the rest and re-raise.
 
-
-def _drain(
-    pool: ThreadPoolExecutor,
-    runner: _Runner,
-    fn: Callable[[_Job], _Result],
-    jobs: list[_Job],
-    nbytes: Callable[[_Result], int],
-    progress: Progress | None,
-) -> list[_Result]:
-    """Run `fn` over `jobs` on the pool; at the first error or interrupt, stop the rest and re-raise."""
-    futures = [pool.submit(lambda batch: [fn(job) for job in batch], batch) for batch in _batches(jobs)]
-    results: list[_Result] = []
+    When a first pass is concluded, its encode jobs go to the front of the line: a fused set is
+    encoded while its bytes are still in the page cache, while the next sets' first passes run
+    beside it, rather than every target being read once for the first pass and again at the end.
+    """
+    line: deque[list[_Item]] = deque(_batches(items))
+    in_flight: dict[Future[int], list[_Item]] = {}
     try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+        while line or in_flight:
+            while line and len(in_flight) < window:
+                batch = line.popleft()
+                in_flight[pool.submit(runner.run_batch, batch)] = batch
+            done, _ = wait(in_flight, timeout=0.2, return_when=FIRST_COMPLETED)
             for f in done:
+                batch = in_flight.pop(f)
                 error = f.exception()
                 if error is not None:
                     raise error
-                results.extend(f.result())
                 if progress is not None:
-                    progress(sum(nbytes(r) for r in f.result()))
+                    progress(f.result())
+                then = [job for item in batch if isinstance(item, _FirstPass) for job in item.then]
+                line.extendleft(reversed(list(_batches(then))))
     except BaseException:
         runner.cancelled.set()
-        for f in futures:
+        for f in in_flight:
             f.cancel()
         raise
-    return results
 
 
-def _batches(jobs: list[_Job]) -> Iterator[list[_Job]]:
+def _batches(jobs: Iterable[_Item]) -> Iterator[list[_Item]]:
     """Jobs in runs of at least BATCH_BYTES or BATCH_JOBS: one future per small tensor costs more than its copy."""
-    batch: list[_Job] = []
+    batch: list[_Item] = []
     size = 0
     for job in jobs:
         batch.append(job)

@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant import NVFP4_GROUP
-from weightsmith.quant.floatbits import round_to
-from weightsmith.quant.int4 import group_range, kernel_input, load_group, mode_of
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
+from weightsmith.quant.int4 import from_stored_bits, group_range, kernel_input, mode_of, stored_bits
 
 GROUP = NVFP4_GROUP
 FP4_MAX, FP8_MAX = 6.0, 448.0
@@ -43,7 +43,7 @@ FP8_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype
 #: about 1.5x, where the block maximum lands on 4 instead of 6, as in "Four Over Six"). Smaller codes
 #: clip the block maximum: on SmolLM2 they lowered weight MSE but raised next-token KL (offsets -6..+1:
 #: KL 0.262 against RTN's 0.225), while 0..+4 lowered both (docs/fidelity-smollm2.md).
-SEARCH_OFFSETS = np.arange(0, 5, dtype=np.int64)
+SEARCH_STEPS = 5
 
 
 @njit(inline="always", nogil=True)
@@ -59,7 +59,7 @@ def fp8_code(v: np.float32) -> np.int64:
 
 
 @njit(inline="always", nogil=True)
-def fp4_index(t: np.float32) -> np.int64:
+def fp4_index(t: np.float32) -> np.int32:
     """Magnitude index (0..7) of |t| rounded to E2M1, ties to even, with compressed-tensors' thresholds.
 
     The thresholds rise, so the index is how many of them |t| passes: a sum of comparisons with no
@@ -68,18 +68,18 @@ def fp4_index(t: np.float32) -> np.int64:
     """
     a = abs(t)
     return (
-        np.int64(a > np.float32(0.25))
-        + np.int64(a >= np.float32(0.75))
-        + np.int64(a > np.float32(1.25))
-        + np.int64(a >= np.float32(1.75))
-        + np.int64(a > np.float32(2.5))
-        + np.int64(a >= np.float32(3.5))
-        + np.int64(a > np.float32(5.0))
+        np.int32(a > np.float32(0.25))
+        + np.int32(a >= np.float32(0.75))
+        + np.int32(a > np.float32(1.25))
+        + np.int32(a >= np.float32(1.75))
+        + np.int32(a > np.float32(2.5))
+        + np.int32(a >= np.float32(3.5))
+        + np.int32(a > np.float32(5.0))
     )
 
 
 @njit(inline="always", nogil=True)
-def e2m1_value(index: np.int64) -> np.float32:
+def e2m1_value(index: np.int32) -> np.float32:
     """E2M1[index] as arithmetic: 0.5 * index up to 2, then 3, 4, 6."""
     f = np.float32(index)
     if index <= 4:
@@ -98,59 +98,165 @@ def fp4_nibble(t: np.float32) -> np.uint32:
     return np.uint32(fp4_index(t)) | np.uint32(sign << np.uint32(3))
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(inline="always", nogil=True)
+def e2m1_magnitude(t: np.float32) -> np.float32:
+    """`e2m1_value(fp4_index(t))` for |t| <= 6 in a few float operations: E2M1 values are a grid of
+    step 0.5 below 2, 1 up to 4 and 2 up to 6, so |t| rounds to its step's multiple, half to even,
+    and each of `fp4_index`'s ties (0.25, 0.75, ... 5) falls on the same side as that rounding
+    (tests/test_nvfp4.py checks every float32 in [0, 6]). Steps are powers of two, so the scaling
+    is exact; no table, no integer lanes, so the loop over it vectorises at the full float width."""
+    a = abs(t)
+    step = np.float32(0.5) if a < np.float32(2.0) else (np.float32(1.0) if a < np.float32(4.0) else np.float32(2.0))
+    inv = np.float32(2.0) if a < np.float32(2.0) else (np.float32(1.0) if a < np.float32(4.0) else np.float32(0.5))
+    return rint_small(a * inv) * step
+
+
+@njit(inline="always", nogil=True)
+def magnitude_bits(mode: int) -> tuple[np.uint32, np.uint32]:
+    """(mask of a stored element's magnitude bits, the magnitude bits of Inf) of the dtype."""
+    if mode == MODE_F32:
+        return np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
+    if mode == MODE_F16:
+        return np.uint32(0x7FFF), np.uint32(0x7C00)
+    return np.uint32(0x7FFF), np.uint32(0x7F80)
+
+
+@njit(inline="always", nogil=True)
+def first_non_finite(x: np.ndarray, r: int, c0: int, mode: int) -> int:
+    """Column (from c0) of the first NaN or Inf in a group known to hold one."""
+    magnitude, inf = magnitude_bits(mode)
+    i = 0
+    while np.uint32(stored_bits(mode, x[r, c0 + i]) & magnitude) < inf:
+        i += 1
+    return i
+
+
+@njit(inline="always", nogil=True)
 def _quantize_rows(
     x: np.ndarray,
     mode: int,
-    global_scale: np.float32,
     search: bool,
+    global_scale: np.float32,
     fp8_values: np.ndarray,
-    offsets: np.ndarray,
     packed: np.ndarray,
     scale_codes: np.ndarray,
 ) -> int:
+    """The kernel body; `mode` and `search` are compile-time constants in each caller.
+
+    Row by row: every group's RTN scale code first; with `search`, the squared error of each
+    candidate code for all of the row's groups at once, from the row's values transposed (element
+    i of every group side by side), so the loops run across groups in vector lanes while each
+    group's error is still summed in element order, as a scalar loop sums it (the same floats,
+    the same choice); then the row is encoded with each group's chosen code.
+    """
     rows, cols = x.shape
-    vals = np.empty(GROUP, np.float32)
-    sq = np.empty(GROUP, np.float32)
-    nibbles = np.empty(GROUP, np.uint32)
+    groups = cols // GROUP
+    magnitude, inf = magnitude_bits(mode)
     gs = np.float32(global_scale)
     six = np.float32(FP4_MAX)
+    code = np.empty(groups, np.int64)
+    best = np.empty(groups, np.int64)
+    best_err = np.empty(groups, np.float32)
+    err = np.empty(groups, np.float32)
+    eff = np.empty(groups, np.float32)
+    vt = np.empty((GROUP, groups), np.float32)
+    eff_col = np.empty(cols, np.float32)  # each column's group's scale divisor
+    nibbles = np.empty(cols, np.uint8)
     for r in range(rows):
-        for g in range(cols // GROUP):
-            c0 = g * GROUP
-            lo, hi, bad = load_group(x, r, c0, GROUP, mode, vals)
-            if bad >= 0:
-                return int(r * cols + bad)
-            local = round_to(mode, max(-lo, hi) / six)
-            code = fp8_code(min(gs * local, np.float32(FP8_MAX)))
-            best_code = code
-            if search:
-                best_err = np.float32(np.inf)
-                for k in range(offsets.size):
-                    c = code + offsets[k]
-                    if c < 1 or c > 0x7E:
-                        continue
-                    eff = fp8_values[c] / gs
-                    for i in range(GROUP):  # vectorised: no table lookup, no branch
-                        t = min(max(vals[i] / eff, -six), six)
-                        m = e2m1_value(fp4_index(t))
-                        d = (m if t >= 0 else -m) * eff - vals[i]
-                        sq[i] = d * d
-                    err = np.float32(0.0)
-                    for i in range(GROUP):  # summed in order, apart, so the sum does not depend on the vector width
-                        err += sq[i]
-                    if err < best_err:
-                        best_err, best_code = err, c
-            if best_code == 0:
-                best_code = np.int64(FP8_EPS_CODE)
-            scale = fp8_values[best_code]
-            scale_codes[r, g] = np.uint8(best_code)
-            eff = scale / gs
+        for g in range(groups):
+            top = np.uint32(0)  # the group's largest magnitude, as bits: their order is the values' order
             for i in range(GROUP):
-                nibbles[i] = fp4_nibble(min(max(vals[i] / eff, -six), six))
-            for i in range(0, GROUP, 2):
-                packed[r, (c0 + i) // 2] = np.uint8(nibbles[i] | (nibbles[i + 1] << np.uint32(4)))
+                top = max(top, np.uint32(stored_bits(mode, x[r, g * GROUP + i]) & magnitude))
+            if top >= inf:
+                return int(r * cols + g * GROUP + first_non_finite(x, r, g * GROUP, mode))
+            local = round_to(mode, from_stored_bits(mode, top) / six)
+            code[g] = fp8_code(min(gs * local, np.float32(FP8_MAX)))
+            best[g] = code[g]
+        if search:
+            for i in range(GROUP):
+                for g in range(groups):
+                    vt[i, g] = decode(mode, x[r, g * GROUP + i])
+            best_err[:] = np.float32(np.inf)
+            for k in range(SEARCH_STEPS):
+                for g in range(groups):
+                    eff[g] = fp8_values[min(code[g] + k, np.int64(0x7E))] / gs
+                    err[g] = np.float32(0.0)
+                for i in range(GROUP):
+                    for g in range(groups):
+                        t = min(max(vt[i, g] / eff[g], -six), six)
+                        m = e2m1_magnitude(t)
+                        d = (m if t >= 0 else -m) * eff[g] - vt[i, g]
+                        err[g] += d * d
+                for g in range(groups):
+                    c = code[g] + k
+                    if c >= 1 and c <= 0x7E and err[g] < best_err[g]:
+                        best_err[g] = err[g]
+                        best[g] = c
+        for g in range(groups):
+            c = best[g] if best[g] != 0 else np.int64(FP8_EPS_CODE)
+            scale_codes[r, g] = np.uint8(c)
+            e = fp8_values[c] / gs
+            for i in range(GROUP):
+                eff_col[g * GROUP + i] = e
+        for c in range(cols):
+            nibbles[c] = np.uint8(fp4_nibble(min(max(decode(mode, x[r, c]) / eff_col[c], -six), six)))
+        for j in range(cols // 2):
+            packed[r, j] = nibbles[2 * j] | (nibbles[2 * j + 1] << np.uint8(4))
     return -1
+
+
+# One compiled kernel per (dtype, search), as in int4.py: constants at compile time let the loops vectorise.
+@njit(nogil=True, cache=True, error_model="numpy")
+def _bf16(
+    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
+) -> int:
+    return _quantize_rows(x, MODE_BF16, False, gs, fp8_values, packed, scale_codes)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _bf16_search(
+    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
+) -> int:
+    return _quantize_rows(x, MODE_BF16, True, gs, fp8_values, packed, scale_codes)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f16(
+    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
+) -> int:
+    return _quantize_rows(x, MODE_F16, False, gs, fp8_values, packed, scale_codes)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f16_search(
+    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
+) -> int:
+    return _quantize_rows(x, MODE_F16, True, gs, fp8_values, packed, scale_codes)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f32(
+    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
+) -> int:
+    return _quantize_rows(x, MODE_F32, False, gs, fp8_values, packed, scale_codes)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _f32_search(
+    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
+) -> int:
+    return _quantize_rows(x, MODE_F32, True, gs, fp8_values, packed, scale_codes)
+
+
+#: By (mode, search).
+_KERNELS = {
+    (MODE_BF16, False): _bf16,
+    (MODE_BF16, True): _bf16_search,
+    (MODE_F16, False): _f16,
+    (MODE_F16, True): _f16_search,
+    (MODE_F32, False): _f32,
+    (MODE_F32, True): _f32_search,
+}
 
 
 def global_scale(amax: float, mode: int) -> np.float32:
@@ -203,7 +309,7 @@ def quantize_rows(
     packed: uint8 [rows, cols/2]; scale_codes: uint8 [rows, cols/16] (float8_e4m3fn bits).
     Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
     """
-    return _quantize_rows(x, mode, gs, search, FP8_VALUES, SEARCH_OFFSETS, packed, scale_codes)
+    return int(_KERNELS[(mode, bool(search))](x, gs, FP8_VALUES, packed, scale_codes))
 
 
 @dataclass(frozen=True)

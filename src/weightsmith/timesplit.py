@@ -1,0 +1,64 @@
+"""Where a quantize run's time went: the split `--json` reports and the benchmarks print.
+
+The streaming phases run on several worker threads at once, so each is summed over the threads,
+in wall seconds and in CPU seconds: a phase whose wall time far exceeds its CPU time waited (on the
+disk, or for a core on a busy machine), one whose CPU time is most of it is bound by the processor.
+The main thread's own wall time before and after the workers (opening, verifying, writing the
+manifest) is the run's fixed cost, with the kernels' load on one worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+#: read: source bytes into a buffer; kernel: quantizing (and FP8 decoding, first passes); write:
+#: output bytes out, kept tensors copied file to file; fsync: waiting for a shard to reach the disk;
+#: load: loading (or compiling) the quantize kernels, once per run.
+PHASES = ("read", "kernel", "write", "fsync", "load")
+
+
+def _zeros() -> dict[str, float]:
+    return dict.fromkeys(PHASES, 0.0)
+
+
+@dataclass
+class TimeSplit:
+    """Seconds per phase summed over the worker threads, and the main thread's wall around them."""
+
+    wall: dict[str, float] = field(default_factory=_zeros)
+    cpu: dict[str, float] = field(default_factory=_zeros)
+    #: Main thread, before the workers start (outputs opened, headers written) and after they end
+    #: (shards closed, index and config written, output re-read, manifest): the fixed cost.
+    before: float = 0.0
+    after: float = 0.0
+    #: Wall seconds while the workers ran.
+    workers: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Count the time spent inside the block, on this thread, towards `name`."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            with self._lock:
+                self.wall[name] += wall
+                self.cpu[name] += cpu
+
+    def to_json(self) -> dict[str, object]:
+        def rounded(d: dict[str, float]) -> dict[str, float]:
+            return {k: round(v, 3) for k, v in d.items()}
+
+        return {
+            "wall": rounded(self.wall),
+            "cpu": rounded(self.cpu),
+            "before": round(self.before, 3),
+            "workers": round(self.workers, 3),
+            "after": round(self.after, 3),
+        }
