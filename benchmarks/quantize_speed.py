@@ -4,7 +4,9 @@ Builds a synthetic Llama-shaped BF16 checkpoint (default about 2 GiB, in 4 shard
 in alternating order and in fresh processes, `weightsmith quantize` and `model_free_ptq` with the
 same scheme (W4A16, group 128, or the preset of `--scheme NAME`) and ignore list. Prints medians
 of wall time end to end (process start, imports and all), weightsmith's own quantize time and
-throughput, peak RSS of each, and the ratio. `--grow 8` repeats weightsmith alone on an 8 GiB
+throughput, peak RSS of each, and the ratio; weightsmith runs plain RTN (`--scale-search none`),
+as model_free_ptq does, and, where the scheme has a default search (w4a16's wmse), that default
+too, as a fraction of plain RTN's throughput. `--grow 8` repeats weightsmith alone on an 8 GiB
 checkpoint to show that peak RSS stays flat as the model grows.
 
     python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search] [--nvfp4]
@@ -45,6 +47,9 @@ def main() -> None:
     preset = make_scheme(args.scheme).config_group_name  # what model_free_ptq is asked for
     # our arms: the label the summary prints, and the options added to `weightsmith quantize`
     arms = {RTN: ("--scheme", args.scheme)}
+    default = make_scheme(args.scheme).scale_search
+    if default:
+        arms[f"weightsmith default ({default})"] = ("--scheme", args.scheme)
     if args.search:
         arms[MSE] = ("--scale-search", "mse")
     if args.nvfp4:
@@ -65,7 +70,8 @@ def main() -> None:
                         continue
                     runs[arm].append(reference(tmp_path / "src", tmp_path / "ref", repr(preset)))
                 else:
-                    runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers, *arms[arm]))
+                    runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers, *arms[arm],
+                                          default_search=arm.startswith("weightsmith default")))  # fmt: skip
                 print(f"  run {r + 1} {arm}: {runs[arm][-1]}", flush=True)
 
         def med(arm: str, key: str) -> float:
