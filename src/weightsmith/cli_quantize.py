@@ -24,7 +24,7 @@ from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
 from weightsmith.recipe import Recipe, load_recipe
-from weightsmith.schemes import NONE, SCHEME_NAMES, make_scheme
+from weightsmith.schemes import NONE, REGISTRY, SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -319,6 +319,16 @@ def _run_gptq(
 METHODS = ("rtn", "gptq")
 
 
+def _default_searches() -> str:
+    """The schemes' default searches in the help's words, e.g. `wmse for w4a16, w4a16-asym`."""
+    by_search: dict[str, list[str]] = {}
+    for name, cls in REGISTRY.items():
+        if cls.DEFAULT_SEARCH is not None:
+            by_search.setdefault(cls.DEFAULT_SEARCH, []).append(name)
+    return "; ".join(f"{search} for {', '.join(names)}" for search, names in by_search.items())
+
+
+
 def quantize(
     src: Path = typer.Argument(
         ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
@@ -337,9 +347,10 @@ def quantize(
         None,
         "--scale-search",
         help="How each group's scale is chosen: none (plain RTN, byte-identical to llm-compressor model_free_ptq), "
-        "wmse (a clipping search on magnitude-weighted error; the default for w4a16 and w4a16-asym: lower KL on two "
-        "real models, docs/scale-search-study.md), mse (the same, unweighted), noclip (symmetric: largest weight on "
-        "the grid's end) or memoryless_mse (llm-compressor's symmetric observer, exactly). Other schemes: RTN.",
+        "wmse (clipping or widening by magnitude-weighted error: lower KL than RTN on two real models, "
+        "docs/scale-search-study.md), mse (the same, unweighted), noclip (symmetric: largest weight on the grid's "
+        f"end) or memoryless_mse (llm-compressor's symmetric observer, exactly). Default: {_default_searches()}; "
+        "none for the other schemes.",
     ),
     ignore: list[str] = typer.Option(
         [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."
