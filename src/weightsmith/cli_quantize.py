@@ -328,7 +328,6 @@ def _default_searches() -> str:
     return "; ".join(f"{search} for {', '.join(names)}" for search, names in by_search.items())
 
 
-
 def quantize(
     src: Path = typer.Argument(
         ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
