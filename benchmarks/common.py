@@ -118,12 +118,17 @@ def timed(cmd: list[str]) -> tuple[float, float, str]:
     return wall, int(proc.stderr.split("PEAK_RSS_KIB")[-1].split()[0]) / 1024, proc.stdout
 
 
-def ours(src: Path, out: Path, workers: int, *extra: str) -> dict:
+def ours(src: Path, out: Path, workers: int, *extra: str, default_search: bool = False) -> dict:
     """One `weightsmith quantize` run in a fresh process: wall and work seconds, peak RSS, its time
-    split (`--json`'s `time_split`) and the 1-minute load average when it ended."""
+    split (`--json`'s `time_split`) and the 1-minute load average when it ended.
+
+    Plain round-to-nearest (`--scale-search none`, what `model_free_ptq` does, so the two compare like
+    for like) unless `extra` names a search or `default_search` asks for the scheme's default one.
+    """
     shutil.rmtree(out, ignore_errors=True)
     run_cli = PEAK_RSS + "import runpy; runpy.run_module('weightsmith.cli', run_name='__main__', alter_sys=True)"
-    cmd = [sys.executable, "-c", run_cli, "quantize", str(src), str(out), "--json", "--no-hash", *extra]
+    search = [] if default_search or "--scale-search" in extra else ["--scale-search", "none"]
+    cmd = [sys.executable, "-c", run_cli, "quantize", str(src), str(out), "--json", "--no-hash", *search, *extra]
     cmd += [a for i in IGNORE for a in ("--ignore", i)] + (["--workers", str(workers)] if workers else [])
     wall, rss, stdout = timed(cmd)
     report = json.loads(stdout)

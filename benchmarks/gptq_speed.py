@@ -102,7 +102,8 @@ def main() -> None:
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
     gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len]
 
-    row("weightsmith quantize (RTN)", *timed(weightsmith("quantize", args.model, base / "rtn", *common)))
+    rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
+    row("weightsmith quantize (RTN)", *timed(rtn))
     ours = timed(weightsmith("quantize", args.model, base / "gptq", *common, *gptq))
     row(f"weightsmith quantize --method gptq ({args.tokens} tokens)", *ours)
     outputs = {"RTN": base / "rtn", "weightsmith GPTQ": base / "gptq"}

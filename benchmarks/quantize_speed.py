@@ -5,7 +5,9 @@ in alternating order and in fresh processes, `weightsmith quantize` and `model_f
 same scheme (W4A16, group 128, or the preset of `--scheme NAME`) and ignore list. Prints medians
 of wall time end to end (process start, imports and all), weightsmith's own quantize time and
 throughput, peak RSS of each, the ratio, the machine's load average, and the time split of the
-median run (what bounds the rate: CPU seconds per phase against the cores there are). `--grow 8`
+median run (what bounds the rate: CPU seconds per phase against the cores there are); weightsmith
+runs plain RTN (`--scale-search none`), as model_free_ptq does, and, where the scheme has a default
+search (w4a16's wmse), that default too, as a fraction of plain RTN's throughput. `--grow 8`
 repeats weightsmith alone on an 8 GiB checkpoint to show that peak RSS stays flat as the model
 grows. `--results FILE` also writes the figures as JSON (scripts/speed_report.py turns them into
 the README's table).
@@ -53,6 +55,9 @@ def main() -> None:
     preset = make_scheme(args.scheme).config_group_name  # what model_free_ptq is asked for
     # our arms: the label the summary prints, and the options added to `weightsmith quantize`
     arms = {RTN: ("--scheme", args.scheme)}
+    default = make_scheme(args.scheme).scale_search
+    if default:
+        arms[f"weightsmith default ({default})"] = ("--scheme", args.scheme)
     if args.search:
         arms[MSE] = ("--scale-search", "mse")
     if args.nvfp4:
@@ -73,7 +78,8 @@ def main() -> None:
                         continue
                     runs[arm].append(reference(tmp_path / "src", tmp_path / "ref", repr(preset)))
                 else:
-                    runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers, *arms[arm]))
+                    runs[arm].append(ours(tmp_path / "src", tmp_path / "ours", args.workers, *arms[arm],
+                                          default_search=arm.startswith("weightsmith default")))  # fmt: skip
                 print(f"  run {r + 1} {arm}: {runs[arm][-1]}", flush=True)
 
         def med(arm: str, key: str) -> float:

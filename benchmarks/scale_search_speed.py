@@ -3,7 +3,7 @@
 Builds a Llama-shaped BF16 checkpoint (default 128 MiB; llm-compressor's eager search runs at a few
 MB/s on a CPU, so larger sizes take many minutes), then runs in fresh processes:
 llm-compressor `model_free_ptq` with `observer="memoryless_mse"`, and `weightsmith quantize` with
-no search (RTN), `--scale-search mse` (ours) and `--scale-search memoryless_mse` (the exact
+`--scale-search none` (RTN), `--scale-search mse` (ours) and `--scale-search memoryless_mse` (the exact
 reproduction). Prints wall times (process start and imports included), work times (the quantize
 call alone), peak RSS, the relative weight error of each output, and our search's speed-up over
 llm-compressor's. At this size fixed start-up costs (numba's first call, about a second) dominate

@@ -113,7 +113,8 @@ def main() -> None:
         peaks = [rss]
 
         if not (quant / "config.json").exists():
-            wall, rss, _ = timed(weightsmith("quantize", src, quant, "--scheme", "w4a16", "--no-hash", "--json"))
+            wall, rss, _ = timed(weightsmith("quantize", src, quant, "--scheme", "w4a16", "--scale-search", "none",
+                                             "--no-hash", "--json"))  # fmt: skip
             row("weightsmith quantize w4a16 (QUANT for eval)", wall, rss)
         wall, rss, out, _ = timed_err(weightsmith("eval", src, quant, "--stream", "--json", "--tokens",
                                                   args.eval_tokens))  # fmt: skip

@@ -26,10 +26,10 @@ sys.path.insert(0, str(REPO / "tests"))
 from models import smollm2_fp32  # noqa: E402
 
 RECIPES: list[tuple[str, list[str]]] = [
-    ("W4A16 RTN (g64)", ["--scheme", "w4a16", "--group-size", "64"]),
+    ("W4A16 RTN (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "none"]),
     ("W4A16 + our mse search (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "mse"]),
     ("W4A16 + memoryless_mse (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "memoryless_mse"]),
-    ("W4A16 asymmetric (g64)", ["--scheme", "w4a16-asym", "--group-size", "64"]),
+    ("W4A16 asymmetric (g64)", ["--scheme", "w4a16-asym", "--group-size", "64", "--scale-search", "none"]),
     (
         "W4A16 asymmetric + our mse search (g64)",
         ["--scheme", "w4a16-asym", "--group-size", "64", "--scale-search", "mse"],

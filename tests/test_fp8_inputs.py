@@ -32,6 +32,7 @@ def _ours(src: Path, out: Path) -> Checkpoint:
         workers=2,
         force=False,
         show_progress=False,
+        scale_search="none",  # plain round-to-nearest: model_free_ptq's
     )
     return Checkpoint.open(out)
 

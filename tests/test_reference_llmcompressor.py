@@ -37,6 +37,7 @@ def test_byte_identical_to_model_free_ptq(tmp_path: Path, scheme: str, ref_schem
         workers=2,
         force=False,
         show_progress=False,
+        scale_search="none",  # plain round-to-nearest: model_free_ptq's
     )
 
     ref, ours = Checkpoint.open(tmp_path / "ref"), Checkpoint.open(tmp_path / "ours")

@@ -97,6 +97,7 @@ def test_memoryless_checkpoint_is_byte_identical_to_model_free_ptq(tmp_path: Pat
         workers=2,
         force=False,
         show_progress=False,
+        scale_search="none",
     )
     shard = "model-00001-of-00002.safetensors"
     assert (plain / shard).read_bytes() != (tmp_path / "ours" / shard).read_bytes()  # the search changed something

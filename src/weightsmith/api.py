@@ -33,6 +33,8 @@ def plan_quantize(
     """What `quantize` would do to every tensor of `src`, and the predicted sizes; nothing is written.
 
     `recipe` (a TOML file or a `Recipe`) replaces `scheme`, `group_size` and `scale_search`.
+    `scale_search` None takes the scheme's default (`wmse` for w4a16 and w4a16-asym); `"none"` is
+    plain round-to-nearest, byte-identical to llm-compressor's `model_free_ptq`.
     `calibration` is a statistics file of `weightsmith calibrate` measured on `src`: calibrated
     schemes (nvfp4, fp8) and `kv_cache` ("fp8": KV-cache scales) need one.
     """

@@ -24,7 +24,7 @@ from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
 from weightsmith.recipe import Recipe, load_recipe
-from weightsmith.schemes import SCHEME_NAMES, make_scheme
+from weightsmith.schemes import NONE, REGISTRY, SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -136,17 +136,26 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
     console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
 
 
-def _recipe(scheme: str | None, group_size: int | None, scale_search: str | None, recipe: Path | None) -> Recipe:
-    """`--recipe FILE`, or the one-rule recipe of `--scheme` (w4a16 when neither is given)."""
+def _recipe(
+    scheme: str | None,
+    group_size: int | None,
+    scale_search: str | None,
+    recipe: Path | None,
+    *,
+    default_search: bool = True,
+) -> Recipe:
+    """`--recipe FILE`, or the one-rule recipe of `--scheme` (w4a16 when neither is given).
+
+    `default_search=False` (GPTQ): a scheme's default scale search does not apply (see `make_scheme`)."""
     if recipe is None:
-        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search))
+        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search, default_search=default_search))
     given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
              if v is not None]
     if given:
         raise WeightsmithError(
             f"{given[0]} and --recipe both set the scheme; put it in the recipe's rules", file=recipe, code="usage"
         )
-    return load_recipe(recipe)
+    return load_recipe(recipe, default_search=default_search)
 
 
 def _breakdown_tables(plan: Plan) -> list[Table]:
@@ -188,7 +197,7 @@ def run_quantize(
     started = time.perf_counter()
     plan = plan_quantize(
         src,
-        recipe=_recipe(scheme, group_size, scale_search, recipe),
+        recipe=_recipe(scheme, group_size, scale_search, recipe, default_search=gptq is None),
         ignore=ignore,
         preset=preset,
         calibration=calibration,
@@ -310,6 +319,15 @@ def _run_gptq(
 METHODS = ("rtn", "gptq")
 
 
+def _default_searches() -> str:
+    """The schemes' default searches in the help's words, e.g. `wmse for w4a16, w4a16-asym`."""
+    by_search: dict[str, list[str]] = {}
+    for name, cls in REGISTRY.items():
+        if cls.DEFAULT_SEARCH is not None:
+            by_search.setdefault(cls.DEFAULT_SEARCH, []).append(name)
+    return "; ".join(f"{search} for {', '.join(names)}" for search, names in by_search.items())
+
+
 def quantize(
     src: Path = typer.Argument(
         ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
@@ -327,10 +345,11 @@ def quantize(
     scale_search: str | None = typer.Option(
         None,
         "--scale-search",
-        help="Choose each group's scale for lower weight error (not always better output: docs/fidelity-study.md): "
-        "mse (our clipping search), wmse (the same, magnitude-weighted), noclip (symmetric: largest weight on the "
-        "grid's end) or memoryless_mse (llm-compressor's symmetric observer, exactly). Default: plain RTN, "
-        "byte-identical to model_free_ptq.",
+        help="How each group's scale is chosen: none (plain RTN, byte-identical to llm-compressor model_free_ptq), "
+        "wmse (clipping or widening by magnitude-weighted error: lower KL than RTN on two real models, "
+        "docs/scale-search-study.md), mse (the same, unweighted), noclip (symmetric: largest weight on the grid's "
+        f"end) or memoryless_mse (llm-compressor's symmetric observer, exactly). Default: {_default_searches()}; "
+        "none for the other schemes.",
     ),
     ignore: list[str] = typer.Option(
         [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."
@@ -371,7 +390,7 @@ def quantize(
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
     gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search)
     if dry_run:
-        rules = _recipe(scheme, group_size, scale_search, recipe)
+        rules = _recipe(scheme, group_size, scale_search, recipe, default_search=gptq is None)
         plan = plan_quantize(
             src, recipe=rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache
         )
@@ -439,9 +458,10 @@ def _gptq_options(
         if text is not None or builtin is not None:
             raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
         return None
-    if scale_search is not None:
+    if scale_search not in (None, NONE):
         raise WeightsmithError(
-            "--method gptq chooses values on the round-to-nearest grid; it does not take --scale-search",
+            f"--method gptq chooses values on the round-to-nearest grid; "
+            f"it does not take --scale-search {scale_search}",
             code="usage",
         )
     if not 0 <= dampening < 1 or dampening != dampening:

@@ -15,7 +15,8 @@ A recipe file is TOML:
 Each rule's `targets` are exact module names, `re:` regexes (matched as vLLM matches them, from the
 start, against the module and its fused name such as `qkv_proj`), `category:NAME` (the categories
 `inspect` reports: routed experts, shared expert, attention, attention gate, dense mlp, other) or
-`Linear` (every Linear-like weight). A rule may set `group_size` and `scale_search` for its scheme.
+`Linear` (every Linear-like weight). A rule may set `group_size` and `scale_search` for its scheme
+(without it, the scheme's default search; `scale_search = "none"` is plain round-to-nearest).
 The first rule that matches a module gives its scheme, as compressed-tensors and vLLM resolve config
 groups; a module no rule matches is kept. `--scheme NAME` is the one-rule recipe `targets = ["Linear"]`.
 A rule may name a calibrated scheme (`nvfp4`, `fp8`: static activation scales); the run then needs
@@ -95,8 +96,10 @@ class Recipe:
         return next((r for r in self.rules if r.matches(module)), None)
 
 
-def load_recipe(path: Path) -> Recipe:
-    """Read and check a recipe file: one line naming the file and the key for anything wrong."""
+def load_recipe(path: Path, *, default_search: bool = True) -> Recipe:
+    """Read and check a recipe file: one line naming the file and the key for anything wrong.
+
+    `default_search=False`: a rule without `scale_search` is round-to-nearest (see `make_scheme`)."""
     raw = _read(path)
     try:
         doc = tomllib.loads(raw)
@@ -108,7 +111,7 @@ def load_recipe(path: Path) -> Recipe:
     rules_doc = doc.get("rule")
     if not isinstance(rules_doc, list) or not rules_doc:
         raise WeightsmithError("needs at least one [[rule]] table", file=path, code="recipe.invalid")
-    rules = tuple(_rule(r, i, path) for i, r in enumerate(rules_doc))
+    rules = tuple(_rule(r, i, path, default_search) for i, r in enumerate(rules_doc))
     return Recipe(rules, tuple(ignore), path)
 
 
@@ -142,7 +145,7 @@ def _strings(value: object, where: str, path: Path) -> list[str]:
     return list(value)
 
 
-def _rule(doc: object, index: int, path: Path) -> Rule:
+def _rule(doc: object, index: int, path: Path, default_search: bool) -> Rule:
     where = f"rule {index + 1}"
     if not isinstance(doc, dict):
         raise WeightsmithError(f"{where} is not a table", file=path, code="recipe.invalid")
@@ -174,7 +177,7 @@ def _rule(doc: object, index: int, path: Path) -> Rule:
     if search is not None and not isinstance(search, str):
         raise WeightsmithError(f"{where}: scale_search must be a string", file=path, code="recipe.invalid")
     try:
-        scheme = make_scheme(scheme_name, group_size, search)
+        scheme = make_scheme(scheme_name, group_size, search, default_search=default_search)
     except WeightsmithError as exc:
         # the schemes word their option errors for the command line; a recipe spells the options as keys
         message = exc.message.replace("--group-size", "group_size").replace("--scale-search", "scale_search")

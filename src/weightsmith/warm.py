@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from weightsmith.errors import WeightsmithError
-from weightsmith.schemes import REGISTRY, Scheme, make_scheme
+from weightsmith.schemes import NONE, REGISTRY, Scheme, make_scheme
 
 #: The dtypes a source weight reaches the kernels in (FP8 sources arrive decoded to BF16).
 INPUT_DTYPES = (ml_dtypes.bfloat16, np.float16, np.float32)
@@ -25,7 +25,7 @@ INPUT_DTYPES = (ml_dtypes.bfloat16, np.float16, np.float32)
 def _variants() -> list[Scheme]:
     out: list[Scheme] = []
     for name, cls in REGISTRY.items():
-        for search in (None, *cls.SEARCHES):
+        for search in (NONE, *cls.SEARCHES):
             try:
                 out.append(make_scheme(name, None, search))
             except WeightsmithError:  # a search this scheme refuses (each scheme says why): nothing to compile

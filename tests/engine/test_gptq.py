@@ -35,7 +35,7 @@ def test_values_are_llm_compressors(name: str) -> None:
     from compressed_tensors.quantization import QuantizationArgs
     from llmcompressor.modifiers.gptq.gptq_quantize import quantize_weight as reference
 
-    scheme = make_scheme(name, 64)
+    scheme = make_scheme(name, 64, "none")
     W, H = _problem()
     grid = scheme.grid(W.numpy())
     codes, ours, singular = quantize_weight(W, H.clone(), grid)
@@ -76,7 +76,7 @@ def _stored(scheme, w: np.ndarray, param) -> dict[str, np.ndarray]:
 def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> None:
     """Given round-to-nearest's own values, encode writes exactly what it writes without them;
     given other values, only the packed weight changes, and it decodes to them."""
-    scheme = make_scheme(name, 64)
+    scheme = make_scheme(name, 64, "none")
     W, H = _problem()
     w = W.numpy()
     grid = scheme.grid(w)
@@ -94,7 +94,7 @@ def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> No
 
 
 def test_singular_hessian_falls_back_to_round_to_nearest() -> None:
-    scheme = make_scheme("w4a16", 64)
+    scheme = make_scheme("w4a16", 64, "none")
     W, _ = _problem()
     H = -torch.eye(W.shape[1])  # not positive definite, whatever the dampening
     _, dequantized, singular = quantize_weight(W, H, scheme.grid(W.numpy()))
@@ -104,7 +104,7 @@ def test_singular_hessian_falls_back_to_round_to_nearest() -> None:
 
 
 def test_dead_columns_are_zeroed_as_llm_compressor_does() -> None:
-    scheme = make_scheme("w4a16", 64)
+    scheme = make_scheme("w4a16", 64, "none")
     W, H = _problem()
     H[:, 5] = 0
     H[5, :] = 0

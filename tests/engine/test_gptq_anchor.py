@@ -67,7 +67,7 @@ def _oneshot(src: Path, out: Path, token_ids: list[list[int]]) -> Path:
 def _ours(src: Path, out: Path, method: str) -> Path:
     gptq = GptqOptions(None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN, 0.01) if method == "gptq" else None
     run_quantize(src, out, scheme="w4a16", group_size=GROUP, ignore=[], preset=None, workers=2, force=False,
-                 show_progress=False, gptq=gptq)  # fmt: skip
+                 show_progress=False, gptq=gptq, scale_search=None if gptq else "none")  # fmt: skip
     return out
 
 

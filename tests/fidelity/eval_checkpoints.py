@@ -72,9 +72,10 @@ def quantize(
     scheme: str = "w4a16",
     group: int | None = 64,
     ignore: tuple[str, ...] = (),
-    scale_search: str | None = None,
+    scale_search: str | None = "none",
 ) -> Path:
-    """Quantize with the project's own command path and return the output folder."""
+    """Quantize with the project's own command path and return the output folder (plain
+    round-to-nearest unless `scale_search` names a search: the eval tests measure against it)."""
     run_quantize(
         src,
         out,

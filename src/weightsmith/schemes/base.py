@@ -33,6 +33,8 @@ Alloc = Callable[[str, tuple[int, ...], type], np.ndarray]
 
 #: `Scheme.first_pass` values: what must be seen of whole tensors before any row is encoded.
 TENSOR, FUSED = "tensor", "fused"
+#: The scale search a user names for plain round-to-nearest (a scheme's `scale_search` None).
+NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class Scheme(ABC):
     NAMES: ClassVar[tuple[str, ...]] = ()
     #: The scale searches `--scale-search` may name for this scheme (`make` says why another is refused).
     SEARCHES: ClassVar[tuple[str, ...]] = ()
+    #: The scale search used when none is named (None: plain round-to-nearest). `make_scheme` applies
+    #: it; `--scale-search none` asks for round-to-nearest whatever the default.
+    DEFAULT_SEARCH: ClassVar[str | None] = None
     #: The compressed-tensors format of its config group.
     FORMAT: ClassVar[str]
     #: Row blocks are cut at multiples of this many rows (packed zero points span 8 rows).
@@ -91,7 +96,8 @@ class Scheme(ABC):
     @classmethod
     @abstractmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
-        """The scheme a user named with these options, or a one-line usage error."""
+        """The scheme a user named with these options, or a one-line usage error (`scale_search`
+        None: round-to-nearest; `make_scheme` has already resolved the default and `none`)."""
 
     @property
     def first_pass(self) -> str | None:
@@ -226,17 +232,26 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     return cls
 
 
-def make_scheme(name: str, group_size: int | None = None, scale_search: str | None = None) -> Scheme:
-    """The scheme a user named, or a one-line usage error."""
+def make_scheme(
+    name: str, group_size: int | None = None, scale_search: str | None = None, *, default_search: bool = True
+) -> Scheme:
+    """The scheme a user named, or a one-line usage error.
+
+    `scale_search` None means the scheme's `DEFAULT_SEARCH` and `"none"` plain round-to-nearest.
+    `default_search=False` makes an unnamed search round-to-nearest too: GPTQ chooses points of the
+    round-to-nearest grid, so a default search must not take its modules from it.
+    """
     cls = REGISTRY.get(name)
     if cls is None:
         raise WeightsmithError(f"unknown scheme {name!r} (choose from {', '.join(REGISTRY)})", code="usage")
-    searches = dict.fromkeys(s for c in REGISTRY.values() for s in c.SEARCHES)
+    searches = dict.fromkeys((NONE, *(s for c in REGISTRY.values() for s in c.SEARCHES)))
     if scale_search is not None and scale_search not in searches:
         raise WeightsmithError(
             f"unknown scale search {scale_search!r} (choose from {', '.join(searches)})", code="usage"
         )
-    return cls.make(name, group_size, scale_search)
+    if scale_search is None:
+        scale_search = cls.DEFAULT_SEARCH if default_search else None
+    return cls.make(name, group_size, None if scale_search == NONE else scale_search)
 
 
 def decode(fmt: str, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:

@@ -26,6 +26,8 @@ from weightsmith.schemes.int4 import Int4
 class W4Afp8(Int4):
     NAMES: ClassVar[tuple[str, ...]] = ("w4afp8",)
     FORMAT: ClassVar[str] = ct.INT_QUANTIZED
+    #: Round-to-nearest: the int4 default search was measured on W4A16 only (docs/scale-search-study.md).
+    DEFAULT_SEARCH: ClassVar[str | None] = None
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
