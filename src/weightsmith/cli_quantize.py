@@ -246,6 +246,7 @@ class GptqOptions:
     seq_len: int
     dampening: float
     trust_remote_code: bool = False
+    actorder: str = "static"
 
 
 def _run_gptq(
@@ -294,6 +295,7 @@ def _run_gptq(
         sequences,
         provenance,
         dampening=opts.dampening,
+        actorder=opts.actorder,
         workers=workers,
         force=force,
         hash_sources=hash_sources,
@@ -307,6 +309,13 @@ def _run_gptq(
 
 
 METHODS = ("rtn", "gptq")
+
+
+def gptq_actorders() -> tuple[str, ...]:
+    """`--actorder`'s choices, from the engine (imported only when asked: it loads numba)."""
+    from weightsmith.engine.gptq import ACTORDERS
+
+    return ACTORDERS
 
 
 def quantize(
@@ -358,6 +367,12 @@ def quantize(
     dampening: float = typer.Option(
         0.01, "--dampening", help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal."
     ),
+    actorder: str = typer.Option(
+        "static",
+        "--actorder",
+        help="--method gptq: static (columns in order of decreasing Hessian diagonal, each on its own group's "
+        "grid; llm-compressor's default, same stored format) or none (columns in stored order).",
+    ),
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."
     ),
@@ -368,7 +383,7 @@ def quantize(
     no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
 ) -> None:
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
-    gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search)
+    gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search, actorder)
     if dry_run:
         rules = _recipe(scheme, group_size, scale_search, recipe)
         plan = plan_quantize(
@@ -429,6 +444,7 @@ def _gptq_options(
     dampening: float,
     trust_remote_code: bool,
     scale_search: str | None,
+    actorder: str = "static",
 ) -> GptqOptions | None:
     """The GPTQ options when `--method gptq`, after checking them; a usage error for ones that do not fit."""
     if method not in METHODS:
@@ -444,7 +460,14 @@ def _gptq_options(
         )
     if not 0 <= dampening < 1 or dampening != dampening:
         raise WeightsmithError(f"--dampening {dampening} must be in [0, 1)", code="usage")
-    return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code)
+    if actorder not in gptq_actorders():
+        raise WeightsmithError(
+            f"--actorder {actorder!r}: choose from {', '.join(gptq_actorders())}"
+            + (" (group is deprecated by compressed-tensors and refused by llm-compressor's GPTQ)" if actorder
+               in ("group", "dynamic") else ""),
+            code="usage",
+        )
+    return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code, actorder)
 
 
 def demo(
