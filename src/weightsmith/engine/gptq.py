@@ -20,10 +20,9 @@ the scheme's own encoding; the scales it stores are the same grid's.
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,7 +208,10 @@ def run(
     with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader:
         skeleton = loader.skeleton
         sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
-        hidden, calls = layer_arguments(loader, sequences)
+        states, calls = layer_arguments(loader, sequences)
+        batches = _batches([h.shape[1] for h in states])
+        hidden = [torch.cat([states[s] for s in batch]) for batch in batches]  # one tensor per batch, kept
+        del states
         count = len(skeleton.layers)
         for index in range(count):
             loader.load(index)
@@ -223,15 +225,14 @@ def run(
                         if isinstance(module, torch.nn.Linear) and f"{prefix}.{name}" in targets
                     }
                     if linears:
-                        for members, hessian in _hessians(layer, linears, hidden, calls[index]):
+                        layer_calls = [calls[index][batch[0]] for batch in batches]
+                        for members, hessian in _hessians(layer, linears, hidden, layer_calls, len(sequences)):
                             _quantize_group(
                                 members, hessian, linears, targets, workdir, dampening, block_size, actorder, result
                             )
                     if index + 1 < count:  # the next layer's inputs, from this layer as quantized
-                        for batch, call in _batches(hidden, calls[index]):
-                            outputs = call(layer, torch.cat([hidden[s] for s in batch]))
-                            for s, out in zip(batch, outputs.split(1), strict=True):
-                                hidden[s] = out
+                        for b, batch in enumerate(batches):
+                            hidden[b] = calls[index][batch[0]](layer, hidden[b])
             finally:
                 loader.free(index)
             if progress is not None:
@@ -242,59 +243,71 @@ def run(
     return result
 
 
-def _batches(hidden: list[Any], calls: list[Any]) -> list[tuple[list[int], Any]]:
-    """Runs of consecutive sequences of one length, up to `BATCH_TOKENS` tokens, with the call of the first.
+def _batches(lengths: list[int]) -> list[list[int]]:
+    """Runs of consecutive sequences of one length, up to `BATCH_TOKENS` tokens.
 
     Sequences of one length get the same layer arguments (masks, rotary embeddings of batch size 1,
-    which broadcast), so a run of them goes through the layer as one batch: fewer, larger matrix
-    products than one sequence at a time.
+    which broadcast), so a run of them goes through every layer as one batch, called as its first
+    sequence was: fewer, larger matrix products than one sequence at a time.
     """
-    out: list[tuple[list[int], Any]] = []
-    for s, call in enumerate(calls):
-        length = hidden[s].shape[1]
-        if out and hidden[out[-1][0][0]].shape[1] == length and (len(out[-1][0]) + 1) * length <= BATCH_TOKENS:
-            out[-1][0].append(s)
+    out: list[list[int]] = []
+    for s, length in enumerate(lengths):
+        if out and lengths[out[-1][0]] == length and (len(out[-1]) + 1) * length <= BATCH_TOKENS:
+            out[-1].append(s)
         else:
-            out.append(([s], call))
+            out.append([s])
     return out
 
 
-def _hessians(layer: Any, linears: dict[str, Any], hidden: list[Any], calls: list[Any]) -> list[tuple[list[str], Any]]:
-    """Run every sequence through `layer`: (modules sharing one input, their Hessian 2/n sum X^T X).
+def _hessians(
+    layer: Any, linears: dict[str, Any], hidden: list[Any], calls: list[Any], n: int
+) -> list[tuple[list[str], Any]]:
+    """Run every batch through `layer`: (modules sharing one input, their Hessian 2/n sum X^T X).
 
-    Modules called with the very tensor the previous one was (q/k/v, gate/up) share its Hessian.
+    `n` is the number of sequences, as llm-compressor counts its samples. Modules called with the
+    very tensor the previous one was (q/k/v, gate/up) share its Hessian. A batch stops as soon as
+    every Linear has received its input: what the layer computes after (the last Linear itself,
+    the residual) is not needed, and the layer runs again anyway, quantized.
     """
     import torch
 
     owner: dict[str, str] = {}
     sums: dict[str, Any] = {}
     last: list[Any] = [None, None]  # (the tensor last accumulated, its module): held, so never reused
+    seen: set[str] = set()
 
     def hook_for(path: str) -> Any:
-        def hook(_module: Any, args: tuple) -> None:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:
             x = args[0]
             if path not in owner:
                 owner[path] = last[1] if last[0] is x else path
-            if owner[path] != path:
-                return
-            inp = math.sqrt(2) * x.reshape(-1, x.shape[-1]).t().to(torch.float32)
-            if path not in sums:
-                sums[path] = torch.zeros((inp.shape[0], inp.shape[0]), dtype=torch.float32)
-            sums[path] += inp.matmul(inp.t())
-            last[0], last[1] = x, path
+            if owner[path] == path:
+                rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+                if path not in sums:
+                    sums[path] = torch.zeros((rows.shape[1], rows.shape[1]), dtype=torch.float32)
+                sums[path].addmm_(rows.t(), rows, alpha=2.0)
+                last[0], last[1] = x, path
+            seen.add(path)
+            if len(seen) == len(linears):
+                raise _AllSeen
 
         return hook
 
     handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in linears.items()]
     try:
-        for batch, call in _batches(hidden, calls):
-            call(layer, torch.cat([hidden[s] for s in batch]))
+        for states, call in zip(hidden, calls, strict=True):
+            with suppress(_AllSeen):
+                call(layer, states)
             last[0] = last[1] = None
+            seen.clear()
     finally:
         for handle in handles:
             handle.remove()
-    n = len(calls)  # sequences, as llm-compressor counts its samples
     return [([m for m in linears if owner.get(m) == key], total / n) for key, total in sums.items()]
+
+
+class _AllSeen(Exception):
+    """Raised by the last Linear's hook in a batch: every Hessian has its share of the batch."""
 
 
 def _quantize_group(
