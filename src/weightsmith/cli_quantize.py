@@ -249,6 +249,28 @@ class GptqOptions:
     actorder: str = "static"
 
 
+def _gptq_json(opts: GptqOptions) -> dict[str, object]:
+    """What `--method gptq` would run, for `--dry-run --json`."""
+    return {
+        "name": "gptq",
+        "text": str(opts.text) if opts.text else f"builtin:{opts.builtin or 'code'}",
+        "tokens_at_most": opts.tokens,
+        "seq_len": opts.seq_len,
+        "actorder": opts.actorder,
+        "dampening": opts.dampening,
+    }
+
+
+def _gptq_line(opts: GptqOptions) -> str:
+    """What `--method gptq` would run, for `--dry-run`: the quantized Linears' values chosen by GPTQ."""
+    text = str(opts.text) if opts.text else f"the built-in {opts.builtin or 'code'} text"
+    return (
+        f"method: gptq on at most {opts.tokens:,} tokens of {text} in sequences of {opts.seq_len}, one decoder "
+        f"layer at a time (actorder {opts.actorder}, dampening {opts.dampening} of each Hessian's mean diagonal); "
+        "the grid and the files are the plan's, only the integer values differ"
+    )
+
+
 def _run_gptq(
     plan: Plan, out: Path, opts: GptqOptions, *, workers: int, force: bool, hash_sources: bool
 ) -> QuantizeResult:
@@ -266,11 +288,20 @@ def _run_gptq(
     src = plan.source.root
     with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model the engine cannot run fails now
         activations = loader.source.activations
+        vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     text = str(opts.text) if opts.text else None
     sequences, label, sha = calibration_tokens(src, text, opts.builtin, opts.tokens, opts.seq_len)
     count = sum(map(len, sequences))
+    largest = max(max(ids) for ids in sequences)
+    if largest >= vocab:
+        raise WeightsmithError(
+            f"its tokenizer gives token id {largest:,} but the model embeds {vocab:,} tokens: "
+            "not this model's tokenizer",
+            file=src,
+            code="engine.tokenizer",
+        )
     widest = max((d.shape[1] for d in plan.decisions if d.action == "quantize"), default=0)
     if count < widest:
         err.print(
@@ -392,7 +423,7 @@ def quantize(
         _warn_unmatched(plan)
         _warn_few_tokens(plan)
         if json_out:
-            print(json.dumps(plan_json(plan), indent=2))
+            print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
         else:
             console.print(plan_table(plan))
             for table in _breakdown_tables(plan):
@@ -402,6 +433,8 @@ def quantize(
                 f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
                 f"ignore: {', '.join(plan.ignore) or '(none)'}"
             )
+            if gptq is not None:
+                console.print(escape(_gptq_line(gptq)), soft_wrap=True)
         return
     result, seconds = run_quantize(
         src,
