@@ -191,6 +191,7 @@ def run(
     dampening: float = DAMPENING,
     block_size: int = BLOCK_SIZE,
     actorder: str = "static",
+    sequential: bool = True,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
 ) -> Result:
@@ -224,12 +225,25 @@ def run(
                         for name, module in layer.named_modules()
                         if isinstance(module, torch.nn.Linear) and f"{prefix}.{name}" in targets
                     }
-                    if linears:
-                        layer_calls = [calls[index][batch[0]] for batch in batches]
+                    layer_calls = [calls[index][batch[0]] for batch in batches]
+                    if linears and not sequential:
                         for members, hessian in _hessians(layer, linears, hidden, layer_calls, len(sequences)):
                             _quantize_group(
                                 members, hessian, linears, targets, workdir, dampening, block_size, actorder, result
                             )
+                    remaining = dict(linears) if sequential else {}
+                    while remaining:
+                        found = _next_hessian(layer, remaining, hidden, layer_calls, len(sequences))
+                        if found is None:
+                            for m in remaining:
+                                result.rtn[m] = "never called when its layer runs"
+                            break
+                        members, hessian = found
+                        _quantize_group(
+                            members, hessian, linears, targets, workdir, dampening, block_size, actorder, result
+                        )
+                        for m in members:
+                            del remaining[m]
                     if index + 1 < count:  # the next layer's inputs, from this layer as quantized
                         for b, batch in enumerate(batches):
                             hidden[b] = calls[index][batch[0]](layer, hidden[b])
@@ -306,6 +320,62 @@ def _hessians(
     return [([m for m in linears if owner.get(m) == key], total / n) for key, total in sums.items()]
 
 
+def _next_hessian(
+    layer: Any, remaining: dict[str, Any], hidden: list[Any], calls: list[Any], n: int
+) -> tuple[list[str], Any] | None:
+    """The first Linears of `remaining` the layer calls, on one input, and their Hessian 2/n sum X^T X,
+    with every Linear quantized before them as quantized (GPTQ's "true sequential" order: o_proj's
+    Hessian from the attention of the quantized q/k/v, down_proj's from the quantized gate/up).
+
+    None when the layer calls none of them. Each batch stops at the first call of another of
+    `remaining` (the next group), or, once the group is known, as soon as all of it has been called.
+    """
+    import torch
+
+    members: list[str] = []
+    group_input: list[Any] = [None]
+    total: list[Any] = [None]
+    done: list[bool] = [False]  # the group is complete (known after the first batch)
+    called: set[str] = set()
+
+    def hook_for(path: str) -> Any:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            if not members:
+                members.append(path)  # the first of `remaining` the layer calls leads the group
+            if path == members[0]:
+                rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+                if total[0] is None:
+                    total[0] = torch.zeros((rows.shape[1], rows.shape[1]), dtype=torch.float32)
+                total[0].addmm_(rows.t(), rows, alpha=2.0)
+                group_input[0] = x
+            elif x is group_input[0]:
+                if not done[0] and path not in members:
+                    members.append(path)
+            else:
+                raise _AllSeen  # another input: the next group's, so this batch has given all it has
+            called.add(path)
+            if done[0] and called.issuperset(members):
+                raise _AllSeen
+
+        return hook
+
+    handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in remaining.items()]
+    try:
+        for states, call in zip(hidden, calls, strict=True):
+            with suppress(_AllSeen):
+                call(layer, states)
+            done[0] = bool(members)
+            group_input[0] = None
+            called.clear()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not members:
+        return None
+    return members, total[0] / n
+
+
 class _AllSeen(Exception):
     """Raised by the last Linear's hook in a batch: every Hessian has its share of the batch."""
 
@@ -327,20 +397,19 @@ def _quantize_group(
 
     weights = [linears[m].weight.detach() for m in members]
     grids = [targets[m].scheme.grid(w.numpy().astype(targets[m].dtype)) for m, w in zip(members, weights, strict=True)]
-    if any(g is None for g in grids):
+    real = [g for g in grids if g is not None]
+    if len(real) < len(grids):
         for m in members:
             result.rtn[m] = "its scheme has no integer grid GPTQ can choose points of"
         return
-    if len({(g.group, g.q_min, g.q_max, g.zero_point is None) for g in grids if g is not None}) > 1:
+    if len({(g.group, g.q_min, g.q_max, g.zero_point is None) for g in real}) > 1:
         for m in members:  # one input but different grids: one column loop each
             _quantize_group([m], hessian.clone(), linears, targets, workdir, dampening, block_size, actorder, result)
         return
-    first = grids[0]
-    assert first is not None
-    zps = [g.zero_point for g in grids]
+    first = real[0]
     grid = Grid(
-        np.concatenate([g.scale.astype(np.float32) for g in grids]).astype(first.scale.dtype),
-        None if first.zero_point is None else np.concatenate(zps),  # type: ignore[arg-type]
+        np.concatenate([g.scale.astype(np.float32) for g in real]).astype(first.scale.dtype),
+        None if first.zero_point is None else np.concatenate([g.zero_point for g in real if g.zero_point is not None]),
         first.group,
         first.q_min,
         first.q_max,
