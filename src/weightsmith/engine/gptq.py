@@ -151,6 +151,15 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def compile_kernel() -> None:
+    """Compile the column kernel into numba's cache (`weightsmith.warm`), with the argument types
+    `quantize_weight` passes: codes are a column slice of the whole matrix's."""
+    codes = np.zeros((2, 8), np.int8)
+    block = np.ones((2, 4), np.float32)
+    _block(block, np.empty_like(block), codes[:, 4:], np.eye(4, dtype=np.float32), np.ones((2, 1), np.float32),
+           np.zeros((0, 0), np.float32), np.zeros(8, np.int64)[4:], np.float32(-8), np.float32(7), 0)  # fmt: skip
+
+
 @njit(nogil=True, cache=True)
 def _block(
     block: Any, errors: Any, codes: Any, hinv: Any, scale: Any, zp: Any, group_of: Any, q_min: Any, q_max: Any,
