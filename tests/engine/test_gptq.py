@@ -156,3 +156,53 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     model = AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(8)[None]).logits).all()
+
+
+def test_each_group_sees_the_layer_quantized_before_it(tiny_llama: Path, tmp_path: Path, monkeypatch) -> None:
+    """True-sequential order: o_proj's Hessian is that of its inputs with q/k/v already quantized
+    (not with the original q/k/v, which is what an all-at-once pass would give it)."""
+    from transformers import AutoModelForCausalLM
+
+    from weightsmith.engine import gptq
+
+    scheme = make_scheme("w4a16", 32)
+    layer0 = "model.layers.0"
+    qkv = [f"{layer0}.self_attn.{p}_proj" for p in "qkv"]
+    o_proj = f"{layer0}.self_attn.o_proj"
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    quantize_weight_ = gptq.quantize_weight
+
+    def recording(weight, hessian, *args, **kwargs):
+        seen.append((hessian.clone(), weight.clone()))
+        codes, values, singular = quantize_weight_(weight, hessian, *args, **kwargs)
+        seen[-1] = (seen[-1][0], values.clone())
+        return codes, values, singular
+
+    monkeypatch.setattr(gptq, "quantize_weight", recording)
+    ids = [list(range(100, 132)), list(range(500, 532))]
+    targets = {m: gptq.Target(scheme, np.dtype(ml_dtypes.bfloat16)) for m in [*qkv, o_proj]}
+    gptq.run(tiny_llama, ids, targets, tmp_path)
+    assert len(seen) == 2  # q/k/v stacked, then o_proj
+    (_, qkv_values), (o_hessian, _) = seen
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    attention = model.model.layers[0].self_attn
+
+    def o_hessian_with(quantized: bool) -> torch.Tensor:
+        if quantized:
+            rows = [attention.q_proj.out_features, attention.k_proj.out_features, attention.v_proj.out_features]
+            for proj, values in zip([attention.q_proj, attention.k_proj, attention.v_proj],
+                                    qkv_values.split(rows), strict=True):  # fmt: skip
+                proj.weight.data.copy_(values)
+        inputs: list[torch.Tensor] = []
+        handle = attention.o_proj.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
+        with torch.no_grad():
+            model(torch.tensor(ids))
+        handle.remove()
+        x = torch.cat(inputs).reshape(-1, attention.o_proj.in_features)
+        return 2 * x.t() @ x / len(ids)
+
+    original = o_hessian_with(quantized=False)
+    expected = o_hessian_with(quantized=True)
+    assert float((o_hessian - expected).norm() / expected.norm()) < 1e-5
+    assert float((original - expected).norm() / expected.norm()) > 1e-3  # the order matters
