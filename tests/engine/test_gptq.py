@@ -148,7 +148,7 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     # the card says how the values were chosen, and its check re-derives every number of it
     assert run_inprocess(capsys, monkeypatch, "card", out).code == 0
     card = (out / "README.md").read_text()
-    assert "chosen by `gptq`" in card and "0.01" in card
+    assert "chosen by `gptq`" in card and "0.01" in card and "activation order `static`" in card
     assert run_inprocess(capsys, monkeypatch, "card", out, "--check").code == 0
 
     from transformers import AutoModelForCausalLM
