@@ -200,7 +200,6 @@ def run(
     dampening: float = DAMPENING,
     block_size: int = BLOCK_SIZE,
     actorder: str = "static",
-    sequential: bool = True,
     trust_remote_code: bool = False,
     progress: Progress | None = None,
 ) -> Result:
@@ -234,25 +233,12 @@ def run(
                         for name, module in layer.named_modules()
                         if isinstance(module, torch.nn.Linear) and f"{prefix}.{name}" in targets
                     }
-                    layer_calls = [calls[index][batch[0]] for batch in batches]
-                    if linears and not sequential:
+                    if linears:
+                        layer_calls = [calls[index][batch[0]] for batch in batches]
                         for members, hessian in _hessians(layer, linears, hidden, layer_calls, len(sequences)):
                             _quantize_group(
                                 members, hessian, linears, targets, workdir, dampening, block_size, actorder, result
                             )
-                    remaining = dict(linears) if sequential else {}
-                    while remaining:
-                        found = _next_hessian(layer, remaining, hidden, layer_calls, len(sequences))
-                        if found is None:
-                            for m in remaining:
-                                result.rtn[m] = "never called when its layer runs"
-                            break
-                        members, hessian = found
-                        _quantize_group(
-                            members, hessian, linears, targets, workdir, dampening, block_size, actorder, result
-                        )
-                        for m in members:
-                            del remaining[m]
                     if index + 1 < count:  # the next layer's inputs, from this layer as quantized
                         for b, batch in enumerate(batches):
                             hidden[b] = calls[index][batch[0]](layer, hidden[b])
@@ -327,62 +313,6 @@ def _hessians(
         for handle in handles:
             handle.remove()
     return [([m for m in linears if owner.get(m) == key], total / n) for key, total in sums.items()]
-
-
-def _next_hessian(
-    layer: Any, remaining: dict[str, Any], hidden: list[Any], calls: list[Any], n: int
-) -> tuple[list[str], Any] | None:
-    """The first Linears of `remaining` the layer calls, on one input, and their Hessian 2/n sum X^T X,
-    with every Linear quantized before them as quantized (GPTQ's "true sequential" order: o_proj's
-    Hessian from the attention of the quantized q/k/v, down_proj's from the quantized gate/up).
-
-    None when the layer calls none of them. Each batch stops at the first call of another of
-    `remaining` (the next group), or, once the group is known, as soon as all of it has been called.
-    """
-    import torch
-
-    members: list[str] = []
-    group_input: list[Any] = [None]
-    total: list[Any] = [None]
-    done: list[bool] = [False]  # the group is complete (known after the first batch)
-    called: set[str] = set()
-
-    def hook_for(path: str) -> Any:
-        def hook(_module: Any, args: tuple[Any, ...]) -> None:
-            x = args[0]
-            if not members:
-                members.append(path)  # the first of `remaining` the layer calls leads the group
-            if path == members[0]:
-                rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
-                if total[0] is None:
-                    total[0] = torch.zeros((rows.shape[1], rows.shape[1]), dtype=torch.float32)
-                total[0].addmm_(rows.t(), rows, alpha=2.0)
-                group_input[0] = x
-            elif x is group_input[0]:
-                if not done[0] and path not in members:
-                    members.append(path)
-            else:
-                raise _AllSeen  # another input: the next group's, so this batch has given all it has
-            called.add(path)
-            if done[0] and called.issuperset(members):
-                raise _AllSeen
-
-        return hook
-
-    handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in remaining.items()]
-    try:
-        for states, call in zip(hidden, calls, strict=True):
-            with suppress(_AllSeen):
-                call(layer, states)
-            done[0] = bool(members)
-            group_input[0] = None
-            called.clear()
-    finally:
-        for handle in handles:
-            handle.remove()
-    if not members:
-        return None
-    return members, total[0] / n
 
 
 class _AllSeen(Exception):
