@@ -3,14 +3,15 @@
 On SmolLM2-135M (or `--model DIR`), W4A16 group 64 (576 and 1536 are not multiples of 128), each
 run in its own process, one at a time, measured for wall time and peak RSS (`wait4`):
 - `weightsmith quantize --method gptq --builtin code --tokens N --seq-len L`;
-- `oneshot` with `GPTQModifier` (same scheme, `actorder=None`, dampening 0.01, block 128, lm_head
-  ignored) on the same token ids;
+- `oneshot` with `GPTQModifier` (same scheme, same `--actorder`: static, its default, or none;
+  dampening 0.01, block 128, lm_head ignored) on the same token ids;
 - `weightsmith quantize` round-to-nearest, for the KL GPTQ is to lower.
 Then KL, top-1 agreement and perplexity of each against the original on held-out text (Python's
 `textwrap.py`, which the calibration text does not contain), by `fidelity.logits.compare`.
 
     python benchmarks/gptq_speed.py [--model DIR] [--tokens 2048] [--seq-len 256] [--group-size 64]
-                                    [--asym] [--eval-tokens 512] [--skip-oneshot] [--keep DIR]
+                                    [--asym] [--actorder static|none] [--eval-tokens 512]
+                                    [--skip-oneshot] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from datasets import Dataset
 from llmcompressor import oneshot
 from llmcompressor.modifiers.gptq import GPTQModifier
 src, seqs_file, out, group, symmetric = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+actorder = None if sys.argv[6] == "none" else sys.argv[6]
 seqs = json.loads(open(seqs_file).read())
 model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype="auto")
 data = Dataset.from_dict({"input_ids": seqs, "attention_mask": [[1] * len(s) for s in seqs]})
 weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group}
 recipe = GPTQModifier(config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
-                      ignore=["lm_head"], actorder=None, dampening_frac=0.01, block_size=128)
+                      ignore=["lm_head"], actorder=actorder, dampening_frac=0.01, block_size=128)
 oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(seqs),
         max_seq_length=max(map(len, seqs)), output_dir=out)
 """
@@ -62,7 +64,8 @@ def timed(cmd: list[str]) -> tuple[float, float, float]:
 
 
 def row(label: str, wall: float, cpu: float, rss: float) -> None:
-    print(f"{label:<48} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:5.2f} GiB", flush=True)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{label:<48} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:5.2f} GiB  (load {load})", flush=True)
 
 
 def held_out_text() -> str:
@@ -86,6 +89,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--asym", action="store_true", help="W4A16_ASYM instead of W4A16")
+    ap.add_argument("--actorder", choices=["static", "none"], default="static", help="for both GPTQ runs")
     ap.add_argument("--eval-tokens", type=int, default=512)
     ap.add_argument("--skip-oneshot", action="store_true")
     ap.add_argument("--keep", type=Path, default=None, help="keep the outputs in this folder")
@@ -100,7 +104,8 @@ def main() -> None:
     base = args.keep or Path(tempfile.mkdtemp(prefix="gptq-speed-"))
     base.mkdir(parents=True, exist_ok=True)
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
-    gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len]
+    gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len,
+            "--actorder", args.actorder]
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
     row("weightsmith quantize (RTN)", *timed(rtn))
@@ -111,13 +116,14 @@ def main() -> None:
         seqs = base / "tokens.json"
         seqs.write_text(json.dumps(token_ids(args.model, args.tokens, args.seq_len)))
         cmd = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
-               str(args.group_size), "0" if args.asym else "1"]
+               str(args.group_size), "0" if args.asym else "1", args.actorder]
         theirs = timed(cmd)
         row("llm-compressor oneshot GPTQModifier (CPU)", *theirs)
         print(f"oneshot / ours: wall {theirs[0] / ours[0]:.2f}x, cpu {theirs[1] / ours[1]:.2f}x; "
               f"peak RSS ours {ours[2]:.2f} GiB, oneshot {theirs[2]:.2f} GiB", flush=True)
         outputs["llm-compressor GPTQ"] = base / "oneshot"
-    print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}:")
+    print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}, "
+          f"actorder {args.actorder}:")
     for label, folder in outputs.items():
         print(f"  {label:<22} {fidelity(args.model, folder, args.eval_tokens)}", flush=True)
 

@@ -256,6 +256,29 @@ class GptqOptions:
     seq_len: int
     dampening: float
     trust_remote_code: bool = False
+    actorder: str = "static"
+
+
+def _gptq_json(opts: GptqOptions) -> dict[str, object]:
+    """What `--method gptq` would run, for `--dry-run --json`."""
+    return {
+        "name": "gptq",
+        "text": str(opts.text) if opts.text else f"builtin:{opts.builtin or 'code'}",
+        "tokens_at_most": opts.tokens,
+        "seq_len": opts.seq_len,
+        "actorder": opts.actorder,
+        "dampening": opts.dampening,
+    }
+
+
+def _gptq_line(opts: GptqOptions) -> str:
+    """What `--method gptq` would run, for `--dry-run`: the quantized Linears' values chosen by GPTQ."""
+    text = str(opts.text) if opts.text else f"the built-in {opts.builtin or 'code'} text"
+    return (
+        f"method: gptq on at most {opts.tokens:,} tokens of {text} in sequences of {opts.seq_len}, one decoder "
+        f"layer at a time (actorder {opts.actorder}, dampening {opts.dampening} of each Hessian's mean diagonal); "
+        "the grid and the files are the plan's, only the integer values differ"
+    )
 
 
 def _run_gptq(
@@ -275,11 +298,20 @@ def _run_gptq(
     src = plan.source.root
     with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model the engine cannot run fails now
         activations = loader.source.activations
+        vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     text = str(opts.text) if opts.text else None
     sequences, label, sha = calibration_tokens(src, text, opts.builtin, opts.tokens, opts.seq_len)
     count = sum(map(len, sequences))
+    largest = max(max(ids) for ids in sequences)
+    if largest >= vocab:
+        raise WeightsmithError(
+            f"its tokenizer gives token id {largest:,} but the model embeds {vocab:,} tokens: "
+            "not this model's tokenizer",
+            file=src,
+            code="engine.tokenizer",
+        )
     widest = max((d.shape[1] for d in plan.decisions if d.action == "quantize"), default=0)
     if count < widest:
         err.print(
@@ -304,6 +336,7 @@ def _run_gptq(
         sequences,
         provenance,
         dampening=opts.dampening,
+        actorder=opts.actorder,
         workers=workers,
         force=force,
         hash_sources=hash_sources,
@@ -326,6 +359,13 @@ def _default_searches() -> str:
         if cls.DEFAULT_SEARCH is not None:
             by_search.setdefault(cls.DEFAULT_SEARCH, []).append(name)
     return "; ".join(f"{search} for {', '.join(names)}" for search, names in by_search.items())
+
+
+def gptq_actorders() -> tuple[str, ...]:
+    """`--actorder`'s choices, from the engine (imported only when asked: it loads numba)."""
+    from weightsmith.engine.gptq import ACTORDERS
+
+    return ACTORDERS
 
 
 def quantize(
@@ -378,6 +418,12 @@ def quantize(
     dampening: float = typer.Option(
         0.01, "--dampening", help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal."
     ),
+    actorder: str = typer.Option(
+        "static",
+        "--actorder",
+        help="--method gptq: static (columns in order of decreasing Hessian diagonal, each on its own group's "
+        "grid; llm-compressor's default, same stored format) or none (columns in stored order).",
+    ),
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."
     ),
@@ -388,7 +434,7 @@ def quantize(
     no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
 ) -> None:
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
-    gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search)
+    gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search, actorder)
     if dry_run:
         rules = _recipe(scheme, group_size, scale_search, recipe, default_search=gptq is None)
         plan = plan_quantize(
@@ -397,7 +443,7 @@ def quantize(
         _warn_unmatched(plan)
         _warn_few_tokens(plan)
         if json_out:
-            print(json.dumps(plan_json(plan), indent=2))
+            print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
         else:
             console.print(plan_table(plan))
             for table in _breakdown_tables(plan):
@@ -407,6 +453,8 @@ def quantize(
                 f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
                 f"ignore: {', '.join(plan.ignore) or '(none)'}"
             )
+            if gptq is not None:
+                console.print(escape(_gptq_line(gptq)), soft_wrap=True)
         return
     result, seconds = run_quantize(
         src,
@@ -450,6 +498,7 @@ def _gptq_options(
     dampening: float,
     trust_remote_code: bool,
     scale_search: str | None,
+    actorder: str = "static",
 ) -> GptqOptions | None:
     """The GPTQ options when `--method gptq`, after checking them; a usage error for ones that do not fit."""
     if method not in METHODS:
@@ -466,7 +515,14 @@ def _gptq_options(
         )
     if not 0 <= dampening < 1 or dampening != dampening:
         raise WeightsmithError(f"--dampening {dampening} must be in [0, 1)", code="usage")
-    return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code)
+    if actorder not in gptq_actorders():
+        raise WeightsmithError(
+            f"--actorder {actorder!r}: choose from {', '.join(gptq_actorders())}"
+            + (" (group is deprecated by compressed-tensors and refused by llm-compressor's GPTQ)" if actorder
+               in ("group", "dynamic") else ""),
+            code="usage",
+        )
+    return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code, actorder)
 
 
 def demo(

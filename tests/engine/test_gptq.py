@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -28,33 +29,43 @@ def _problem(rows: int = 96, cols: int = 192, tokens: int = 300, seed: int = 0) 
     return W, H
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w8a16"])
-def test_values_are_llm_compressors(name: str) -> None:
-    """Our column loop against llm-compressor 0.14's `quantize_weight` on the same grid."""
+@pytest.mark.parametrize("actorder", ["none", "static"])
+@pytest.mark.parametrize(("name", "dtype"), [("w4a16", "f32"), ("w4a16-asym", "f32"), ("w8a16", "f32"),
+                                             ("w4a16", "bf16"), ("w4a16-asym", "bf16")])  # fmt: skip
+def test_values_are_llm_compressors(name: str, dtype: str, actorder: str) -> None:
+    """Our column loop against llm-compressor 0.14's `quantize_weight` on the same grid, value for value:
+    float32 scales, and bf16 scales (a bf16 checkpoint's, whose dequantization rounds to bf16)."""
     pytest.importorskip("llmcompressor")
     from compressed_tensors.quantization import QuantizationArgs
     from llmcompressor.modifiers.gptq.gptq_quantize import quantize_weight as reference
 
     scheme = make_scheme(name, 64, "none")
     W, H = _problem()
-    grid = scheme.grid(W.numpy())
-    codes, ours, singular = quantize_weight(W, H.clone(), grid)
+    if dtype == "bf16":
+        W = W.to(torch.bfloat16).float()
+        grid = scheme.grid(W.numpy().astype(ml_dtypes.bfloat16))
+        scale = torch.from_numpy(grid.scale.astype(np.float32)).to(torch.bfloat16)
+    else:
+        grid = scheme.grid(W.numpy())
+        scale = torch.from_numpy(grid.scale)
+    codes, ours, singular = quantize_weight(W, H.clone(), grid, actorder=actorder)
     args = QuantizationArgs(
-        num_bits=scheme.num_bits, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64
-    )
+        num_bits=scheme.num_bits, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64,
+        actorder=None if actorder == "none" else actorder,
+    )  # fmt: skip
     zp = torch.zeros(grid.scale.shape, dtype=torch.int8) if grid.zero_point is None else torch.from_numpy(
         grid.zero_point
     )
-    theirs, _, fallback = reference(
-        W[None].clone(), H[None].clone(), torch.from_numpy(grid.scale)[None], zp[None], None, args
-    )
+    theirs, _, fallback = reference(W[None].clone(), H[None].clone(), scale[None], zp[None], None, args)
     assert not singular and not bool(fallback[0])
     assert torch.equal(ours, theirs[0])
     # the codes are the points of the grid the dequantized values stand on
-    q = codes.numpy().astype(np.float32)
+    q = codes.astype(np.float32)
     if grid.zero_point is not None:
         q = q - np.repeat(grid.zero_point.astype(np.float32), 64, axis=1)
-    assert np.array_equal(q * np.repeat(grid.scale.astype(np.float32), 64, axis=1), ours.numpy())
+    steps = torch.from_numpy(np.repeat(grid.scale.astype(np.float32), 64, axis=1)).to(scale.dtype)
+    dq = torch.from_numpy(q).to(scale.dtype) * steps
+    assert torch.equal(dq.float(), ours)
     # and GPTQ lowers the output error against round-to-nearest on the same grid
     rtn = torch.from_numpy(scheme.decode(scheme.weight_args(), _stored(scheme, W.numpy(), None)))
 
@@ -87,7 +98,7 @@ def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> No
     same = _stored(scheme, w, Chosen(rtn_codes))
     assert plain.keys() == same.keys() and all(np.array_equal(plain[k], same[k]) for k in plain)
     codes, dequantized, _ = quantize_weight(W, H.clone(), grid)
-    chosen = _stored(scheme, w, Chosen(codes.numpy()))
+    chosen = _stored(scheme, w, Chosen(codes))
     assert not np.array_equal(chosen["weight_packed"], plain["weight_packed"])
     assert all(np.array_equal(plain[k], chosen[k]) for k in plain if k != "weight_packed")
     assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
@@ -137,7 +148,7 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     # the card says how the values were chosen, and its check re-derives every number of it
     assert run_inprocess(capsys, monkeypatch, "card", out).code == 0
     card = (out / "README.md").read_text()
-    assert "chosen by `gptq`" in card and "0.01" in card
+    assert "chosen by `gptq`" in card and "0.01" in card and "activation order `static`" in card
     assert run_inprocess(capsys, monkeypatch, "card", out, "--check").code == 0
 
     from transformers import AutoModelForCausalLM
@@ -145,3 +156,4 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     model = AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(8)[None]).logits).all()
+

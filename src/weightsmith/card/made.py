@@ -241,7 +241,9 @@ def _method_line(m: Manifest, c: Citations) -> str:
     return (
         f"- **Calibration**: the integer weight values chosen by {c.text(method.name, M, 'method.name')} "
         f"(dampening {c.num(str(method.dampening), M, 'method.dampening')} of the mean Hessian diagonal, blocks of "
-        f"{c.num(str(method.block_size), M, 'method.block_size')} columns) with the input Hessians of "
+        f"{c.num(str(method.block_size), M, 'method.block_size')} columns"
+        + (f", activation order {c.text(method.actorder, M, 'method.actorder')}" if method.actorder else "")
+        + ") with the input Hessians of "
         f"{c.num(f'{cal.tokens:,}', M, 'calibration.tokens')} tokens "
         f"({c.num(str(cal.sequences), M, 'calibration.sequences')} sequences of up to "
         f"{c.num(str(cal.seq_len), M, 'calibration.seq_len')}) of "
