@@ -128,11 +128,15 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
     partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
     if partial.exists():
         shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    lock = os.open(partial / LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:  # an interrupt landing between creating the folder and locking it must not leave it behind
+        partial.mkdir(parents=True)
+        lock = os.open(partial / LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             yield partial
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
