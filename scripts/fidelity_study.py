@@ -175,7 +175,8 @@ def _preamble() -> list[str]:
         "KL is the mean over positions of KL(p_orig || p_quant) in nats; rel. weight MSE is",
         "sum (W - Q(W))^2 / sum W^2 over every quantized Linear. Every Linear but `lm_head` is quantized.",
         "Both models reach us already rounded once (SmolLM2: Q4_1; Qwen: Q4_K_M), see tests/models.py.",
-        "The GPTQ rows are not data-free: their Hessians come from 2048 tokens of the built-in code text",
+        f"The GPTQ rows are not data-free: their Hessians come from {GPTQ[GPTQ.index('--tokens') + 1]} tokens of the "
+        "built-in code text",
         f"(`{' '.join(GPTQ)}`), which shares no file with the text above.",
     ]
 
