@@ -79,7 +79,7 @@ def test_layer0_is_llm_compressors(smollm2: Path) -> None:
 
     token_ids, _, _ = calibration_tokens(smollm2, None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN)
     qkv = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
-    ours = _our_layer0(smollm2, token_ids, qkv, gptq, make_scheme("w4a16", GROUP), np.dtype(np.float32))
+    ours = _our_layer0(smollm2, token_ids, qkv, gptq, make_scheme("w4a16", GROUP, "none"), np.dtype(np.float32))
     theirs = _their_layer0(smollm2, token_ids, qkv)
     assert len(ours["hidden"]) == len(theirs["hidden"]) == SEQUENCES
     assert all(torch.equal(a, b) for a, b in zip(ours["hidden"], theirs["hidden"], strict=True))
