@@ -265,17 +265,23 @@ class _Handler(BaseHTTPRequestHandler):
         while emitted < tokens:
             n_new = 1
             if emitted and metrics.spec:
-                accepted = min(config.k, config.accept_pattern[step % len(config.accept_pattern)])
+                n_new = self._spec_step(step, engine)
                 step += 1
-                metrics.drafts.labels(config.model, engine).inc()
-                metrics.draft_tokens.labels(config.model, engine).inc(config.k)
-                metrics.accepted.labels(config.model, engine).inc(accepted)
-                for pos in range(accepted):
-                    metrics.per_pos.labels(config.model, engine, str(pos)).inc()
-                n_new = accepted + 1
             emitted += n_new
         metrics.generation.labels(config.model, engine).inc(tokens)
         metrics.prompt.labels(config.model, engine).inc(prompt_tokens(prompt))
+
+    def _spec_step(self, step: int, engine: str) -> int:
+        """One speculative step in /metrics (a draft of k, its accepted tokens, per position); the
+        tokens it emits: the accepted ones and the bonus token."""
+        config, metrics = self.standin.config, self.standin.metrics
+        accepted = min(config.k, config.accept_pattern[step % len(config.accept_pattern)])
+        metrics.drafts.labels(config.model, engine).inc()
+        metrics.draft_tokens.labels(config.model, engine).inc(config.k)
+        metrics.accepted.labels(config.model, engine).inc(accepted)
+        for pos in range(accepted):
+            metrics.per_pos.labels(config.model, engine, str(pos)).inc()
+        return accepted + 1
 
     def _whole(self, body: dict[str, Any], prompt: str, chat: bool, engine: str) -> None:
         """A non-streamed response, in vLLM's body layout (fields it sends as null included)."""
@@ -394,14 +400,8 @@ class _Handler(BaseHTTPRequestHandler):
             if emitted == 0:
                 n_new = 1  # the first token comes from prefill
             elif metrics.spec:
-                accepted = min(config.k, config.accept_pattern[step % len(config.accept_pattern)])
+                n_new = self._spec_step(step, engine)
                 step += 1
-                metrics.drafts.labels(config.model, engine).inc()
-                metrics.draft_tokens.labels(config.model, engine).inc(config.k)
-                metrics.accepted.labels(config.model, engine).inc(accepted)
-                for pos in range(accepted):
-                    metrics.per_pos.labels(config.model, engine, str(pos)).inc()
-                n_new = accepted + 1
                 time.sleep(config.step_s)
             else:
                 n_new = 1
