@@ -50,19 +50,9 @@ class Evidence:
         return {"file": self.file, "line": self.line, "text": self.text}
 
 
-def _parse(src: VllmSource, rel: str) -> tuple[ast.Module, list[str]] | None:
-    text = src.text(rel)
-    if text is None:
-        return None
-    try:
-        return ast.parse(text), text.splitlines()
-    except SyntaxError:
-        return None
-
-
 def parses(src: VllmSource, rel: str) -> bool:
     """Whether `rel` exists and is Python `ast` can parse (else its checks cannot be made)."""
-    return _parse(src, rel) is not None
+    return src.parsed(rel) is not None
 
 
 def _evidence(rel: str, lines: list[str], node: ast.AST) -> Evidence:
@@ -97,7 +87,7 @@ def _ancestors(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.AST]:
 
 def draft_model_file(src: VllmSource, architectures: list[str], method: str) -> tuple[str, str, Evidence] | None:
     """(vLLM architecture, model file, registry line) for the draft, renamed as EAGLEConfig renames it."""
-    parsed = _parse(src, REGISTRY)
+    parsed = src.parsed(REGISTRY)
     if parsed is None:
         return None
     tree, lines = parsed
@@ -145,7 +135,7 @@ class QuantCall:
 
 def quant_config_class(src: VllmSource, quant_method: str) -> str | None:
     """The class vLLM builds for a `quant_method` (its `method_to_config` table), or None."""
-    parsed = _parse(src, f"{QUANTIZATION}/__init__.py")
+    parsed = src.parsed(f"{QUANTIZATION}/__init__.py")
     if parsed is None:
         return None
     for node in ast.walk(parsed[0]):
@@ -190,7 +180,7 @@ def _find_class(src: VllmSource, name: str) -> ast.ClassDef | None:
         text = src.text(rel)
         if text is None or not pattern.search(text):
             continue
-        parsed = _parse(src, rel)
+        parsed = src.parsed(rel)
         for node in parsed[0].body if parsed else []:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return node
@@ -199,24 +189,48 @@ def _find_class(src: VllmSource, name: str) -> ast.ClassDef | None:
 
 def quant_config_calls(src: VllmSource, rel: str) -> list[QuantCall]:
     """Every `quant_config.METHOD(...)` call in `rel`, and whether a guard keeps a missing METHOD harmless."""
-    parsed = _parse(src, rel)
+    return [QuantCall(*use) for use in _guarded_uses(src, rel, _quant_config_method, _hasattr_guard)]
+
+
+def _quant_config_method(node: ast.AST) -> str | None:
+    """METHOD when `node` is a call `quant_config.METHOD(...)` (or `x.quant_config.METHOD(...)`)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    owner = node.func.value
+    if (isinstance(owner, ast.Name) and owner.id == "quant_config") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "quant_config"
+    ):
+        return node.func.attr
+    return None
+
+
+def _guarded_uses(
+    src: VllmSource,
+    rel: str,
+    use: Callable[[ast.AST], str | None],
+    guard_for: Callable[[str], Callable[[ast.AST], bool]],
+) -> list[tuple[str, Evidence, Evidence | None]]:
+    """(name, its line, its guard's line) for every node of `rel` that `use` names; the guard is the
+    one around it whose test `guard_for(name)` accepts, None when nothing guards it."""
+    parsed = src.parsed(rel)
     if parsed is None:
         return []
     tree, lines = parsed
     parents = _parents(tree)
-    calls = []
+    found = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        name = use(node)
+        if name is None:
             continue
-        owner = node.func.value
-        if (isinstance(owner, ast.Name) and owner.id == "quant_config") or (
-            isinstance(owner, ast.Attribute) and owner.attr == "quant_config"
-        ):
-            method = node.func.attr
-            guard = _guard(node, parents, partial(_mentions_attr, attr=method))
-            evidence = _guard_evidence(rel, lines, guard) if guard is not None else None
-            calls.append(QuantCall(method, _evidence(rel, lines, node), evidence))
-    return calls
+        guard = _guard(node, parents, guard_for(name))
+        evidence = _guard_evidence(rel, lines, guard) if guard is not None else None
+        found.append((name, _evidence(rel, lines, node), evidence))
+    return found
+
+
+def _hasattr_guard(method: str) -> Callable[[ast.AST], bool]:
+    """A test that asks whether the quant config has `method` before calling it."""
+    return partial(_mentions_attr, attr=method)
 
 
 def _mentions_attr(test: ast.AST, attr: str) -> bool:
@@ -291,24 +305,20 @@ def _quant_guard(test: ast.AST) -> bool:
 
 def weight_reads(src: VllmSource, rel: str) -> list[WeightRead]:
     """Every `X.<linear>.weight` in `rel`, and whether it sits behind a quantization guard."""
-    parsed = _parse(src, rel)
-    if parsed is None:
-        return []
-    tree, lines = parsed
-    parents = _parents(tree)
-    reads = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and node.attr == "weight"
-            and isinstance(node.value, ast.Attribute)
-            and _is_linear_name(node.value.attr)
-            and isinstance(node.ctx, ast.Load)
-        ):
-            guard = _guard(node, parents, _quant_guard)
-            evidence = _guard_evidence(rel, lines, guard) if guard is not None else None
-            reads.append(WeightRead(node.value.attr, _evidence(rel, lines, node), evidence))
-    return reads
+    return [WeightRead(*use) for use in _guarded_uses(src, rel, _linear_weight_read, lambda _: _quant_guard)]
+
+
+def _linear_weight_read(node: ast.AST) -> str | None:
+    """The Linear's name when `node` reads `X.<linear>.weight`."""
+    if (
+        isinstance(node, ast.Attribute)
+        and node.attr == "weight"
+        and isinstance(node.value, ast.Attribute)
+        and _is_linear_name(node.value.attr)
+        and isinstance(node.ctx, ast.Load)
+    ):
+        return node.value.attr
+    return None
 
 
 # ---- modules built without the quant config ------------------------------------------------------
@@ -327,7 +337,7 @@ class PlainBuild:
 
 def plain_builds(src: VllmSource, rel: str) -> list[PlainBuild]:
     """Every embedding or LM head `rel` builds without passing a quant config."""
-    parsed = _parse(src, rel)
+    parsed = src.parsed(rel)
     if parsed is None:
         return []
     tree, lines = parsed
@@ -384,7 +394,7 @@ def compile_key(src: VllmSource) -> CompileKey:
 
 
 def _method(src: VllmSource, rel: str, cls: str, name: str) -> tuple[ast.FunctionDef, list[str]] | None:
-    parsed = _parse(src, rel)
+    parsed = src.parsed(rel)
     if parsed is None:
         return None
     tree, lines = parsed
@@ -432,7 +442,7 @@ class MoeBackends:
 def nvfp4_moe_backends(src: VllmSource) -> MoeBackends | None:
     """Read the NVFP4 MoE oracle: a backend whose branch of the weight conversion sets `a13_scale = None`
     runs without activation scales (weight-only FP4 numerics)."""
-    parsed = _parse(src, NVFP4_MOE)
+    parsed = src.parsed(NVFP4_MOE)
     if parsed is None:
         return None
     tree, lines = parsed

@@ -7,6 +7,7 @@ members are the package's files, so both forms answer the same question: the tex
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import zipfile
@@ -29,6 +30,7 @@ class VllmSource:
     where: Path
     _zip: zipfile.ZipFile | None = field(default=None, repr=False)
     _texts: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _trees: dict[str, tuple[ast.Module, list[str]] | None] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, path: Path | None) -> VllmSource:
@@ -64,6 +66,19 @@ class VllmSource:
         if rel not in self._texts:
             self._texts[rel] = self._read(rel)
         return self._texts[rel]
+
+    def parsed(self, rel: str) -> tuple[ast.Module, list[str]] | None:
+        """`rel` parsed by `ast`, with its lines; None when it is missing or does not parse.
+
+        Parsed once: the checks of one run read the same model and quantization files several times.
+        """
+        if rel not in self._trees:
+            text = self.text(rel)
+            try:
+                self._trees[rel] = None if text is None else (ast.parse(text), text.splitlines())
+            except SyntaxError:
+                self._trees[rel] = None
+        return self._trees[rel]
 
     def _read(self, rel: str) -> str | None:
         parts = rel.split("/")
