@@ -46,10 +46,10 @@ def preflight(
         method = infer_method(drf)
     result = Preflight(str(src.where), src.version, str(target), str(draft) if draft else None, method)
     items = result.items
-    for side in (tgt, drf):
-        if side is not None:
-            items += _readable(side)
-            items += _kv(side)
+    target_kv = _kv(tgt)
+    items += _readable(tgt) + target_kv
+    if drf is not None:
+        items += _readable(drf) + _kv(drf)
     moe_flag = None
     for side in (tgt, drf):
         if side is not None:
@@ -62,7 +62,7 @@ def preflight(
         items += check_pair(tgt, drf, method)
         found, prefix = _compile_cache(src, drf, env)
         items += found
-    result.serve = _serve(target, draft, method, k, tgt, moe_flag, prefix)
+    result.serve = _serve(target, draft, method, k, _fp8_kv(tgt, target_kv), moe_flag, prefix)
     return result
 
 
@@ -124,13 +124,14 @@ def _kv(side: Side) -> list[Item]:
     ]
 
 
-def _fp8_kv(side: Side) -> bool:
-    """An FP8 KV cache declared with static scales that all ship: the serve line can carry it."""
+def _fp8_kv(side: Side, kv_items: list[Item]) -> bool:
+    """An FP8 KV cache declared with static scales that all ship (`_kv` found nothing): the serve line can
+    carry it."""
     decl = side.decl
     if decl is None or decl.kv_cache is None or not decl.kv_static:
         return False
     declared = decl.kv_cache.startswith("8-bit float") or "FP8" in decl.kv_cache.upper()
-    return declared and not _kv(side)
+    return declared and not kv_items
 
 
 def _w4a4(decl: QuantDeclaration, module: Module) -> bool:
@@ -159,7 +160,7 @@ def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], str | None]:
                 NOTE,
                 f"{count}; this vLLM's NVFP4 MoE backend code ({code.NVFP4_MOE}) was not found or drops no "
                 "activation scale, so which backends honour them cannot be checked",
-                file=side.where(experts[0].params[next(iter(experts[0].params))].shard),
+                file=side.module_file(experts[0]),
                 tensor=experts[0].name,
             )
         ], None
@@ -176,7 +177,7 @@ def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], str | None]:
             + f" ({', '.join(keep) or 'none found'} keep the activation scales); on GPUs without native FP4 the "
             "numbers this checkpoint was measured with cannot be reproduced",
             tuple(backends.drops[b] for b in sorted(backends.drops)),
-            file=side.where(experts[0].params[next(iter(experts[0].params))].shard),
+            file=side.module_file(experts[0]),
             tensor=experts[0].name,
         )
     ], flag
@@ -252,7 +253,7 @@ def _serve(
     draft: Path | None,
     method: str | None,
     k: int | None,
-    tgt: Side,
+    fp8_kv: bool,
     moe_flag: str | None,
     prefix: str | None,
 ) -> str:
@@ -262,7 +263,7 @@ def _serve(
         if k is not None:
             spec["num_speculative_tokens"] = k
     flags = []
-    if _fp8_kv(tgt):
+    if fp8_kv:
         flags.append("--kv-cache-dtype fp8")
     if moe_flag:
         flags.append(moe_flag)

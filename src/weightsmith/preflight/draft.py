@@ -81,7 +81,7 @@ def _plain_builds(src: VllmSource, drf: Side, model_file: str, method: str) -> l
                 "(a plain BF16 `weight`), so its packed tensors have nowhere to load",
                 fix,
                 (build.evidence,),
-                file=drf.where(first.params[next(iter(first.params))].shard),
+                file=drf.module_file(first),
                 tensor=first.name,
             )
         )
@@ -172,7 +172,7 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
                 f"{read.module}.weight directly; a quantized {read.module} has no `weight`",
                 fix,
                 (read.evidence,),
-                file=drf.where(first.params[next(iter(first.params))].shard),
+                file=drf.module_file(first),
                 tensor=first.name,
             )
         )

@@ -113,6 +113,10 @@ class Side:
     def where(self, file: str | None) -> str | None:
         return f"{self.role}/{file}" if file else self.role
 
+    def module_file(self, module: Module) -> str | None:
+        """The shard that holds `module` (its first parameter's), as `where` names it."""
+        return self.where(next(iter(module.params.values())).shard)
+
     @property
     def depth(self) -> int | None:
         layers = self.get("num_hidden_layers")
