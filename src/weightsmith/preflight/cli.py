@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from weightsmith.preflight.checks import preflight
-from weightsmith.preflight.report import IMPACTS, NOTE, Preflight
+from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, Preflight
 
 _HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
 
@@ -30,11 +30,10 @@ def print_preflight(result: Preflight, console: Console | None = None) -> None:
         items = [i for i in result.items if i.impact == impact]
         if not items:
             continue
-        style = "dim" if impact == NOTE else "bold red" if impact != "slower than it could" else "bold yellow"
+        style = "dim" if impact == NOTE else "bold red" if impact != SLOW else "bold yellow"
         console.print(f"\n[{style}]{_HEADINGS[impact]}[/] ({len(items)})")
         for item in items:
-            where = ": ".join(p for p in (item.file, f"tensor '{item.tensor}'" if item.tensor else None) if p)
-            console.print(escape(f"- [{item.check}] ") + escape(f"{where}: {item.message}" if where else item.message))
+            console.print(escape(f"- [{item.check}] ") + escape(item.line()))
             for ev in item.evidence:
                 console.print("    " + escape(ev.show()))
             if item.fix:

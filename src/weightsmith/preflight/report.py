@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightsmith.audit.findings import ERROR, INFO, WARNING
+from weightsmith.audit.findings import ERROR, INFO, WARNING, Finding, Severity
 from weightsmith.audit.modules import Module, group_modules
 from weightsmith.audit.quant_config import MODELOPT, QuantDeclaration, read_declaration
 from weightsmith.audit.survey import Survey, survey
@@ -20,7 +20,7 @@ from weightsmith.preflight.code import Evidence
 
 LOAD, WRONG, SLOW, NOTE = "will not load", "serves wrong numbers", "slower than it could", "note"
 #: The project's severity for each impact: what fails or silently degrades is an error or a warning.
-SEVERITY = {LOAD: ERROR, WRONG: ERROR, SLOW: WARNING, NOTE: INFO}
+SEVERITY: dict[str, Severity] = {LOAD: ERROR, WRONG: ERROR, SLOW: WARNING, NOTE: INFO}
 IMPACTS = (LOAD, WRONG, SLOW, NOTE)
 #: `--json` output identifies itself, so the card can tell a preflight report from any other JSON.
 SCHEMA, SCHEMA_VERSION = "weightsmith.preflight", 1
@@ -40,8 +40,12 @@ class Item:
     tensor: str | None = None
 
     @property
-    def severity(self) -> str:
+    def severity(self) -> Severity:
         return SEVERITY[self.impact]
+
+    def line(self) -> str:
+        """`file: tensor 'name': message`, spelled as every finding of the project is (`Finding.line`)."""
+        return Finding(self.check, self.severity, self.message, self.file, self.tensor).line()
 
     def as_dict(self) -> dict[str, Any]:
         return {
