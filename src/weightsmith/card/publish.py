@@ -20,6 +20,7 @@ from weightsmith.card.sources import BENCH_FILE, PREFLIGHT_FILE, VERIFY_FILE, Ca
 from weightsmith.card.target import named_target
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.preflight.report import NOTE
 
 #: vLLM's `--speculative-config` method for each draft kind the card recognises.
 METHODS = {"DFlash": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle", "Medusa": "medusa", "MTP": "mtp"}
@@ -198,7 +199,7 @@ def _preflight(src: CardSources, c: Citations) -> list[str]:
         found = [
             f"{c.num(str(n), PREFLIGHT_FILE, f'runs[{i}].counts[{impact}]')} {impact}"
             for impact, n in run["counts"].items()
-            if n and impact != "note"
+            if n and impact != NOTE
         ]
         parts.append(f"vLLM {version}: " + (", ".join(found) if found else "nothing that would fail or degrade"))
     if not parts:

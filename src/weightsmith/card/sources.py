@@ -28,6 +28,7 @@ from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
 from weightsmith.files import replace_file
 from weightsmith.manifest import MANIFEST_FILE, Manifest, load_manifest
+from weightsmith.preflight.report import SCHEMA as PREFLIGHT_SCHEMA
 
 CARD_FILE = "README.md"
 INSPECT_FILE = "inspect.json"
@@ -35,8 +36,6 @@ VERIFY_FILE = "verify.json"
 EVAL_FILE = "eval.json"
 BENCH_FILE = "bench.json"
 PREFLIGHT_FILE = "preflight.json"
-#: The `schema` field of `weightsmith preflight --json` output.
-PREFLIGHT_SCHEMA = "weightsmith.preflight"
 
 
 @dataclass

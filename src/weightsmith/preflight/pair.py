@@ -7,13 +7,12 @@ proposes tokens that are rejected. Where nothing records the target, that is sai
 
 from __future__ import annotations
 
+from weightsmith.card.sources import CARD_FILE
 from weightsmith.card.target import TARGET_FIELDS, named_target
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.errors import WeightsmithError
 from weightsmith.manifest import MANIFEST_FILE
 from weightsmith.preflight.report import LOAD, NOTE, SLOW, Item, Side
-
-CARD_FILE = "README.md"
 
 
 def check_pair(tgt: Side, drf: Side, method: str) -> list[Item]:
