@@ -118,6 +118,7 @@ def test_registry_naming_a_file_outside_the_package(sandbox, pair, capsys, monke
     doc = json.loads(r.out)
     assert r.code == 1 and doc["counts"]["will not load"] == 1
     assert doc["findings"][0]["check"] == "draft.architecture"
+    sandbox.assert_untouched()
     config = json.loads((pair[1] / "config.json").read_text())
     config["architectures"] = ["DFlashLagunaForCausalLM"]
     (pair[1] / "config.json").write_text(json.dumps(config))

@@ -102,7 +102,7 @@ def patched_old(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     return root
 
 
-def run(target: Path, vllm: Path, draft: Path | None = None, cache: Path | None = None, **kw: object):
+def run(target: Path, vllm: Path | None, draft: Path | None = None, cache: Path | None = None, **kw: object):
     env = {"VLLM_CACHE_ROOT": str(cache)} if cache else {"VLLM_CACHE_ROOT": "/nonexistent/vllm-cache"}
     return preflight(target, vllm=vllm, draft=draft, env=env, **kw)  # type: ignore[arg-type]
 
@@ -310,7 +310,14 @@ def test_cli_json_and_exit_status(pair, wheels, capsys: pytest.CaptureFixture[st
     assert "Suggested command" in out and "vllm serve" in out and "vLLM 0.33.0" in out
 
 
-def test_vllm_is_never_imported() -> None:
+def test_vllm_is_never_imported(pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installation found by default is read in place: a `vllm` importable here is never imported."""
+    site = tmp_path / "site-packages"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    result = run(pair["target"], None)
+    assert result.vllm == str(site)
     assert "vllm" not in sys.modules
 
 
