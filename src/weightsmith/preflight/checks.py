@@ -70,9 +70,7 @@ def infer_method(draft: Side) -> str:
     """The speculative method a draft's config implies, as vLLM's `SpeculativeConfig` infers it."""
     if "dflash_config" in draft.config:
         return "dflash"
-    listed = draft.config.get("architectures")
-    archs = " ".join(a for a in listed if isinstance(a, str)) if isinstance(listed, list) else ""
-    if "Eagle3" in archs or "eagle_aux_hidden_state_layer_ids" in draft.config:
+    if "Eagle3" in " ".join(draft.architectures) or "eagle_aux_hidden_state_layer_ids" in draft.config:
         return "eagle3"
     raise WeightsmithError(
         "does not say which speculative method it is for (no dflash_config, no Eagle3 architecture); pass --method",

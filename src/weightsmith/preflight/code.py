@@ -284,10 +284,6 @@ class WeightRead:
     #: The line of the quantization check the read sits behind, if any.
     guard: Evidence | None
 
-    @property
-    def guarded(self) -> bool:
-        return self.guard is not None
-
 
 def _is_linear_name(name: str) -> bool:
     return name.endswith("_proj") or name in ("fc", "lm_head")

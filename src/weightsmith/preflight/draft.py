@@ -18,8 +18,7 @@ DFLASH_PRESET = "dflash-draft"
 
 
 def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
-    listed = drf.config.get("architectures")
-    archs = [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
+    archs = drf.architectures
     resolved = code.draft_model_file(src, archs, method)
     if resolved is None:
         if src.text(code.REGISTRY) is None:
@@ -44,7 +43,8 @@ def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
             file=drf.where(CONFIG_FILE),
         )
     ]
-    for rel in (model_file, *code.PROPOSERS.get(method, ())):
+    files = (model_file, *code.PROPOSERS.get(method, ()))
+    for rel in files:
         if not code.parses(src, rel):
             items.append(
                 Item(
@@ -54,7 +54,7 @@ def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
                 )
             )
     items += _quant_calls(src, drf, model_file)
-    for rel in (model_file, *code.PROPOSERS.get(method, ())):
+    for rel in files:
         items += _weight_reads(src, drf, rel, method)
     items += _plain_builds(src, drf, model_file, method)
     return items
@@ -108,14 +108,14 @@ def _quant_calls(src: VllmSource, drf: Side, model_file: str) -> list[Item]:
     for call in code.quant_config_calls(src, model_file):
         if code.class_defines(src, cls, call.method) is not False:
             continue
-        if call.guarded:
+        if call.guard is not None:
             items.append(
                 Item(
                     "draft.quant-config-call",
                     NOTE,
                     f"{model_file} calls quant_config.{call.method}(), which {cls} does not define, behind a guard "
                     "(patched)",
-                    evidence=(call.guard, call.evidence) if call.guard else (call.evidence,),
+                    evidence=(call.guard, call.evidence),
                 )
             )
             continue
@@ -144,14 +144,14 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
         if not quantized:
             continue
         first = quantized[0]
-        if read.guarded:
+        if read.guard is not None:
             items.append(
                 Item(
                     "draft.weight-read",
                     NOTE,
                     f"{rel} reads {read.module}.weight only where the layer is unquantized (guarded), so the "
                     f"draft's quantized {read.module} is handled",
-                    evidence=(read.guard, read.evidence) if read.guard else (read.evidence,),
+                    evidence=(read.guard, read.evidence),
                 )
             )
             continue
@@ -165,11 +165,12 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
                 "draft.weight-read",
                 LOAD,
                 f"{len(quantized)} quantized {'/'.join(parts)} module(s) in the draft, and {rel} reads "
-                f"{read.module}.weight directly; a quantized {read.module} has no `weight`, so loading dies with "
-                "AttributeError: 'QKVParallelLinear' object has no attribute 'weight'"
-                if read.module == "qkv_proj"
-                else f"{len(quantized)} quantized {'/'.join(parts)} module(s) in the draft, and {rel} reads "
-                f"{read.module}.weight directly; a quantized {read.module} has no `weight`",
+                f"{read.module}.weight directly; a quantized {read.module} has no `weight`"
+                + (
+                    ", so loading dies with AttributeError: 'QKVParallelLinear' object has no attribute 'weight'"
+                    if read.module == "qkv_proj"
+                    else ""
+                ),
                 fix,
                 (read.evidence,),
                 file=drf.module_file(first),

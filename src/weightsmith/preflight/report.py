@@ -114,6 +114,12 @@ class Side:
         text = self.config.get("text_config")
         return text.get(key) if isinstance(text, dict) else None
 
+    @property
+    def architectures(self) -> list[str]:
+        """The names config.json lists under `architectures` (none when it lists none)."""
+        listed = self.config.get("architectures")
+        return [a for a in listed if isinstance(a, str)] if isinstance(listed, list) else []
+
     def where(self, file: str | None) -> str | None:
         return f"{self.role}/{file}" if file else self.role
 
