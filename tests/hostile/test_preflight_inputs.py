@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from audit.doctor_builders import tiny_moe, write
-from hostile.harness import Sandbox, run_inprocess
+from hostile.harness import Sandbox, copies, run_inprocess, tiny_pair
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
 
 SMALL = {**DEMO_CONFIG, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
@@ -26,6 +26,11 @@ def pair(sandbox: Sandbox) -> tuple[Path, Path]:
     target = write(tiny_moe(layers=24, experts=2), sandbox.root / "target")
     draft = write_demo_checkpoint(sandbox.root / "draft", config=SMALL)
     return target, draft
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def fake_vllm(root: Path, files: dict[str, str]) -> Path:
@@ -143,15 +148,9 @@ def test_registry_naming_a_file_outside_the_package(sandbox, pair, capsys, monke
     ],
 )  # fmt: skip
 def test_card_refuses_a_report_that_is_not_preflight_output(
-    sandbox: Sandbox, capsys, monkeypatch, report: dict, says: str
+    sandbox: Sandbox, tiny, capsys, monkeypatch, report: dict, says: str
 ) -> None:
-    from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-    from weightsmith.api import quantize
-
-    tiny = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-                head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip
-    src = write_checkpoint(sandbox.root / "src", llama_tensors(tiny), tiny)
-    out = quantize(src, sandbox.root / "quant", "w4a16", group_size=32, workers=1, hash_sources=False).output
+    _, out = copies(sandbox, tiny)
     path = sandbox.root / "report.json"
     path.write_text(json.dumps(report))
     sandbox.freeze()
