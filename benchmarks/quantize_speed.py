@@ -112,7 +112,7 @@ def main() -> None:
             work = med(arm, "work")
             label = arm.removeprefix("weightsmith ")
             print(f"with {label}: quantize work {work:6.2f} s ({gb / work:.2f} GB/s), ", end="")
-            print(f"{ws_work / work:.2f} of plain RTN's throughput")
+            print(f"{ws_work / work:.2f} of plain RTN's throughput, peak RSS {med(arm, 'rss_mib'):,.0f} MiB")
             mid = median_run(arm)
             print(f"  time split of its median run: {split_line(mid['split'], mid['work'], workers)}")
             results[arm] = {"work": work, "gb_s": gb / work, "rss_mib": med(arm, "rss_mib"), "split": mid["split"]}

@@ -40,29 +40,33 @@ def main() -> None:
         t = Path(tmp)
         total = build(t / "src", args.mib / 1024, shards=1, hidden=1024, inter=2816, vocab=4096)
         print(f"checkpoint: {total / 2**20:.1f} MiB BF16 tensors")
-        arms = {
-            "weightsmith rtn": lambda: ours(t / "src", t / "rtn", args.workers),
-            "weightsmith mse (ours)": lambda: ours(t / "src", t / "mse", args.workers, "--scale-search", "mse"),
-            "weightsmith memoryless_mse": lambda: ours(
-                t / "src", t / "memoryless", args.workers, "--scale-search", "memoryless_mse"
-            ),
-            "llm-compressor memoryless_mse": lambda: reference(t / "src", t / "llmc", "scheme", MEMORYLESS),
+        # each arm: the folder it writes, and the search `weightsmith quantize` is given (None: llm-compressor)
+        arms: dict[str, tuple[str, str | None]] = {
+            "weightsmith rtn": ("rtn", "none"),
+            "weightsmith mse (ours)": ("mse", "mse"),
+            "weightsmith memoryless_mse": ("memoryless", "memoryless_mse"),
+            "llm-compressor memoryless_mse": ("llmc", None),
         }
-        outputs = {
-            "weightsmith rtn": "rtn",
-            "weightsmith mse (ours)": "mse",
-            "weightsmith memoryless_mse": "memoryless",
-            "llm-compressor memoryless_mse": "llmc",
-        }
+
+        def run(arm: str) -> dict:
+            folder, search = arms[arm]
+            if search is None:
+                return reference(t / "src", t / folder, "scheme", MEMORYLESS)
+            return ours(t / "src", t / folder, args.workers, "--scale-search", search)
+
         runs: dict[str, list[dict]] = {k: [] for k in arms}
         for r in range(args.repeats):
             for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
-                runs[arm].append(arms[arm]())
+                runs[arm].append(run(arm))
                 print(f"  run {r + 1} {arm}: {runs[arm][-1]}", flush=True)
-        med = {arm: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for arm, rs in runs.items()}
+        # the figures every arm has (ours also report a time split, which has no median)
+        med = {
+            arm: {k: statistics.median(x[k] for x in rs) for k in ("wall", "work", "rss_mib")}
+            for arm, rs in runs.items()
+        }
         print(f"\n{'arm':32} {'wall s':>8} {'work s':>8} {'MB/s':>8} {'RSS MiB':>8} {'rel. weight MSE':>16}")
         for arm, m in med.items():
-            err = weight_error(t / "src", t / outputs[arm]).overall.rel_mse
+            err = weight_error(t / "src", t / arms[arm][0]).overall.rel_mse
             rate = total / 1e6 / m["work"]
             print(f"{arm:32} {m['wall']:8.2f} {m['work']:8.2f} {rate:8.1f} {m['rss_mib']:8.0f} {err:16.6e}")
         ours_mse, llmc = med["weightsmith mse (ours)"], med["llm-compressor memoryless_mse"]

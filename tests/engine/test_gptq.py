@@ -83,7 +83,7 @@ def _stored(scheme, w: np.ndarray, param) -> dict[str, np.ndarray]:
     return {name: data for name, data, _ in writes}
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w8a16"])
+@pytest.mark.parametrize("name", ["w4a16", "w4a16-asym", "w8a16", "w4afp8"])
 def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> None:
     """Given round-to-nearest's own values, encode writes exactly what it writes without them;
     given other values, only the packed weight changes, and it decodes to them."""
@@ -99,8 +99,9 @@ def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> No
     assert plain.keys() == same.keys() and all(np.array_equal(plain[k], same[k]) for k in plain)
     codes, dequantized, _ = quantize_weight(W, H.clone(), grid)
     chosen = _stored(scheme, w, Chosen(codes))
-    assert not np.array_equal(chosen["weight_packed"], plain["weight_packed"])
-    assert all(np.array_equal(plain[k], chosen[k]) for k in plain if k != "weight_packed")
+    values = "weight_packed" if "weight_packed" in plain else "weight"  # W4AFP8 stores one int8 per value
+    assert not np.array_equal(chosen[values], plain[values])
+    assert all(np.array_equal(plain[k], chosen[k]) for k in plain if k != values)
     assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
 
 

@@ -91,14 +91,16 @@ class Args:
     @classmethod
     def of(cls, weights: dict[str, Any]) -> Args:
         """From a config group's `weights` block as JSON gives it; a value of the wrong type reads as unset."""
-        block: Any = weights.get("block_structure")
-        good = isinstance(block, list) and len(block) == 2 and all(type(v) is int and v > 0 for v in block)
+        try:
+            block: Block | None = parse_block(weights.get("block_structure"))
+        except ValueError:
+            block = None
         return cls(
             num_bits=_int(weights.get("num_bits")),
             type=_str(weights.get("type")),
             strategy=_str(weights.get("strategy")),
             group_size=_int(weights.get("group_size")),
-            block=(block[0], block[1]) if good else None,
+            block=block,
             symmetric=weights.get("symmetric") is not False,
             scale_dtype=_str(weights.get("scale_dtype")),
         )

@@ -16,6 +16,7 @@ compiled variant per (weight dtype, int or FP8), emulating torch's rounding with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -130,45 +131,19 @@ def _quantize_rows(x: np.ndarray, mode: int, is_float: bool, br: int, bc: int, q
     return -1
 
 
-# One compiled kernel per (dtype, kind): with both known at compile time the rounding branches vanish.
-@njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_int(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_BF16, False, br, bc, q, scale)
+def _specialise(mode: int, kind: str) -> Callable[..., int]:
+    """One compiled kernel for one (dtype, kind): with both closure constants known at compile time the
+    rounding branches vanish."""
+    is_float = kind == FLOAT
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def kernel(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
+        return _quantize_rows(x, mode, is_float, br, bc, q, scale)
+
+    return kernel
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_float(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_BF16, True, br, bc, q, scale)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f16_int(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F16, False, br, bc, q, scale)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f16_float(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F16, True, br, bc, q, scale)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f32_int(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F32, False, br, bc, q, scale)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f32_float(x: np.ndarray, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F32, True, br, bc, q, scale)
-
-
-_KERNELS = {
-    (MODE_BF16, INT): _bf16_int,
-    (MODE_BF16, FLOAT): _bf16_float,
-    (MODE_F16, INT): _f16_int,
-    (MODE_F16, FLOAT): _f16_float,
-    (MODE_F32, INT): _f32_int,
-    (MODE_F32, FLOAT): _f32_float,
-}
+_KERNELS = {(mode, kind): _specialise(mode, kind) for mode in (MODE_BF16, MODE_F16, MODE_F32) for kind in (INT, FLOAT)}
 
 
 def quantize_rows(

@@ -21,6 +21,8 @@ Dequantization: `q * 2**(byte - 127)`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ml_dtypes
 import numpy as np
 from numba import njit
@@ -119,46 +121,18 @@ def _quantize_rows(x: np.ndarray, mode: int, bits: int, out: np.ndarray, scale_b
     return -1
 
 
-# One compiled kernel per (dtype, element width): with both known at compile time the rounding
-# branches vanish and the element loops vectorise.
-@njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_fp4(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_BF16, 4, out, scale_bytes)
+def _specialise(mode: int, bits: int) -> Callable[..., int]:
+    """One compiled kernel for one (dtype, element width): with both closure constants known at compile
+    time the rounding branches vanish and the element loops vectorise."""
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def kernel(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
+        return _quantize_rows(x, mode, bits, out, scale_bytes)
+
+    return kernel
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_fp8(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_BF16, 8, out, scale_bytes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f16_fp4(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F16, 4, out, scale_bytes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f16_fp8(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F16, 8, out, scale_bytes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f32_fp4(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F32, 4, out, scale_bytes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f32_fp8(x: np.ndarray, out: np.ndarray, scale_bytes: np.ndarray) -> int:
-    return _quantize_rows(x, MODE_F32, 8, out, scale_bytes)
-
-
-_KERNELS = {
-    (MODE_BF16, 4): _bf16_fp4,
-    (MODE_BF16, 8): _bf16_fp8,
-    (MODE_F16, 4): _f16_fp4,
-    (MODE_F16, 8): _f16_fp8,
-    (MODE_F32, 4): _f32_fp4,
-    (MODE_F32, 8): _f32_fp8,
-}
+_KERNELS = {(mode, bits): _specialise(mode, bits) for mode in (MODE_BF16, MODE_F16, MODE_F32) for bits in (4, 8)}
 
 
 def supports(cols: int) -> str | None:

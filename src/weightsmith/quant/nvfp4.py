@@ -22,6 +22,7 @@ than RTN does. Same format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -205,57 +206,22 @@ def _quantize_rows(
     return -1
 
 
-# One compiled kernel per (dtype, search), as in int4.py: constants at compile time let the loops vectorise.
-@njit(nogil=True, cache=True, error_model="numpy")
-def _bf16(
-    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
-) -> int:
-    return _quantize_rows(x, MODE_BF16, False, gs, fp8_values, packed, scale_codes)
+def _specialise(mode: int, search: bool) -> Callable[..., int]:
+    """One compiled kernel for one (dtype, search), as in int4.py: closure constants, known at compile
+    time, let the loops vectorise."""
 
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def kernel(
+        x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
+    ) -> int:
+        return _quantize_rows(x, mode, search, gs, fp8_values, packed, scale_codes)
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _bf16_search(
-    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
-) -> int:
-    return _quantize_rows(x, MODE_BF16, True, gs, fp8_values, packed, scale_codes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f16(
-    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
-) -> int:
-    return _quantize_rows(x, MODE_F16, False, gs, fp8_values, packed, scale_codes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f16_search(
-    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
-) -> int:
-    return _quantize_rows(x, MODE_F16, True, gs, fp8_values, packed, scale_codes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f32(
-    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
-) -> int:
-    return _quantize_rows(x, MODE_F32, False, gs, fp8_values, packed, scale_codes)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _f32_search(
-    x: np.ndarray, gs: np.float32, fp8_values: np.ndarray, packed: np.ndarray, scale_codes: np.ndarray
-) -> int:
-    return _quantize_rows(x, MODE_F32, True, gs, fp8_values, packed, scale_codes)
+    return kernel
 
 
 #: By (mode, search).
 _KERNELS = {
-    (MODE_BF16, False): _bf16,
-    (MODE_BF16, True): _bf16_search,
-    (MODE_F16, False): _f16,
-    (MODE_F16, True): _f16_search,
-    (MODE_F32, False): _f32,
-    (MODE_F32, True): _f32_search,
+    (mode, search): _specialise(mode, search) for mode in (MODE_BF16, MODE_F16, MODE_F32) for search in (False, True)
 }
 
 

@@ -133,8 +133,9 @@ class Int4(Scheme):
                 if bad >= 0:
                     return scale, zp, bad
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
-        if isinstance(tensor_param, Chosen):
-            packed[:] = int4.pack_nibbles(tensor_param.codes[r0 : r0 + n], axis=1).view(np.uint32)
+        if isinstance(tensor_param, Chosen):  # in `packed`'s layout: nibbles, or one int8 per value (W4AFP8)
+            codes = tensor_param.codes[r0 : r0 + n]
+            packed[:] = codes if packed.dtype == np.int8 else int4.pack_nibbles(codes, axis=1).view(np.uint32)
         return int4.scale_storage(scale, mode), zp, bad
 
     def encode(
