@@ -53,7 +53,10 @@ def quantize_rows(q: dict[str, Any]) -> list[str]:
     w = q["workers"]
     ours, ref = q[RTN], q.get(REFERENCE)
     cmd = "`make bench` (`python benchmarks/quantize_speed.py --search --nvfp4 --grow 8`)"
-    what = f"W4A16, {q['gib']:.2f} GiB BF16 checkpoint ({q['shards']} shards), median of {q['repeats']}, {_loads(q)}"
+    what = (
+        f"W4A16 RTN (`--scale-search none`, as `model_free_ptq`), {q['gib']:.2f} GiB BF16 checkpoint "
+        f"({q['shards']} shards), median of {q['repeats']}, {_loads(q)}"
+    )
     figure = f"quantize work {ours['work']:.2f} s = **{ours['gb_s']:.2f} GB/s** of BF16 input"
     figure += f" (best {ours['best_gb_s']:.2f})"
     if ref:
