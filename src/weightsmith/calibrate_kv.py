@@ -93,15 +93,8 @@ def calibrate_kv(
     origin = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     kv, _ = measure(measured_on, sequences, trust_remote_code=trust_remote_code, progress=progress)
     values = calibrated.kv_scales(kv, attention, measured_on)
-    prov = calibration.Provenance(
-        model_fingerprint=model,
-        tokens=sum(map(len, sequences)),
-        sequences=len(sequences),
-        seq_len=max(map(len, sequences)),
-        text=label,
-        text_sha256=sha,
-        activations=measured_activations(activations, model, origin),
-        source_fingerprint=origin,
+    prov = calibration.Provenance.of_run(
+        model, sequences, label, sha, measured_activations(activations, model, origin), origin
     )
     entry = {"measured_on": str(measured_on), **asdict(prov), "kv_cache": KV_CACHE, "kv_scales": len(values)}
     documents = {}

@@ -63,6 +63,28 @@ class Provenance:
     #: of SRC, i.e. on the activations of the model as served.
     source_fingerprint: str | None = None
 
+    @classmethod
+    def of_run(
+        cls,
+        model_fingerprint: str,
+        sequences: list[list[int]],
+        text: str,
+        text_sha256: str,
+        activations: str,
+        source_fingerprint: str | None = None,
+    ) -> Provenance:
+        """The record of one run over `sequences` (token ids): the counts follow from them."""
+        return cls(
+            model_fingerprint=model_fingerprint,
+            tokens=sum(map(len, sequences)),
+            sequences=len(sequences),
+            seq_len=max(map(len, sequences)),
+            text=text,
+            text_sha256=text_sha256,
+            activations=activations,
+            source_fingerprint=source_fingerprint,
+        )
+
 
 @dataclass
 class CalibrationStats:

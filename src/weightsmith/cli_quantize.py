@@ -320,15 +320,7 @@ def _run_gptq(
             f"the dampening ({opts.dampening} of its mean diagonal); pass more --tokens",
             soft_wrap=True,
         )
-    provenance = Provenance(
-        model_fingerprint=fingerprint(plan.source),
-        tokens=count,
-        sequences=len(sequences),
-        seq_len=max(map(len, sequences)),
-        text=label,
-        text_sha256=sha,
-        activations=activations,
-    )
+    provenance = Provenance.of_run(fingerprint(plan.source), sequences, label, sha, activations)
     show = err.is_terminal
     result = gptq.quantize(
         plan,

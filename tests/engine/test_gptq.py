@@ -158,3 +158,26 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(8)[None]).logits).all()
 
+
+
+def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path: Path) -> None:
+    """q and k share one input; q's scheme is searched (no fixed grid), k's is plain: k still gets GPTQ's
+    values, and only q is left to its scheme, with the reason. A group where no member has a grid is all left."""
+    from weightsmith.engine.gptq import DAMPENING, NO_GRID, Result, Target, _quantize_group
+
+    W, H = _problem(rows=64, cols=128)
+    linears = {m: torch.nn.Linear(128, 64, bias=False) for m in ("q", "k", "v")}
+    for module in linears.values():
+        module.weight.data.copy_(W)
+    f32 = np.dtype(np.float32)
+    targets = {
+        "q": Target(make_scheme("w4a16", 64, "mse"), f32),
+        "k": Target(make_scheme("w4a16", 64, "none"), f32),
+        "v": Target(make_scheme("nvfp4a16"), f32),
+    }
+    result = Result()
+    _quantize_group(["q", "k"], H.clone(), linears, targets, tmp_path, DAMPENING, 128, "static", result)
+    assert result.rtn == {"q": NO_GRID} and list(result.chosen) == ["k"]
+    assert not torch.equal(linears["k"].weight, W) and torch.equal(linears["q"].weight, W)
+    _quantize_group(["v"], H.clone(), linears, targets, tmp_path, DAMPENING, 128, "static", result)
+    assert result.rtn == {"q": NO_GRID, "v": NO_GRID} and list(result.chosen) == ["k"]

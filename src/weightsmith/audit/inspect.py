@@ -191,7 +191,7 @@ class _Counter:
         if param == names.WEIGHT_PACKED:
             if code == "U8":
                 return info.numel * 2
-            scheme = self.decl.scheme_for(module.name, module.lm_head) if self.decl is not None else None
+            scheme = self.decl.resolve(module)[0] if self.decl is not None else None
             if scheme is not None and scheme.num_bits:
                 return info.numel * (info.dtype.bits // scheme.num_bits)
             return self._from_weight_shape(module, info)

@@ -83,15 +83,8 @@ def calibrate_command(
         progress=(lambda line: err_console.print(f"calibrate: {line}", end="\r")) if show else None,
     )
     seconds = time.perf_counter() - started
-    provenance = calibration.Provenance(
-        model_fingerprint=model,
-        tokens=count,
-        sequences=len(sequences),
-        seq_len=max(map(len, sequences)),
-        text=label,
-        text_sha256=sha,
-        activations=measured_activations(activations, model, source),
-        source_fingerprint=source,
+    provenance = calibration.Provenance.of_run(
+        model, sequences, label, sha, measured_activations(activations, model, source), source
     )
     calibration.write(out, calibration.CalibrationStats(provenance, kv, inputs), replace=force)
     err_console.print(

@@ -51,6 +51,8 @@ DAMPENING = 0.01
 #: Column orders: "static" quantizes columns by decreasing Hessian diagonal, each on its own group's
 #: grid (llm-compressor's default; the stored format is unchanged); "none" in their stored order.
 ACTORDERS = ("static", "none")
+#: Why a module is left to its scheme's own quantization (`Scheme.grid` is None: nothing to choose points of).
+NO_GRID = "its scheme has no fixed grid GPTQ can choose points of (a float format, or a searched scale)"
 
 Progress = Callable[[str], None]
 
@@ -336,14 +338,14 @@ def _quantize_group(
 
     weights = [linears[m].weight.detach() for m in members]
     grids = [targets[m].scheme.grid(w.numpy().astype(targets[m].dtype)) for m, w in zip(members, weights, strict=True)]
-    real = [g for g in grids if g is not None]
-    if len(real) < len(grids):
-        for m in members:
-            result.rtn[m] = "its scheme has no integer grid GPTQ can choose points of"
-        return
-    if len({(g.group, g.q_min, g.q_max, g.zero_point is None) for g in real}) > 1:
-        for m in members:  # one input but different grids: one column loop each
+    if len({None if g is None else (g.group, g.q_min, g.q_max, g.zero_point is None) for g in grids}) > 1:
+        for m in members:  # one input but different grids (or none for some): one column loop each
             _quantize_group([m], hessian.clone(), linears, targets, workdir, dampening, block_size, actorder, result)
+        return
+    real = [g for g in grids if g is not None]
+    if not real:
+        for m in members:
+            result.rtn[m] = NO_GRID
         return
     first = real[0]
     grid = Grid(

@@ -133,8 +133,8 @@ def _fp8_kv(side: Side, kv_items: list[Item]) -> bool:
 
 
 def _w4a4(decl: QuantDeclaration, module: Module) -> bool:
-    scheme = decl.scheme_for(module.name, module.lm_head)
-    if scheme is None or decl.ignored(module.name):
+    scheme, ignored = decl.resolve(module)
+    if scheme is None or ignored:
         return False
     if decl.method == MODELOPT:
         return (scheme.format or "").upper() == "NVFP4"
