@@ -46,7 +46,8 @@ bench: $(VENV)/.test $(VENV)/.kernels
 		$(BIN)/python benchmarks/quantize_speed.py --gib 0.5 --scheme $$s \
 			--results benchmarks/results/quantize-$$s.json || exit 1; done
 	$(BIN)/python benchmarks/scale_search_speed.py
-	$(BIN)/python benchmarks/inspect_speed.py
+	$(BIN)/python benchmarks/inspect_speed.py --results benchmarks/results/inspect.json
+	$(BIN)/python benchmarks/startup_speed.py --results benchmarks/results/startup.json
 	$(BIN)/python benchmarks/scaling.py --results benchmarks/results/scaling.json
 	$(BIN)/python scripts/speed_report.py
 

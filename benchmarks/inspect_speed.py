@@ -7,9 +7,11 @@ their full size with `ftruncate`, so they occupy almost no disk. Then runs `weig
 it in a fresh process and prints the table; then times `weightsmith inspect` and `weightsmith verify`
 (headers only) as commands, alternating, `--runs` times each: median wall and CPU seconds, peak RSS,
 and the load average, since on a shared machine the wall time follows the load while the CPU time
-(what bounds the wall time on an idle machine) barely does.
+(what bounds the wall time on an idle machine) barely does. Then the same runs again with one core
+kept busy by a spinning process (a user's other job), and the ratio busy / first: the target is
+that a second job at most doubles the time.
 
-    python benchmarks/inspect_speed.py [--layers 48] [--experts 256] [--runs 5] [--keep DIR]
+    python benchmarks/inspect_speed.py [--layers 48] [--experts 256] [--runs 5] [--keep DIR] [--results FILE]
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -216,6 +221,40 @@ def time_in_process(root: Path, repeats: int) -> tuple[list[float], list[float],
     return walls, cpus, report
 
 
+def time_commands(root: Path, runs: int) -> tuple[CommandTimes, CommandTimes, tuple[float, float]]:
+    """`inspect` and `verify` on `root`, alternating so that both see the same load, `runs` times each;
+    with the 1-minute load average before and after."""
+    inspected, verified = CommandTimes([], []), CommandTimes([], [])
+    before = os.getloadavg()[0]
+    for _ in range(runs):
+        run_command(["inspect", str(root)], inspected)
+        run_command(["verify", str(root)], verified)
+    return inspected, verified, (before, os.getloadavg()[0])
+
+
+@contextmanager
+def one_core_busy() -> Iterator[None]:
+    """A process spinning on the CPU for the duration: another job sharing the machine."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # let it reach its loop
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def _record(times: CommandTimes, loads: tuple[float, float]) -> dict[str, Any]:
+    return {
+        "wall": statistics.median(times.walls),
+        "best": min(times.walls),
+        "cpu": statistics.median(times.cpus),
+        "rss_mib": times.peak_mib,
+        "runs": times.walls,
+        "load": [round(x, 2) for x in loads],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=MoeShape.layers)
@@ -223,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="in-process timing runs")
     parser.add_argument("--runs", type=int, default=5, help="runs of each command")
     parser.add_argument("--keep", type=Path, help="build the checkpoint here and keep it")
+    parser.add_argument("--results", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     shape = MoeShape(layers=args.layers, experts=args.experts)
     with tempfile.TemporaryDirectory(prefix="inspect-speed-") as tmp:
@@ -232,12 +272,9 @@ def main(argv: list[str] | None = None) -> None:
         built = time.perf_counter() - started
         apparent = sum(p.stat().st_size for p in root.iterdir())
         on_disk = sum(p.stat().st_blocks * 512 for p in root.iterdir())
-        inspected, verified = CommandTimes([], []), CommandTimes([], [])
-        load_before = os.getloadavg()[0]
-        for _ in range(args.runs):  # alternating, so that both see the same load
-            run_command(["inspect", str(root)], inspected)
-            run_command(["verify", str(root)], verified)
-        load_after = os.getloadavg()[0]
+        inspected, verified, loads = time_commands(root, args.runs)
+        with one_core_busy():
+            busy_inspected, busy_verified, busy_loads = time_commands(root, args.runs)
         walls, cpus, report = time_in_process(root, args.repeats)
     print(inspected.output, end="")
     print(
@@ -251,10 +288,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(inspected.line("inspect"))
     print(verified.line("verify"))
-    print(
-        f"machine: {os.cpu_count()} CPUs, load average {load_before:.2f} before the command runs, "
-        f"{load_after:.2f} after"
-    )
+    print(f"machine: {os.cpu_count()} CPUs, load average {loads[0]:.2f} before the command runs, {loads[1]:.2f} after")
+    busy_load = f"load average {busy_loads[0]:.2f} before, {busy_loads[1]:.2f} after"
+    print(f"with one core kept busy by another process ({busy_load}):")
+    for name, first, busy in (("inspect", inspected, busy_inspected), ("verify", verified, busy_verified)):
+        ratio = statistics.median(busy.walls) / statistics.median(first.walls)
+        print(f"  {busy.line(name)}; {ratio:.2f}x the wall time without it (target: at most 2x)")
+    if args.results:
+        results = {
+            "gb": apparent / 1e9,
+            "shards": report.shards,
+            "tensors": report.tensors,
+            "cores": os.cpu_count(),
+            "in_process": {"wall": statistics.median(walls), "best": min(walls), "cpu": min(cpus)},
+            "inspect": _record(inspected, loads),
+            "verify": _record(verified, loads),
+            "inspect_busy": _record(busy_inspected, busy_loads),
+            "verify_busy": _record(busy_verified, busy_loads),
+        }
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

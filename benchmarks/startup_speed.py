@@ -13,12 +13,13 @@
 The machine may be shared: the load average is printed with each part, and CPU seconds (what
 bounds the wall time on an idle machine) are shown beside wall seconds.
 
-    python benchmarks/startup_speed.py [--runs 7] [--no-warm] [--skip-clone]
+    python benchmarks/startup_speed.py [--runs 7] [--no-warm] [--skip-clone] [--results FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("numpy", "numba", "scipy")
@@ -80,7 +82,7 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd: Path | None 
     return wall, usage.ru_utime + usage.ru_stime, text
 
 
-def start_up(runs: int) -> None:
+def start_up(runs: int) -> dict[str, Any]:
     env = os.environ | {"PYTHONPATH": str(REPO / "src")}
     commands = {
         "peer: python -c 'import typer'": [sys.executable, "-c", "import typer"],
@@ -101,9 +103,17 @@ def start_up(runs: int) -> None:
     peer = statistics.median(results["peer: python -c 'import typer'"].cpus)
     ours = statistics.median(results["weightsmith --help"].cpus)
     print(f"  `weightsmith --help`: {ours / peer:.1f}x the CPU of importing typer alone (target: under 0.3 s wall)")
+    return {
+        "runs": runs,
+        "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "commands": {
+            label: {"wall": statistics.median(r.walls), "best": min(r.walls), "cpu": statistics.median(r.cpus)}
+            for label, r in results.items()
+        },
+    }
 
 
-def first_run(warm: bool) -> None:
+def first_run(warm: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="startup-speed-") as tmp:
         clone = Path(tmp) / "weightsmith"
         subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
@@ -131,6 +141,13 @@ def first_run(warm: bool) -> None:
         ratio_wall = first.walls[0] / second.walls[0]
         ratio_cpu = first.cpus[0] / second.cpus[0]
         print(f"  first / second: {ratio_wall:.2f}x wall, {ratio_cpu:.2f}x CPU (target: within 1.20x)")
+        return {
+            "commit": commit,
+            "warm": warm,
+            "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "first": {"wall": first.walls[0], "cpu": first.cpus[0]},
+            "second": {"wall": second.walls[0], "cpu": second.cpus[0]},
+        }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,11 +155,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=7, help="runs of each start-up command")
     parser.add_argument("--no-warm", action="store_true", help="leave out the set-up step that compiles the kernels")
     parser.add_argument("--skip-clone", action="store_true", help="only the start-up part")
+    parser.add_argument("--results", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
-    start_up(args.runs)
+    results = {"cores": os.cpu_count(), "start_up": start_up(args.runs)}
     if not args.skip_clone:
-        first_run(warm=not args.no_warm)
+        results["first_run"] = first_run(warm=not args.no_warm)
     print(f"machine: {os.cpu_count()} CPUs")
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

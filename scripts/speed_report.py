@@ -22,6 +22,7 @@ RTN, REFERENCE, MSE, NVFP4 = (
     "weightsmith --scheme nvfp4a16",
 )
 NVFP4_MSE = NVFP4 + " --scale-search mse"
+DEFAULT = "weightsmith default (wmse)"
 STREAMING = ("read", "kernel", "write", "fsync")
 
 
@@ -69,7 +70,12 @@ def quantize_rows(q: dict[str, Any]) -> list[str]:
         f"{_bound(gb, ours, w):.2f} GB/s"
     )
     rows = [f"| {what} | {figure} | {cmd} |"]
-    searches = ((NVFP4, "NVFP4A16"), (NVFP4_MSE, "NVFP4A16 `--scale-search mse`"), (MSE, "W4A16 `--scale-search mse`"))
+    searches = (
+        (DEFAULT, "W4A16 as it comes (its default search, wmse)"),
+        (NVFP4, "NVFP4A16"),
+        (NVFP4_MSE, "NVFP4A16 `--scale-search mse`"),
+        (MSE, "W4A16 `--scale-search mse`"),
+    )
     for arm, label in searches:
         if arm in q:
             a = q[arm]
@@ -99,6 +105,47 @@ def scheme_rows(results: Path) -> list[str]:
     q = json.loads(next(iter(sorted(results.glob("quantize-*.json")))).read_text())
     what = f"the other schemes, {q['gib']:.2f} GiB BF16 checkpoint, median of {q['repeats']} each"
     return [f"| {what} | {'; '.join(cells)} | `python benchmarks/quantize_speed.py --gib 0.5 --scheme NAME` |"]
+
+
+def inspect_rows(i: dict[str, Any]) -> list[str]:
+    """`inspect` and `verify` as commands on the synthetic MoE, alone and beside a busy core."""
+
+    def cell(name: str) -> str:
+        r, busy = i[name], i[f"{name}_busy"]
+        return (
+            f"`{name}` **{r['wall']:.2f} s** median (best {r['best']:.2f}, CPU {r['cpu']:.2f} s, load "
+            f"{r['load'][0]:.1f}-{r['load'][1]:.1f}); with one core busy {busy['wall']:.2f} s "
+            f"(**{busy['wall'] / r['wall']:.2f}x**)"
+        )
+
+    what = (
+        f"`inspect` and `verify` (headers only) as commands on a {i['gb']:.0f} GB sparse MoE checkpoint "
+        f"({i['shards']} shards, {i['tensors']:,} tensors), median of {len(i['inspect']['runs'])}"
+    )
+    figure = f"{cell('inspect')}; {cell('verify')}; `inspect()` in process {i['in_process']['wall']:.2f} s"
+    return [f"| {what} | {figure} | `python benchmarks/inspect_speed.py` |"]
+
+
+def startup_rows(u: dict[str, Any]) -> list[str]:
+    """The command line's start, and a fresh clone's first quantize against its second."""
+    c = u["start_up"]["commands"]
+    peer, ours = c["peer: python -c 'import typer'"], c["weightsmith --help"]
+    load = u["start_up"]["load"]
+    rows = [
+        f"| `weightsmith --help` in a fresh process, median of {u['start_up']['runs']} (load {load[0]:.1f}-"
+        f"{load[1]:.1f}) | **{ours['wall']:.2f} s** wall ({ours['cpu']:.2f} s CPU); importing typer alone "
+        f"{peer['wall']:.2f} s | `python benchmarks/startup_speed.py` |"
+    ]
+    if "first_run" in u:
+        f = u["first_run"]
+        first, second = f["first"], f["second"]
+        rows.append(
+            f"| a fresh clone's first `quantize` (demo draft) against its second, after `make`'s set-up "
+            f"(load {f['load'][0]:.1f}-{f['load'][1]:.1f}) | first {first['wall']:.2f} s, second "
+            f"{second['wall']:.2f} s: **{first['wall'] / second['wall']:.2f}x** wall, "
+            f"{first['cpu'] / second['cpu']:.2f}x CPU | same |"
+        )
+    return rows
 
 
 def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -178,6 +225,12 @@ def main() -> None:
     if q:
         rows += quantize_rows(q)
     rows += scheme_rows(args.results)
+    i = _load(args.results / "inspect.json")
+    if i:
+        rows += inspect_rows(i)
+    u = _load(args.results / "startup.json")
+    if u:
+        rows += startup_rows(u)
     s = _load(args.results / "scaling.json")
     if s:
         rows += scaling_rows(s)
