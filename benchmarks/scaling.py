@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from common import build, load, ours
-from inspect_speed import MoeShape, build_checkpoint, run_command
+from inspect_speed import CommandTimes, MoeShape, build_checkpoint, run_command
 
 FACTORS = (1, 2, 10)
 #: Sparse MoE layers at 1x for inspect (each about 4.6 GB and 2,300 tensors).
@@ -75,9 +75,10 @@ def inspect_rows(tmp: Path, layers: int, repeats: int) -> list[dict[str, Any]]:
     for factor in FACTORS:
         root = build_checkpoint(tmp / f"moe-{factor}", MoeShape(layers=layers * factor))
         apparent = sum(p.stat().st_size for p in root.glob("*.safetensors"))
-        runs = [run_command(root) for _ in range(repeats)]
-        # (no RSS: run_command's is the largest of all this process's children so far)
-        rows.append(_row("inspect", factor, apparent / 1e9, _tensors(root), [r[1] for r in runs], None))
+        times = CommandTimes([], [])
+        for _ in range(repeats):
+            run_command(["inspect", str(root)], times)
+        rows.append(_row("inspect", factor, apparent / 1e9, _tensors(root), times.walls, times.peak_mib))
         shutil.rmtree(root)
     return rows
 
