@@ -78,7 +78,9 @@ def inspect_rows(tmp: Path, layers: int, repeats: int) -> list[dict[str, Any]]:
         times = CommandTimes([], [])
         for _ in range(repeats):
             run_command(["inspect", str(root)], times)
-        rows.append(_row("inspect", factor, apparent / 1e9, _tensors(root), times.walls, times.peak_mib))
+        # (no RSS here: a child forked from this process counts the pages it shared with it, which the
+        # quantize runs above made large; inspect_speed.py measures inspect's own)
+        rows.append(_row("inspect", factor, apparent / 1e9, _tensors(root), times.walls, None))
         shutil.rmtree(root)
     return rows
 
