@@ -14,9 +14,9 @@ from weightsmith.bench.quality.verdict import (
     SHOWN,
     QualityAnalysis,
     analyse_quality,
-    sign_test,
 )
 from weightsmith.bench.results import QualityRun, ScenarioOutcome, to_jsonable
+from weightsmith.bench.stats import sign_test
 
 ALPHA = 0.05
 

@@ -187,3 +187,15 @@ def test_geometric_mean_interval() -> None:
     lo, hi = geomean_ci(values)
     assert lo < geometric_mean(values) < hi and lo > 40 and hi < 60
     assert geomean_ci([1.0, 2.0]) is None
+
+
+def test_one_sign_test_serves_both_verdicts() -> None:
+    """The quality verdict and the paired speed comparison share one exact sign test and its floor."""
+    from weightsmith.bench.quality import verdict
+    from weightsmith.bench.stats import sign_test, sign_test_can_reach
+
+    assert verdict.sign_test is sign_test and verdict.sign_test_can_reach is sign_test_can_reach
+    assert sign_test(5, 0) == pytest.approx(2 * 0.5**5) and sign_test(3, 3) == pytest.approx(1.0)
+    assert sign_test(0, 0) is None
+    assert not sign_test_can_reach(0, 0.05) and not sign_test_can_reach(5, 0.05)
+    assert sign_test_can_reach(6, 0.05)

@@ -155,6 +155,23 @@ class PairedComparison:
     arm_better: bool | None = None
 
 
+def sign_test(higher: int, lower: int) -> float | None:
+    """Exact two-sided sign test of `higher` against `lower` (ties left out); None with nothing untied."""
+    if higher + lower == 0:
+        return None
+    from scipy.stats import binomtest  # here: scipy.stats takes most of a second to import
+
+    return float(binomtest(higher, higher + lower, 0.5).pvalue)
+
+
+def sign_test_can_reach(untied: int, alpha: float) -> bool:
+    """Whether `untied` pairs could give p < `alpha` at all: the smallest two-sided p is 2 * 0.5**untied.
+
+    Says "too few pairs" apart from "the pairs did not lean one way", which read alike as a bare p.
+    """
+    return untied > 0 and 2 * 0.5**untied < alpha
+
+
 def compare_paired(
     metric: str,
     baseline_name: str,
@@ -180,10 +197,7 @@ def compare_paired(
     out.n_higher = int((lr > 0).sum())
     out.n_lower = int((lr < 0).sum())
     untied = out.n_higher + out.n_lower
-    if untied:
-        from scipy.stats import binomtest  # here: scipy.stats takes most of a second to import
-
-        out.sign_p = float(binomtest(out.n_higher, untied, 0.5).pvalue)
+    out.sign_p = sign_test(out.n_higher, out.n_lower)
     out.arm_better = (out.effect > 0) == higher_is_better if out.effect != 0 else None
 
     reasons = []
@@ -191,8 +205,7 @@ def compare_paired(
     if not ci_excludes_zero:
         reasons.append(f"the {100 * (1 - alpha):.0f}% interval includes 0")
     if out.sign_p is None or out.sign_p >= alpha:
-        smallest = 2 * 0.5**untied if untied else 1.0
-        if smallest >= alpha:
+        if not sign_test_can_reach(untied, alpha):
             reasons.append(f"{untied} untied pairs cannot reach p < {alpha:g} in a sign test")
         else:
             reasons.append(f"sign test p = {out.sign_p:.3g} >= {alpha:g}")

@@ -35,6 +35,7 @@ from fractions import Fraction
 from itertools import combinations, product
 
 from weightsmith.bench.results import QualityRun
+from weightsmith.bench.stats import sign_test, sign_test_can_reach
 
 SHOWN = "difference shown"
 NOT_SHOWN = "no ordering shown"
@@ -145,15 +146,6 @@ class QualityAnalysis:
     scenarios: list[ScenarioRow]
 
 
-def sign_test(higher: int, lower: int) -> float | None:
-    """Exact two-sided sign test of `higher` against `lower` (ties left out); None with nothing untied."""
-    if higher + lower == 0:
-        return None
-    from scipy.stats import binomtest  # here: scipy.stats takes most of a second to import
-
-    return float(binomtest(higher, higher + lower, 0.5).pvalue)
-
-
 def _and(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -260,7 +252,7 @@ def _compare(
     if c.p is None:
         reasons.append("they passed the same scenarios")
     elif c.p >= alpha:
-        if 2 * 0.5**untied >= alpha:
+        if not sign_test_can_reach(untied, alpha):
             reasons.append(f"{untied} differing scenario(s) cannot reach p < {alpha:g} in a sign test")
         else:
             reasons.append(f"sign test p = {c.p:.3g} >= {alpha:g}")
