@@ -12,6 +12,7 @@ from pathlib import Path
 
 from weightsmith.errors import WeightsmithError
 from weightsmith.severity import ERROR, INFO, SEVERITY_ORDER, WARNING, Severity
+from weightsmith.terminal import printable
 
 __all__ = ["ERROR", "INFO", "SEVERITY_ORDER", "WARNING", "Finding", "Severity", "from_error", "relative"]
 
@@ -27,9 +28,12 @@ class Finding:
     tensor: str | None = None
 
     def line(self) -> str:
-        """`file: tensor 'name': message`, the same shape as every other error in the project."""
+        """`file: tensor 'name': message`, the same shape as every other error in the project.
+
+        Names come from a stranger's header, so control characters are shown escaped, as in `WeightsmithError`.
+        """
         parts = [p for p in (self.file, f"tensor '{self.tensor}'" if self.tensor else None) if p]
-        return ": ".join([*parts, self.message])
+        return printable(": ".join([*parts, self.message]))
 
 
 def relative(path: str | Path | None, root: Path) -> str | None:
