@@ -148,3 +148,32 @@ def test_model_id_and_tokenizer(standin) -> None:
         assert cl.fetch_model_id(client, url) == MODEL
         assert cl.count_tokens(client, url, MODEL, "x" * 40) == 10
         assert cl.count_tokens(client, "http://127.0.0.1:9", MODEL, "x") is None
+
+
+def _answer_from(status: int, text: str) -> cl.Answer:
+    """`complete` against a stand-in that answers every POST with `text`; records the body it was sent."""
+    sent: list[bytes] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(status, text=text)
+
+    with httpx.Client(transport=httpx.MockTransport(reply)) as client:
+        answer = cl.complete(client, "http://standin", "completions", {"model": MODEL, "stream": True}, 5.0)
+    assert b'"stream":false' in sent[0].replace(b" ", b"")
+    return answer
+
+
+def test_deeply_nested_answer_is_one_line_naming_the_url() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    answer = _answer_from(200, deep)
+    assert answer.error is not None and "\n" not in answer.error
+    assert answer.error.startswith("http://standin/v1/completions: the response is not readable JSON")
+    assert "nested too deeply" in answer.error
+    error = _answer_from(500, deep).error
+    assert error is not None and error.startswith("HTTP 500: [[[") and len(error) <= 200
+
+
+def test_http_error_of_a_whole_answer_names_the_servers_message() -> None:
+    assert _answer_from(400, '{"error": {"message": "bad\\nprompt"}}').error == "HTTP 400: bad prompt"
+    assert _answer_from(200, '{"choices": [{"text": "hi"}]}').content == "hi"

@@ -188,7 +188,6 @@ def _apply_chunk(chunk: dict[str, Any], outcome: StreamOutcome, now: float) -> N
         if outcome.ttft_s is None:
             outcome.ttft_s = now
         outcome.last_token_s = now
-    outcome.decode_tok_s = outcome.decode_rate()
 
 
 def _error_text(payload: Any) -> str:
@@ -205,6 +204,27 @@ def _one_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _loads(text: str) -> Any:
+    """`json.loads`, with a body nested too deeply for the parser raised as a ValueError like any bad JSON.
+
+    A server's bytes are not trusted: `json.loads` raises RecursionError on deep nesting, which would
+    otherwise escape the "failures come back as `error`" promise as a traceback.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply to read") from None
+
+
+def _http_error(status: int, raw: str) -> str:
+    """The one-line error for an HTTP error status: the server's own message when its body is JSON."""
+    try:
+        message = _error_text(_loads(raw))
+    except ValueError:
+        message = raw
+    return _one_line(f"HTTP {status}: {message}")
+
+
 def stream_request(
     client: httpx.Client,
     base_url: str,
@@ -213,6 +233,14 @@ def stream_request(
     timeout_s: float,
 ) -> StreamOutcome:
     """POST one streaming request and time it; failures come back as `error`, never raised."""
+    outcome = _stream(client, base_url, endpoint, body, timeout_s)
+    outcome.decode_tok_s = outcome.decode_rate()  # once, from the last chunk's time, however the stream ended
+    return outcome
+
+
+def _stream(
+    client: httpx.Client, base_url: str, endpoint: str, body: dict[str, Any], timeout_s: float
+) -> StreamOutcome:
     outcome = StreamOutcome()
     url = base_url.rstrip("/") + endpoint_path(endpoint)
     start = time.perf_counter()
@@ -220,12 +248,7 @@ def stream_request(
     try:
         with client.stream("POST", url, json=body, timeout=httpx.Timeout(timeout_s, connect=10.0)) as r:
             if r.status_code >= 400:
-                raw = r.read().decode("utf-8", "replace")
-                try:
-                    message = _error_text(json.loads(raw))
-                except json.JSONDecodeError:
-                    message = raw
-                outcome.error = _one_line(f"HTTP {r.status_code}: {message}")
+                outcome.error = _http_error(r.status_code, r.read().decode("utf-8", "replace"))
                 return outcome
             data_lines: list[str] = []
             for line in r.iter_lines():
@@ -242,8 +265,8 @@ def stream_request(
                         data_lines.clear()
                         break
                     try:
-                        chunk = json.loads(payload)
-                    except json.JSONDecodeError:
+                        chunk = _loads(payload)
+                    except ValueError:
                         continue
                     data_lines.clear()
                     if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
@@ -373,7 +396,10 @@ def answer_from_json(endpoint: str, payload: Any) -> Answer:
 
 
 def complete(client: httpx.Client, base_url: str, endpoint: str, body: dict[str, Any], timeout_s: float) -> Answer:
-    """POST one non-streamed request; failures come back as `error`, never raised."""
+    """POST one non-streamed request; failures come back as `error`, never raised.
+
+    `"stream": false` is set here, the one place a whole answer is asked for.
+    """
     url = base_url.rstrip("/") + endpoint_path(endpoint)
     try:
         r = client.post(url, json={**body, "stream": False}, timeout=httpx.Timeout(timeout_s, connect=10.0))
@@ -381,10 +407,10 @@ def complete(client: httpx.Client, base_url: str, endpoint: str, body: dict[str,
         return Answer(error=f"timed out after {timeout_s:g} s")
     except httpx.TransportError as exc:
         return Answer(error=_one_line(f"connection failed: {type(exc).__name__}: {exc}"))
-    try:
-        payload = r.json()
-    except ValueError:
-        payload = r.text
     if r.status_code >= 400:
-        return Answer(error=_one_line(f"HTTP {r.status_code}: {_error_text(payload)}"))
+        return Answer(error=_http_error(r.status_code, r.text))
+    try:
+        payload = _loads(r.text)
+    except ValueError as exc:
+        return Answer(error=_one_line(f"{url}: the response is not readable JSON ({exc})"))
     return answer_from_json(endpoint, payload)

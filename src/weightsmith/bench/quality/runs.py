@@ -46,8 +46,9 @@ def prepare(config: BenchConfig, allow_unsandboxed: bool = False) -> QualityPlan
 
 
 def request_body(scenario: Scenario, model: str, max_tokens: int, extra: dict[str, Any]) -> dict[str, Any]:
-    """The scenario's request: greedy, not streamed, ending where the model ends (no ignore_eos)."""
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": False}
+    """The scenario's request: greedy, ending where the model ends (no ignore_eos); `client.complete`
+    sends it not streamed."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0}
     if scenario.prompt is not None:
         body["prompt"] = scenario.prompt
     else:
