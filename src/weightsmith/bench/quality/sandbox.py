@@ -170,13 +170,18 @@ def _pids_cgroup() -> Iterator[str | None]:
                     time.sleep(0.05)
 
 
+#: `unshare` flags: a new user namespace mapped to root (`-r`), no network (`-n`), and a PID
+#: namespace whose processes all die with the test (`--pid --fork --kill-child`).
+NAMESPACE_FLAGS = ("-rn", "--pid", "--fork", "--kill-child")
+
+
 @functools.cache
 def _unshare() -> str | None:
     """`unshare` if it can make the namespaces here (it cannot in some containers), else None."""
     tool = shutil.which("unshare")
     if tool is None:
         return None
-    probe = [tool, "-rn", "--pid", "--fork", "--kill-child", _interpreter(), "-I", "-S", "-c", "pass"]
+    probe = [tool, *NAMESPACE_FLAGS, _interpreter(), "-I", "-S", "-c", "pass"]
     try:
         done = subprocess.run(probe, env={}, capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -247,7 +252,7 @@ def run_program(source: str, *, sandboxed: bool, time_limit_s: float = TIME_LIMI
             tool = _unshare()
             if tool is None:
                 return RunOutcome(False, "sandbox unavailable: unshare cannot create namespaces")
-            argv = [tool, "-rn", "--pid", "--fork", "--kill-child", *argv]
+            argv = [tool, *NAMESPACE_FLAGS, *argv]
         with _pids_cgroup() as cgroup:
             return _run(argv, folder, time_limit_s, cgroup)
     finally:
