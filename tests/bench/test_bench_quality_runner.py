@@ -206,3 +206,11 @@ def test_arguments_sent_as_an_object_are_kept_as_json_text() -> None:
         "choices": [{"message": {"content": None, "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}}]
     }
     assert cl.answer_from_json("chat", payload).tool_calls == [cl.ToolCall("f", '{"a": 1}')]
+
+
+def test_unsandboxed_runs_are_allowed_only_through_a_prepared_plan() -> None:
+    """`--allow-unsandboxed` reaches `quality.prepare`; `run_bench` has no second way to say it."""
+    import inspect
+
+    assert "allow_unsandboxed" not in inspect.signature(run_bench).parameters
+    assert "allow_unsandboxed" in inspect.signature(prepare).parameters

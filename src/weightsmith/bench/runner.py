@@ -482,20 +482,20 @@ def run_bench(
     observer: Observer | None = None,
     save: Callable[[BenchResults], None] | None = None,
     *,
-    allow_unsandboxed: bool = False,
     quality_plan: quality.QualityPlan | None = None,
 ) -> BenchResults:
     """Run every visit of `config`; `save` is called after each visit with the results so far.
 
     The quality suite is read (and the sandbox checked) before any server starts, unless the caller
-    did so already (`quality_plan`, from `quality.prepare`).
+    did so already (`quality_plan`, from `quality.prepare`, which is where `--allow-unsandboxed`
+    goes); without a plan, code-running checks need the full sandbox.
 
     What is saved and returned records paths portably (`bench/paths.py`): relative to the arms
     file's folder, the model folder and `out_dir`, else as file names; never this machine's layout.
     """
     observer = observer or QuietObserver()
     if quality_plan is None:
-        quality_plan = quality.prepare(config, allow_unsandboxed)
+        quality_plan = quality.prepare(config)
     out_dir = out_dir.resolve()  # servers run with this in their environment (their cache root)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = new_results(config)
