@@ -151,3 +151,18 @@ def test_gptq_dry_run_plans_rtn_grids(src: Path, tmp_path: Path, capsys, monkeyp
     code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", "gptq", "--scale-search",
                        "mse", "--dry-run")  # fmt: skip
     assert code == 2 and "--method gptq" in one_error_line(err)
+
+
+def test_gptq_refuses_a_recipe_rule_naming_a_scale_search(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A recipe's explicit `scale_search = "mse"` is refused under GPTQ as `--scale-search mse` is, not
+    silently planned without the grid GPTQ needs; `"none"` stays accepted."""
+    recipe = tmp_path / "r.toml"
+    rule = "[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16'\n"
+    recipe.write_text(rule + "\n[[rule]]\ntargets = ['re:.*']\nscheme = 'w4a16'\nscale_search = 'mse'\n")
+    code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", "gptq", "--recipe", recipe,
+                       "--dry-run")  # fmt: skip
+    line = one_error_line(err)
+    assert code == 2 and str(recipe) in line and "rule 2: --method gptq" in line and "scale_search = 'mse'" in line
+    assert _recipe(None, None, None, recipe, default_search=True).rules[1].scheme.scale_search == "mse"
+    recipe.write_text(rule + "scale_search = 'none'\n")
+    assert _recipe(None, None, None, recipe, default_search=False).rules[0].scheme.scale_search is None

@@ -23,7 +23,7 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
-from weightsmith.recipe import Recipe, load_recipe
+from weightsmith.recipe import GPTQ_GRID_ONLY, Recipe, load_recipe
 from weightsmith.schemes import NONE, REGISTRY, SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
@@ -501,8 +501,7 @@ def _gptq_options(
         return None
     if scale_search not in (None, NONE):
         raise WeightsmithError(
-            f"--method gptq chooses values on the round-to-nearest grid; "
-            f"it does not take --scale-search {scale_search}",
+            f"{GPTQ_GRID_ONLY}; it does not take --scale-search {scale_search}",
             code="usage",
         )
     if not 0 <= dampening < 1 or dampening != dampening:
