@@ -298,3 +298,16 @@ def test_ctrl_c_leaves_nothing_that_looks_finished(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert not out.exists() and not list(tmp_path.glob("out.partial-*"))
+
+
+def test_gptq_dry_run_names_its_calibration_text_alike_in_json_and_words(tmp_path: Path) -> None:
+    """`--dry-run` and `--dry-run --json` take the calibration text's name from one place."""
+    from weightsmith.cli_quantize import GptqOptions, _gptq_json, _gptq_line
+
+    for opts, label, words in (
+        (GptqOptions(None, None, 512, 128, 0.01), "builtin:code", "the built-in code text"),
+        (GptqOptions(None, "prose", 512, 128, 0.01), "builtin:prose", "the built-in prose text"),
+        (GptqOptions(tmp_path / "t.txt", None, 512, 128, 0.01), str(tmp_path / "t.txt"), str(tmp_path / "t.txt")),
+    ):
+        assert _gptq_json(opts)["text"] == label
+        assert f"512 tokens of {words} in sequences of 128" in _gptq_line(opts)

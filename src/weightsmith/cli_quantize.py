@@ -258,12 +258,22 @@ class GptqOptions:
     trust_remote_code: bool = False
     actorder: str = "static"
 
+    def calibration_source(self) -> tuple[str, str]:
+        """The calibration text as (a label, words for a sentence): the file's path both times, or
+        `builtin:NAME` and "the built-in NAME text" (the default built-in when neither is given)."""
+        if self.text:
+            return str(self.text), str(self.text)
+        from weightsmith.engine.texts import DEFAULT_BUILTIN  # here: texts imports the fidelity module
+
+        name = self.builtin or DEFAULT_BUILTIN
+        return f"builtin:{name}", f"the built-in {name} text"
+
 
 def _gptq_json(opts: GptqOptions) -> dict[str, object]:
     """What `--method gptq` would run, for `--dry-run --json`."""
     return {
         "name": "gptq",
-        "text": str(opts.text) if opts.text else f"builtin:{opts.builtin or 'code'}",
+        "text": opts.calibration_source()[0],
         "tokens_at_most": opts.tokens,
         "seq_len": opts.seq_len,
         "actorder": opts.actorder,
@@ -273,7 +283,7 @@ def _gptq_json(opts: GptqOptions) -> dict[str, object]:
 
 def _gptq_line(opts: GptqOptions) -> str:
     """What `--method gptq` would run, for `--dry-run`: the quantized Linears' values chosen by GPTQ."""
-    text = str(opts.text) if opts.text else f"the built-in {opts.builtin or 'code'} text"
+    text = opts.calibration_source()[1]
     return (
         f"method: gptq on at most {opts.tokens:,} tokens of {text} in sequences of {opts.seq_len}, one decoder "
         f"layer at a time (actorder {opts.actorder}, dampening {opts.dampening} of each Hessian's mean diagonal); "
@@ -507,13 +517,24 @@ def _gptq_options(
     if not 0 <= dampening < 1 or dampening != dampening:
         raise WeightsmithError(f"--dampening {dampening} must be in [0, 1)", code="usage")
     if actorder not in gptq_actorders():
-        raise WeightsmithError(
-            f"--actorder {actorder!r}: choose from {', '.join(gptq_actorders())}"
-            + (" (group is deprecated by compressed-tensors and refused by llm-compressor's GPTQ)" if actorder
-               in ("group", "dynamic") else ""),
-            code="usage",
-        )
+        raise WeightsmithError(_actorder_refusal(actorder), code="usage")
     return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code, actorder)
+
+
+#: compressed-tensors' names for group ordering (a g_idx per column): "dynamic" is its alias of "group".
+_GROUP_ACTORDERS = ("group", "dynamic")
+
+
+def _actorder_refusal(actorder: str) -> str:
+    """Why `--actorder` refuses `actorder`: group ordering is refused for a reason; anything else is unknown."""
+    choices = ", ".join(gptq_actorders())
+    if actorder in _GROUP_ACTORDERS:
+        alias = "" if actorder == "group" else ", compressed-tensors' other name for group"
+        return (
+            f"--actorder {actorder!r}{alias}: group ordering (a g_idx per column) is not offered: compressed-tensors "
+            f"deprecates it and llm-compressor's GPTQ refuses it; choose from {choices}"
+        )
+    return f"--actorder {actorder!r} is not an activation ordering; choose from {choices}"
 
 
 def demo(

@@ -64,8 +64,11 @@ def test_missing_text_file(sandbox: Sandbox, capsys, monkeypatch) -> None:
 @pytest.mark.parametrize("value", ["group", "dynamic", "sideways"])
 def test_actorder_not_offered(sandbox: Sandbox, capsys, monkeypatch, value: str) -> None:
     _, line = _run(sandbox, capsys, monkeypatch, "--method", "gptq", "--actorder", value)
-    assert f"--actorder {value!r}" in line and "static" in line
-    assert ("deprecated" in line) == (value in ("group", "dynamic"))
+    assert f"--actorder {value!r}" in line and line.endswith("choose from static, none")
+    grouped = value in ("group", "dynamic")
+    assert ("compressed-tensors deprecates it and llm-compressor's GPTQ refuses it" in line) == grouped
+    assert ("other name for group" in line) == (value == "dynamic")
+    assert ("is not an activation ordering" in line) == (not grouped)
 
 
 def _with_tokenizer(sandbox: Sandbox, config: dict[str, object]) -> Path:

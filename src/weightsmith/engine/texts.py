@@ -16,6 +16,8 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.logits import TextSample, default_text, read_text
 
 BUILTINS = ("code", "prose")
+#: The built-in text used when neither `--text` nor `--builtin` is given.
+DEFAULT_BUILTIN = "code"
 #: Characters read per token wanted: code and English tokenise at 3-4 characters a token.
 CHARS_PER_TOKEN = 6
 
@@ -51,4 +53,4 @@ def calibration_text(text: str | Path | None, builtin: str | None, tokens: int) 
         raise WeightsmithError("give --text or --builtin, not both", code="usage")
     if text is not None:
         return read_text(text)
-    return builtin_text(builtin or "code", tokens)
+    return builtin_text(builtin or DEFAULT_BUILTIN, tokens)
