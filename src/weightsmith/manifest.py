@@ -154,6 +154,14 @@ class Manifest:
     #: Source files not carried over (links out of the source, FIFOs, ...) and why; written only when any.
     skipped_files: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def quantize_calibration(self) -> CalibrationRecord | None:
+        """The quantize run's own calibration record, or None when it had none.
+
+        `calibrate-kv` on a checkpoint with no calibration record writes its one record as both
+        `calibration` and `kv_calibration`; equal records are that one run, not a quantize run's."""
+        return self.calibration if self.calibration != self.kv_calibration else None
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values in the written order; fields that are written only when set are left out.
 

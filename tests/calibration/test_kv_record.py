@@ -41,3 +41,8 @@ def test_card_cites_the_kv_record_not_the_quantize_runs(tmp_path: Path) -> None:
     twin = dataclasses.replace(back, calibration=dataclasses.replace(recorded.provenance, activations="quantized"))
     activation, _ = _calibration_lines(twin, config, Citations())
     assert "activations of a quantization of the source model" in activation
+
+    # one rule for "which record is the quantize run's", read by the card's lines and its publish section
+    assert back.quantize_calibration == recorded.provenance
+    assert dataclasses.replace(plain, calibration=kv, kv_calibration=kv).quantize_calibration is None
+    assert dataclasses.replace(plain, calibration=None, kv_calibration=None).quantize_calibration is None

@@ -207,7 +207,7 @@ def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> lis
         made.append(_KV_WORDS)
     lines = []
     if cal is not None and (made or kv_cal is None):
-        twin = cal.activations == "quantized" and cal != kv_cal  # not calibrate-kv's record of this checkpoint
+        twin = cal.activations == "quantized" and m.quantize_calibration is not None
         lines.append(_measured(" and ".join(made) or "statistics", cal, "calibration", c, twin))
     if declared and kv_cal is not None:
         lines.append(_measured(_KV_WORDS, kv_cal, "kv_calibration", c))

@@ -167,7 +167,7 @@ def _calibration(src: CardSources, c: Citations) -> list[str]:
     KV-cache scales `calibrate-kv` added later, when the manifest has them."""
     out = []
     m = src.manifest
-    first = m.calibration if m.calibration != m.kv_calibration else None  # calibrate-kv's own, when it was the first
+    first = m.quantize_calibration
     if first is not None and m.method is not None:  # a data-aware method chose the values; no static scales
         out.append(
             f"- Integer weight values chosen by {c.text(m.method.name, M, 'method.name')} on "
