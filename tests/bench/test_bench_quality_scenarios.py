@@ -82,6 +82,10 @@ def test_every_key_is_read() -> None:
         ([_line(check={"type": "exact", "value": 4})], "check: 'value' must be a string"),
         ([_line(check={"type": "exact", "value": "4", "case": 1})], "check: unknown key 'case' for exact"),
         ([_line(check={"type": "regex", "pattern": "(["})], "check: 'pattern' is not a valid regular expression"),
+        (
+            [_line(check={"type": "regex", "pattern": "(" * 5000 + ")" * 5000})],
+            "check: 'pattern' is not a valid regular expression (maximum recursion depth exceeded)",
+        ),
         ([_line(check={"type": "no_tool_call"})], "check: no_tool_call needs 'tools'"),
         (
             [

@@ -24,7 +24,7 @@ from typing import Any
 
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import open_regular
-from weightsmith.targets import REGEX_ERRORS
+from weightsmith.targets import Pattern
 
 BUILTIN = "builtin:"
 HUMANEVAL = "builtin:humaneval"
@@ -141,10 +141,10 @@ def _check(raw: Any, at: _Line) -> Check:
             raise at.error(f"check: '{key}' must be {'an object' if tp is dict else 'a string'}")
     check = Check(kind=kind, **{k: v for k, v in raw.items() if k != "type"})
     if kind == "regex":
-        try:
-            re.compile(check.pattern)
-        except REGEX_ERRORS as exc:
-            raise at.error(f"check: 'pattern' is not a valid regular expression ({exc})") from None
+        try:  # the project's one check of a supplied pattern: Python's `re` and the `regex` that matches it
+            Pattern(check.pattern, "check: 'pattern'")
+        except WeightsmithError as exc:
+            raise at.error(exc.message) from None
     if kind == "json_schema":
         import jsonschema
 
