@@ -20,7 +20,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from weightsmith.errors import OutputError
+from weightsmith.errors import OutputError, WeightsmithError
 
 #: Flags for a file we create: fail rather than reuse or follow whatever is already there.
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -128,6 +128,26 @@ def read_regular(path: Path) -> bytes:
     """The bytes of the regular file at `path` (see `open_regular`)."""
     with os.fdopen(open_regular(path), "rb") as f:
         return f.read()
+
+
+def read_text_file(path: Path, limit: int, what: str) -> str:
+    """The UTF-8 text of the regular file at `path`, read no further than `limit` bytes.
+
+    A user names these files, so each failure is one line naming `path` and `what` it is meant to be:
+    missing or unreadable (`cannot read {what}: ...`, a folder or FIFO included: see `open_regular`),
+    larger than `limit`, or not UTF-8. Only `limit + 1` bytes are ever read, so a huge file costs nothing.
+    """
+    try:
+        with os.fdopen(open_regular(path), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise WeightsmithError(f"cannot read {what}: {exc.strerror}", file=path) from None
+    if len(data) > limit:
+        raise WeightsmithError(f"{what} is larger than {limit} bytes", file=path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WeightsmithError(f"{what} is not UTF-8 text (byte {exc.start})", file=path) from None
 
 
 def create_new(folder: Path, name: str) -> int:

@@ -25,7 +25,7 @@ from weightsmith.bench import kinds
 from weightsmith.bench.kinds import KIND_NAMES, ServerKind
 from weightsmith.bench.quality.scenarios import MAX_SCENARIOS
 from weightsmith.errors import WeightsmithError
-from weightsmith.files import open_regular
+from weightsmith.files import read_text_file
 
 #: Placeholder in a command (and its url/env) replaced by a free loopback port at start time.
 PORT_PLACEHOLDER = "{port}"
@@ -568,16 +568,7 @@ def parse_config(data: dict[str, Any], path: str = "<arms>") -> BenchConfig:
 def load_config(path: str | Path) -> BenchConfig:
     """Read and validate an arms file."""
     p = Path(path)
-    try:
-        with os.fdopen(open_regular(p), "rb") as f:
-            raw = f.read(MAX_ARMS_FILE_BYTES + 1)
-        if len(raw) > MAX_ARMS_FILE_BYTES:
-            raise WeightsmithError(f"arms file is larger than {MAX_ARMS_FILE_BYTES} bytes", file=p)
-        text = raw.decode("utf-8")
-    except OSError as exc:
-        raise WeightsmithError(f"cannot read arms file: {exc.strerror}", file=p) from None
-    except UnicodeDecodeError as exc:
-        raise WeightsmithError(f"arms file is not UTF-8 text (byte {exc.start})", file=p) from None
+    text = read_text_file(p, MAX_ARMS_FILE_BYTES, "arms file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from weightsmith.errors import WeightsmithError
-from weightsmith.files import open_regular
+from weightsmith.files import read_text_file
 from weightsmith.targets import Pattern
 
 BUILTIN = "builtin:"
@@ -248,17 +247,7 @@ def parse_lines(lines: Iterable[str], path: str) -> list[Scenario]:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        with os.fdopen(open_regular(path), "rb") as f:
-            data = f.read(MAX_SUITE_BYTES + 1)
-    except OSError as exc:
-        raise WeightsmithError(f"cannot read scenario file: {exc.strerror}", file=path) from None
-    if len(data) > MAX_SUITE_BYTES:
-        raise WeightsmithError(f"scenario file is larger than {MAX_SUITE_BYTES} bytes", file=path)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise WeightsmithError(f"scenario file is not UTF-8 text (byte {exc.start})", file=path) from None
+    return read_text_file(path, MAX_SUITE_BYTES, "scenario file")
 
 
 def humaneval_scenarios() -> list[Scenario]:
