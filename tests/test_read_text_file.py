@@ -37,3 +37,16 @@ def test_a_file_at_the_limit_is_read_whole(tmp_path: Path) -> None:
     ok = tmp_path / "ok.toml"
     ok.write_text("é" * 4)
     assert read_text_file(ok, 8, "arms file") == "é" * 4
+
+
+def test_a_recipe_is_read_through_it(tmp_path: Path) -> None:
+    """`--recipe` keeps its cap and its error code; the failures are worded as every capped file's."""
+    from weightsmith.recipe import MAX_RECIPE_BYTES, load_recipe
+
+    big = tmp_path / "big.toml"
+    big.write_text("#" * (MAX_RECIPE_BYTES + 1))
+    with pytest.raises(WeightsmithError, match=f"recipe file is larger than {MAX_RECIPE_BYTES} bytes") as info:
+        load_recipe(big)
+    assert info.value.code == "recipe.invalid" and info.value.file == str(big)
+    with pytest.raises(WeightsmithError, match="cannot read recipe file: No such file"):
+        load_recipe(tmp_path / "missing.toml")

@@ -130,24 +130,25 @@ def read_regular(path: Path) -> bytes:
         return f.read()
 
 
-def read_text_file(path: Path, limit: int, what: str) -> str:
+def read_text_file(path: Path, limit: int, what: str, *, code: str | None = None) -> str:
     """The UTF-8 text of the regular file at `path`, read no further than `limit` bytes.
 
     A user names these files, so each failure is one line naming `path` and `what` it is meant to be:
     missing or unreadable (`cannot read {what}: ...`, a folder or FIFO included: see `open_regular`),
     larger than `limit`, or not UTF-8. Only `limit + 1` bytes are ever read, so a huge file costs nothing.
+    `code` is the errors' code (`WeightsmithError.code`).
     """
     try:
         with os.fdopen(open_regular(path), "rb") as f:
             data = f.read(limit + 1)
     except OSError as exc:
-        raise WeightsmithError(f"cannot read {what}: {exc.strerror}", file=path) from None
+        raise WeightsmithError(f"cannot read {what}: {exc.strerror}", file=path, code=code) from None
     if len(data) > limit:
-        raise WeightsmithError(f"{what} is larger than {limit} bytes", file=path)
+        raise WeightsmithError(f"{what} is larger than {limit} bytes", file=path, code=code)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise WeightsmithError(f"{what} is not UTF-8 text (byte {exc.start})", file=path) from None
+        raise WeightsmithError(f"{what} is not UTF-8 text (byte {exc.start})", file=path, code=code) from None
 
 
 def create_new(folder: Path, name: str) -> int:

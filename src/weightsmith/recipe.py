@@ -33,7 +33,7 @@ from typing import Any
 
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
-from weightsmith.files import read_regular
+from weightsmith.files import read_text_file
 from weightsmith.schemes import NONE, REGISTRY, Scheme, make_scheme
 from weightsmith.targets import LINEAR, Targets
 
@@ -121,19 +121,7 @@ def load_recipe(path: Path, *, default_search: bool = True) -> Recipe:
 
 
 def _read(path: Path) -> str:
-    try:
-        if path.stat().st_size > MAX_RECIPE_BYTES:
-            raise WeightsmithError(f"is larger than a recipe can be ({MAX_RECIPE_BYTES:,} bytes)", file=path,
-                                   code="recipe.invalid")
-        data = read_regular(path)
-    except FileNotFoundError:
-        raise WeightsmithError("does not exist (--recipe needs a TOML file)", file=path, code="usage") from None
-    except OSError as exc:
-        raise WeightsmithError(f"cannot be read ({exc.strerror or exc})", file=path, code="usage") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise WeightsmithError("is not UTF-8 text", file=path, code="recipe.invalid") from None
+    return read_text_file(path, MAX_RECIPE_BYTES, "recipe file", code="recipe.invalid")
 
 
 def _known(doc: dict[str, Any], allowed: set[str], where: str, path: Path) -> None:
