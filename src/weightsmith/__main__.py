@@ -2,13 +2,17 @@
 
 The command line imports typer, rich and the named command's modules before click installs its own
 interrupt handling; an interrupt during those imports would otherwise print a traceback. This module
-imports nothing heavy itself, so the whole start-up sits inside the handler.
+imports nothing heavy itself, so the whole start-up sits inside the handler. Python 3.11 wraps an
+exception raised in a `__set_name__` (e.g. functools.cached_property's, while a class body of typer or
+rich is being built) in a RuntimeError, so an interrupt landing there arrives as that RuntimeError
+caused by KeyboardInterrupt; it is answered the same way.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+from typing import NoReturn
 
 
 def main() -> None:
@@ -17,10 +21,30 @@ def main() -> None:
 
         run()
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        raise SystemExit(130) from None
+        interrupted()
+    except Exception as error:
+        if not _caused_by_interrupt(error):
+            raise
+        interrupted()
     finally:
         ending()
+
+
+def interrupted() -> NoReturn:
+    sys.stderr.write("interrupted\n")
+    raise SystemExit(130) from None
+
+
+def _caused_by_interrupt(error: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the exception's explicit cause chain (bounded: chains can loop)."""
+    seen: set[int] = set()
+    cause = error.__cause__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
 
 
 def ending() -> None:

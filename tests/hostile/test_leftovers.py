@@ -12,6 +12,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from hostile.harness import Sandbox, run_inprocess, snapshot
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
@@ -155,3 +156,32 @@ def test_transplant_puts_back_a_target_a_killed_in_place_run_had_renamed_aside(t
     assert result.notes[0] == f"restored target from {aside.name}: a run replacing it died before finishing"
     assert not aside.exists() and result.verify_errors == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["donor", "target"]
+
+
+def test_an_interrupt_wrapped_by_a_class_body_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python 3.11 wraps what a `__set_name__` raises (cached_property's, mid-import of typer) in a
+    RuntimeError; Ctrl-C landing there is answered as any other interrupt, other RuntimeErrors are not."""
+    import types
+
+    from weightsmith import __main__ as entry
+
+    class Interrupting:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    def start_up() -> None:
+        type("Built", (), {"field": Interrupting()})
+
+    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=start_up))
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+    def failing() -> None:
+        raise RuntimeError("not an interrupt")
+
+    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=failing))
+    with pytest.raises(RuntimeError, match="not an interrupt"):
+        entry.main()
