@@ -121,21 +121,24 @@ def test_none_round_trips_through_the_cli_and_a_recipe(src: Path, tmp_path: Path
         assert (out / SHARD).read_bytes() == (reference / SHARD).read_bytes()
 
 
-def test_gptq_stays_on_the_rtn_grid(tmp_path: Path) -> None:
-    """The default does not count as a named search: GPTQ's schemes have the RTN grid; `none` is
-    accepted and any other search refused."""
-    for default_search, expected in ((True, "wmse"), (False, None)):
-        scheme = _recipe("w4a16", None, None, None, default_search=default_search).rules[0].scheme
-        assert scheme.scale_search == expected
-        x = np.random.default_rng(0).standard_normal((8, 128)).astype(np.float32)
-        assert (scheme.grid(x) is None) == (expected is not None)
+def test_gptq_stays_on_the_rtn_grid_unless_a_search_is_named(tmp_path: Path) -> None:
+    """The default does not count as a named search: GPTQ's schemes have the RTN grid. A named search
+    (wmse, mse, noclip) gives GPTQ the searched grid; memoryless_mse, which needs a first pass, is refused."""
+    x = np.random.default_rng(0).standard_normal((8, 128)).astype(np.float32)
+    scheme = _recipe("w4a16", None, None, None, default_search=False).rules[0].scheme
+    grid = scheme.grid(x)
+    assert scheme.scale_search is None and grid is not None and grid.shrink is None
+    for search in ("wmse", "mse", "noclip"):
+        searched = _recipe("w4a16", None, search, None, default_search=False).rules[0].scheme.grid(x)
+        assert searched is not None and searched.shrink is not None and not np.all(searched.shrink == 1)
+    assert _recipe("w4a16", None, "memoryless_mse", None).rules[0].scheme.grid(x) is None
     recipe = tmp_path / "r.toml"
     recipe.write_text("[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16-asym'\n")
     assert _recipe(None, None, None, recipe, default_search=False).rules[0].scheme.scale_search is None
-    for search in (None, NONE):
+    for search in (None, NONE, "wmse", "mse", "noclip"):
         assert _gptq_options("gptq", None, None, 64, 32, 0.01, False, search) is not None
-    with pytest.raises(WeightsmithError, match="does not take --scale-search wmse"):
-        _gptq_options("gptq", None, None, 64, 32, 0.01, False, "wmse")
+    with pytest.raises(WeightsmithError, match="does not take --scale-search memoryless_mse"):
+        _gptq_options("gptq", None, None, 64, 32, 0.01, False, "memoryless_mse")
 
 
 def test_gptq_dry_run_plans_rtn_grids(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -148,21 +151,24 @@ def test_gptq_dry_run_plans_rtn_grids(src: Path, tmp_path: Path, capsys, monkeyp
         reasons[method] = {t["reason"] for t in json.loads(out)["tensors"] if t["action"] == "quantize"}
     assert reasons["rtn"] == {"Linear weight -> W4A16 g128, wmse scale search"}
     assert reasons["gptq"] == {"Linear weight -> W4A16 g128"}
-    code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", "gptq", "--scale-search",
-                       "mse", "--dry-run")  # fmt: skip
-    assert code == 2 and "--method gptq" in one_error_line(err)
+    code, out, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", "gptq", "--scale-search",
+                         "wmse", "--dry-run", "--json")  # fmt: skip
+    assert code == 0, err
+    assert {t["reason"] for t in json.loads(out)["tensors"] if t["action"] == "quantize"} == reasons["rtn"]
 
 
-def test_gptq_refuses_a_recipe_rule_naming_a_scale_search(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    """A recipe's explicit `scale_search = "mse"` is refused under GPTQ as `--scale-search mse` is, not
-    silently planned without the grid GPTQ needs; `"none"` stays accepted."""
+def test_gptq_refuses_a_recipe_rule_naming_memoryless_mse(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A recipe's explicit `scale_search = "memoryless_mse"` is refused under GPTQ as the flag is, not
+    silently planned without a grid; `"none"` and the other searches stay accepted."""
     recipe = tmp_path / "r.toml"
     rule = "[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16'\n"
-    recipe.write_text(rule + "\n[[rule]]\ntargets = ['re:.*']\nscheme = 'w4a16'\nscale_search = 'mse'\n")
+    recipe.write_text(rule + "\n[[rule]]\ntargets = ['re:.*']\nscheme = 'w4a16'\nscale_search = 'memoryless_mse'\n")
     code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", "gptq", "--recipe", recipe,
                        "--dry-run")  # fmt: skip
     line = one_error_line(err)
-    assert code == 2 and str(recipe) in line and "rule 2: --method gptq" in line and "scale_search = 'mse'" in line
-    assert _recipe(None, None, None, recipe, default_search=True).rules[1].scheme.scale_search == "mse"
+    assert code == 2 and str(recipe) in line and "rule 2: --method gptq" in line
+    assert "scale_search = 'memoryless_mse'" in line
+    recipe.write_text(rule + "\n[[rule]]\ntargets = ['re:.*']\nscheme = 'w4a16'\nscale_search = 'mse'\n")
+    assert _recipe(None, None, None, recipe, default_search=False).rules[1].scheme.scale_search == "mse"
     recipe.write_text(rule + "scale_search = 'none'\n")
     assert _recipe(None, None, None, recipe, default_search=False).rules[0].scheme.scale_search is None

@@ -23,8 +23,8 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
-from weightsmith.recipe import GPTQ_GRID_ONLY, Recipe, load_recipe
-from weightsmith.schemes import NONE, REGISTRY, SCHEME_NAMES, make_scheme
+from weightsmith.recipe import GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCH, Recipe, load_recipe
+from weightsmith.schemes import REGISTRY, SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -509,9 +509,10 @@ def _gptq_options(
         if text is not None or builtin is not None:
             raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
         return None
-    if scale_search not in (None, NONE):
+    if scale_search == GPTQ_REFUSED_SEARCH:
         raise WeightsmithError(
-            f"{GPTQ_GRID_ONLY}; it does not take --scale-search {scale_search}",
+            f"{GPTQ_GRID_ONLY}; it does not take --scale-search {scale_search} (whose factors need the whole tensor "
+            "first); wmse, mse and noclip choose a grid GPTQ can start from",
             code="usage",
         )
     if not 0 <= dampening < 1 or dampening != dampening:

@@ -34,7 +34,7 @@ from typing import Any
 from weightsmith import names
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_text_file
-from weightsmith.schemes import NONE, REGISTRY, Scheme, make_scheme
+from weightsmith.schemes import REGISTRY, Scheme, make_scheme
 from weightsmith.targets import LINEAR, Targets
 
 CATEGORY = "category:"
@@ -96,15 +96,18 @@ class Recipe:
         return next((r for r in self.rules if r.matches(module)), None)
 
 
-#: Why GPTQ takes no scale search, said alike for `--scale-search` and a recipe's `scale_search`.
-GPTQ_GRID_ONLY = "--method gptq chooses values on the round-to-nearest grid"
+#: The one scale search GPTQ cannot start from: its clip factors need a first pass over the whole
+#: tensor, and GPTQ fixes its grid from each weight alone before its first column.
+GPTQ_REFUSED_SEARCH = "memoryless_mse"
+#: Why, said alike for `--scale-search` and a recipe's `scale_search`.
+GPTQ_GRID_ONLY = "--method gptq fixes its grid from each weight before its first column"
 
 
 def load_recipe(path: Path, *, default_search: bool = True) -> Recipe:
     """Read and check a recipe file: one line naming the file and the key for anything wrong.
 
     `default_search=False` (GPTQ): a rule without `scale_search` is round-to-nearest (see `make_scheme`),
-    and a rule naming a search other than `none` is refused: its modules would lose the grid GPTQ needs."""
+    and a rule naming memoryless_mse is refused: its modules would have no grid GPTQ can start from."""
     raw = _read(path)
     try:
         doc = tomllib.loads(raw)
@@ -169,9 +172,9 @@ def _rule(doc: object, index: int, path: Path, default_search: bool) -> Rule:
     search = doc.get("scale_search")
     if search is not None and not isinstance(search, str):
         raise WeightsmithError(f"{where}: scale_search must be a string", file=path, code="recipe.invalid")
-    if not default_search and search not in (None, NONE):
+    if not default_search and search == GPTQ_REFUSED_SEARCH:
         raise WeightsmithError(
-            f"{where}: {GPTQ_GRID_ONLY}; it does not take scale_search = {search!r} (use \"none\" or leave it out)",
+            f"{where}: {GPTQ_GRID_ONLY}; it does not take scale_search = {search!r} (use another or leave it out)",
             file=path,
             code="recipe.invalid",
         )

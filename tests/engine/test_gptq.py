@@ -105,6 +105,27 @@ def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> No
     assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
 
 
+@pytest.mark.parametrize(("name", "search"), [("w4a16", "wmse"), ("w4a16-asym", "wmse"), ("w4a16", "mse"),
+                                              ("w4a16", "noclip")])  # fmt: skip
+def test_gptq_on_a_searched_grid_stores_that_grids_scales(name: str, search: str) -> None:
+    """On a searched grid, GPTQ with an identity Hessian (nothing to compensate) stores exactly what
+    the search alone stores; with a real Hessian only the values change, still on the searched scales."""
+    scheme = make_scheme(name, 64, search)
+    W, H = _problem()
+    w = W.numpy()
+    grid = scheme.grid(w)
+    assert grid is not None and grid.shrink is not None and not np.all(grid.shrink == 1)
+    searched = _stored(scheme, w, None)
+    codes, _, _ = quantize_weight(W, torch.eye(w.shape[1]), grid)
+    same = _stored(scheme, w, Chosen(codes, grid.shrink))
+    assert searched.keys() == same.keys() and all(np.array_equal(searched[k], same[k]) for k in searched)
+    codes, dequantized, _ = quantize_weight(W, H.clone(), grid)
+    chosen = _stored(scheme, w, Chosen(codes, grid.shrink))
+    assert not np.array_equal(chosen["weight_packed"], searched["weight_packed"])
+    assert all(np.array_equal(searched[k], chosen[k]) for k in searched if k != "weight_packed")
+    assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
+
+
 def test_singular_hessian_falls_back_to_round_to_nearest() -> None:
     scheme = make_scheme("w4a16", 64, "none")
     W, _ = _problem()
@@ -161,8 +182,9 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
 
 
 def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path: Path) -> None:
-    """q and k share one input; q's scheme is searched (no fixed grid), k's is plain: k still gets GPTQ's
-    values, and only q is left to its scheme, with the reason. A group where no member has a grid is all left."""
+    """q and k share one input; q's scheme is memoryless_mse (no grid before a first pass), k's is plain:
+    k still gets GPTQ's values, and only q is left to its scheme, with the reason. A group where no
+    member has a grid is all left."""
     from weightsmith.engine.gptq import DAMPENING, NO_GRID, Result, Target, _quantize_group
 
     W, H = _problem(rows=64, cols=128)
@@ -171,7 +193,7 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
         module.weight.data.copy_(W)
     f32 = np.dtype(np.float32)
     targets = {
-        "q": Target(make_scheme("w4a16", 64, "mse"), f32),
+        "q": Target(make_scheme("w4a16", 64, "memoryless_mse"), f32),
         "k": Target(make_scheme("w4a16", 64, "none"), f32),
         "v": Target(make_scheme("nvfp4a16"), f32),
     }

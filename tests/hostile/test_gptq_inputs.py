@@ -34,9 +34,9 @@ def test_unknown_method(sandbox: Sandbox, capsys, monkeypatch) -> None:
     assert "unknown method 'awq'" in line and "gptq" in line
 
 
-def test_gptq_with_a_scale_search(sandbox: Sandbox, capsys, monkeypatch) -> None:
-    _, line = _run(sandbox, capsys, monkeypatch, "--method", "gptq", "--scale-search", "mse")
-    assert "--method gptq" in line and "--scale-search" in line
+def test_gptq_with_a_search_that_needs_a_first_pass(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    _, line = _run(sandbox, capsys, monkeypatch, "--method", "gptq", "--scale-search", "memoryless_mse")
+    assert "--method gptq" in line and "--scale-search memoryless_mse" in line
 
 
 def test_calibration_text_without_gptq(sandbox: Sandbox, capsys, monkeypatch) -> None:

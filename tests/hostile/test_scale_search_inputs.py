@@ -38,11 +38,6 @@ def test_unknown_search_names_the_choices(sandbox: Sandbox, capsys, monkeypatch,
     assert f"unknown scale search {value!r} (choose from none, mse" in line
 
 
-def test_gptq_refuses_the_default_search_when_named(sandbox: Sandbox, capsys, monkeypatch) -> None:
-    line = _refused(sandbox, capsys, monkeypatch, "--method", "gptq", "--scale-search", "wmse")
-    assert "--method gptq" in line and "--scale-search wmse" in line
-
-
 def test_none_with_a_recipe_is_refused_naming_the_recipe(sandbox: Sandbox, capsys, monkeypatch) -> None:
     line = _refused(sandbox, capsys, monkeypatch, "--scale-search", "none",
                     recipe="[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16'\n")  # fmt: skip

@@ -10,9 +10,11 @@ inputs: the quantized layer's outputs, as llm-compressor's sequential pipeline d
 
 The grid (scale and zero point per group) is the one round-to-nearest computes from the original
 weight (`Scheme.grid`), as llm-compressor 0.14's GPTQ takes its weight observer's parameters before
-the first column; the arithmetic of each column is compressed-tensors' `fake_quantize`. Linears that
-read the same input tensor (q/k/v, gate/up) share one Hessian and are quantized as one matrix: GPTQ
-treats rows independently, so that is the same result for a third of the column loops.
+the first column; with a scale search (`wmse`, `mse`, `noclip`) the grid is the searched one, whose
+clip factors are chosen from the weight alone before GPTQ starts. The arithmetic of each column is
+compressed-tensors' `fake_quantize`. Linears that read the same input tensor (q/k/v, gate/up) share
+one Hessian and are quantized as one matrix: GPTQ treats rows independently, so that is the same
+result for a third of the column loops.
 
 What comes out is the integer values per Linear (`Chosen`), which the quantize pipeline stores with
 the scheme's own encoding; the scales it stores are the same grid's.
@@ -52,7 +54,7 @@ DAMPENING = 0.01
 #: grid (llm-compressor's default; the stored format is unchanged); "none" in their stored order.
 ACTORDERS = ("static", "none")
 #: Why a module is left to its scheme's own quantization (`Scheme.grid` is None: nothing to choose points of).
-NO_GRID = "its scheme has no fixed grid GPTQ can choose points of (a float format, or a searched scale)"
+NO_GRID = "its scheme has no fixed grid GPTQ can choose points of (a float format, or memoryless_mse's scale)"
 
 Progress = Callable[[str], None]
 
@@ -348,6 +350,7 @@ def _quantize_group(
             result.rtn[m] = NO_GRID
         return
     first = real[0]
+    searched = any(g.shrink is not None for g in real)
     grid = Grid(
         np.concatenate([g.scale.astype(np.float32) for g in real]).astype(first.scale.dtype),
         None if first.zero_point is None else np.concatenate([g.zero_point for g in real if g.zero_point is not None]),
@@ -357,12 +360,13 @@ def _quantize_group(
     )
     codes, dequantized, singular = quantize_weight(torch.cat(weights), hessian, grid, dampening, block_size, actorder)
     r0 = 0
-    for m, w in zip(members, weights, strict=True):
+    for m, w, g in zip(members, weights, real, strict=True):
         r1 = r0 + w.shape[0]
         linears[m].weight.data.copy_(dequantized[r0:r1])
         path = workdir / f"{m}.npy"
         np.save(path, codes[r0:r1])
-        result.chosen[m] = Chosen(np.load(path, mmap_mode="r"))
+        shrink = None if not searched else g.shrink if g.shrink is not None else np.ones(g.scale.shape, np.float32)
+        result.chosen[m] = Chosen(np.load(path, mmap_mode="r"), shrink)
         if singular:
             result.rtn[m] = "its Hessian is not positive definite after dampening"
         r0 = r1

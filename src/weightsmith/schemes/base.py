@@ -43,7 +43,9 @@ class Grid:
 
     `scale` [rows, cols/group] in the scale's storage dtype (the arithmetic is done in it, as
     compressed-tensors does), `zero_point` [rows, cols/group] (None when symmetric); a weight value
-    w maps to `clamp(round(w / scale + zero_point), q_min, q_max)`.
+    w maps to `clamp(round(w / scale + zero_point), q_min, q_max)`. `shrink` [rows, cols/group]
+    float32 is the factor a scale search clipped each group's range by to get `scale` (None: 1, plain
+    round-to-nearest's range); the stored scales are made again from it, so it travels with `Chosen`.
     """
 
     scale: np.ndarray
@@ -51,14 +53,17 @@ class Grid:
     group: int
     q_min: int
     q_max: int
+    shrink: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Chosen:
     """Integer values chosen for a whole weight by a data-aware method (GPTQ), on the `Grid` that
-    `grid` gives for the same rows: `encode` stores them instead of rounding its input."""
+    `grid` gives for the same rows: `encode` stores them instead of rounding its input, with the
+    scales of that grid (its `shrink`, when a search chose one)."""
 
     codes: np.ndarray  # int8 [rows, cols]
+    shrink: np.ndarray | None = None  # float32 [rows, cols/group], the grid's own
 
 
 def fresh(key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -238,8 +243,8 @@ def make_scheme(
     """The scheme a user named, or a one-line usage error.
 
     `scale_search` None means the scheme's `DEFAULT_SEARCH` and `"none"` plain round-to-nearest.
-    `default_search=False` makes an unnamed search round-to-nearest too: GPTQ chooses points of the
-    round-to-nearest grid, so a default search must not take its modules from it.
+    `default_search=False` makes an unnamed search round-to-nearest too: GPTQ starts from the
+    round-to-nearest grid (as llm-compressor's does) unless a search is named.
     """
     cls = REGISTRY.get(name)
     if cls is None:

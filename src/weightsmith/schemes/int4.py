@@ -89,19 +89,34 @@ class Int4(Scheme):
         return {module: int4_search.memoryless_choice(*state) for module, state in states.items()}
 
     def grid(self, x: np.ndarray) -> Grid | None:
-        if self.scale_search is not None:
-            return None  # a searched clip is chosen per group without the data GPTQ weighs
+        """Round-to-nearest's grid, on the clip factors this scheme's search chooses from the weight
+        alone (none for memoryless_mse, whose factors need a first pass over the whole tensor)."""
+        if self.scale_search == "memoryless_mse":
+            return None
         n, cols = x.shape
         mode, g = int4.mode_of(x.dtype), self.group_size
+        xin = int4.kernel_input(np.ascontiguousarray(x))
         scale = np.empty((n, cols // g), np.float32)
         zp = np.zeros((n, cols // g), np.int8)
         packed = np.empty((n, cols // int4.PACK), np.uint32)
         shrink = np.ones((n, cols // g), np.float32)
-        bad = int4.quantize_rows(int4.kernel_input(np.ascontiguousarray(x)), mode, g, self.symmetric, shrink, packed,
-                                 scale, zp)  # fmt: skip
+        bad = self._search(xin, mode, shrink)
+        if bad < 0:
+            bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
         if bad >= 0:
             raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
-        return Grid(int4.scale_storage(scale, mode), None if self.symmetric else zp, g, int4.Q_MIN, int4.Q_MAX)
+        searched = shrink if self.scale_search is not None else None
+        zero_point = None if self.symmetric else zp
+        return Grid(int4.scale_storage(scale, mode), zero_point, g, int4.Q_MIN, int4.Q_MAX, searched)
+
+    def _search(self, xin: np.ndarray, mode: int, shrink: np.ndarray) -> int:
+        """Fill `shrink` with the data-free search's factor per group (left at 1 without one): a NaN/Inf index or -1."""
+        if self.scale_search in ("mse", "wmse"):
+            objective = int4_search.MAGNITUDE if self.scale_search == "wmse" else int4_search.POWER25
+            return int4_search.search_mse(xin, mode, self.group_size, shrink, self.symmetric, objective)
+        if self.scale_search == "noclip":
+            return int4_search.search_noclip(xin, mode, self.group_size, shrink)
+        return -1
 
     def quantize_into(
         self, x: np.ndarray, r0: int, tensor_param: Any, alloc: Alloc, packed: np.ndarray
@@ -115,21 +130,15 @@ class Int4(Scheme):
         g = self.group_size
         scale = alloc("scale", (n, cols // g), np.float32)
         zp = alloc("zp", (n, cols // g), np.int8)
-        if isinstance(tensor_param, Chosen):
-            shrink = alloc("shrink", (n, cols // g), np.float32)
-            shrink.fill(1.0)
+        if isinstance(tensor_param, Chosen) and tensor_param.shrink is not None:  # GPTQ on a searched grid
+            shrink = tensor_param.shrink[r0 : r0 + n]
         elif isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
             shrink = tensor_param[r0 : r0 + n]
         else:
             shrink = alloc("shrink", (n, cols // g), np.float32)
             shrink.fill(1.0)
-            if self.scale_search in ("mse", "wmse"):
-                objective = int4_search.MAGNITUDE if self.scale_search == "wmse" else int4_search.POWER25
-                bad = int4_search.search_mse(xin, mode, g, shrink, self.symmetric, objective)
-                if bad >= 0:
-                    return scale, zp, bad
-            elif self.scale_search == "noclip":
-                bad = int4_search.search_noclip(xin, mode, g, shrink)
+            if not isinstance(tensor_param, Chosen):
+                bad = self._search(xin, mode, shrink)
                 if bad >= 0:
                     return scale, zp, bad
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
