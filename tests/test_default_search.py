@@ -2,7 +2,8 @@
 
 `--scale-search none` (recipe `scale_search = "none"`, API `scale_search="none"`) is plain
 round-to-nearest, the bytes of llm-compressor's `model_free_ptq` (tests/test_reference_llmcompressor.py
-checks those bytes); GPTQ keeps choosing points of the round-to-nearest grid whatever the default.
+checks those bytes). GPTQ starts from the same grid: the default search's unless one is named
+(`none`: llm-compressor's GPTQ grid); memoryless_mse, whose factors need a first pass, is refused.
 """
 
 from __future__ import annotations
@@ -121,40 +122,33 @@ def test_none_round_trips_through_the_cli_and_a_recipe(src: Path, tmp_path: Path
         assert (out / SHARD).read_bytes() == (reference / SHARD).read_bytes()
 
 
-def test_gptq_stays_on_the_rtn_grid_unless_a_search_is_named(tmp_path: Path) -> None:
-    """The default does not count as a named search: GPTQ's schemes have the RTN grid. A named search
-    (wmse, mse, noclip) gives GPTQ the searched grid; memoryless_mse, which needs a first pass, is refused."""
+def test_gptq_starts_from_the_searched_grid(tmp_path: Path) -> None:
+    """GPTQ's schemes are those of a plain run: the default search's grid (its clip factors travel with
+    it), round-to-nearest's with `none`; memoryless_mse, which needs a first pass, has no grid and is refused."""
     x = np.random.default_rng(0).standard_normal((8, 128)).astype(np.float32)
-    scheme = _recipe("w4a16", None, None, None, default_search=False).rules[0].scheme
-    grid = scheme.grid(x)
-    assert scheme.scale_search is None and grid is not None and grid.shrink is None
-    for search in ("wmse", "mse", "noclip"):
-        searched = _recipe("w4a16", None, search, None, default_search=False).rules[0].scheme.grid(x)
-        assert searched is not None and searched.shrink is not None and not np.all(searched.shrink == 1)
+    for search in (None, "wmse", "mse", "noclip"):
+        scheme = _recipe("w4a16", None, search, None, gptq=True).rules[0].scheme
+        grid = scheme.grid(x)
+        assert scheme.scale_search == (search or "wmse")
+        assert grid is not None and grid.shrink is not None and not np.all(grid.shrink == 1)
+    plain = _recipe("w4a16", None, NONE, None, gptq=True).rules[0].scheme.grid(x)
+    assert plain is not None and plain.shrink is None
     assert _recipe("w4a16", None, "memoryless_mse", None).rules[0].scheme.grid(x) is None
-    recipe = tmp_path / "r.toml"
-    recipe.write_text("[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16-asym'\n")
-    assert _recipe(None, None, None, recipe, default_search=False).rules[0].scheme.scale_search is None
     for search in (None, NONE, "wmse", "mse", "noclip"):
         assert _gptq_options("gptq", None, None, 64, 32, 0.01, False, search) is not None
     with pytest.raises(WeightsmithError, match="does not take --scale-search memoryless_mse"):
         _gptq_options("gptq", None, None, 64, 32, 0.01, False, "memoryless_mse")
 
 
-def test_gptq_dry_run_plans_rtn_grids(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    """What a GPTQ run would do: no module planned with the default search (the engine needs the grid)."""
+def test_gptq_dry_run_plans_the_same_grids(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """What a GPTQ run would do: every module planned as the plain run plans it, search included."""
     reasons = {}
     for method in ("rtn", "gptq"):
         code, out, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", method, "--dry-run",
                              "--json")  # fmt: skip
         assert code == 0, err
         reasons[method] = {t["reason"] for t in json.loads(out)["tensors"] if t["action"] == "quantize"}
-    assert reasons["rtn"] == {"Linear weight -> W4A16 g128, wmse scale search"}
-    assert reasons["gptq"] == {"Linear weight -> W4A16 g128"}
-    code, out, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", "gptq", "--scale-search",
-                         "wmse", "--dry-run", "--json")  # fmt: skip
-    assert code == 0, err
-    assert {t["reason"] for t in json.loads(out)["tensors"] if t["action"] == "quantize"} == reasons["rtn"]
+    assert reasons["rtn"] == reasons["gptq"] == {"Linear weight -> W4A16 g128, wmse scale search"}
 
 
 def test_gptq_refuses_a_recipe_rule_naming_memoryless_mse(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -169,6 +163,6 @@ def test_gptq_refuses_a_recipe_rule_naming_memoryless_mse(src: Path, tmp_path: P
     assert code == 2 and str(recipe) in line and "rule 2: --method gptq" in line
     assert "scale_search = 'memoryless_mse'" in line
     recipe.write_text(rule + "\n[[rule]]\ntargets = ['re:.*']\nscheme = 'w4a16'\nscale_search = 'mse'\n")
-    assert _recipe(None, None, None, recipe, default_search=False).rules[1].scheme.scale_search == "mse"
+    assert _recipe(None, None, None, recipe, gptq=True).rules[1].scheme.scale_search == "mse"
     recipe.write_text(rule + "scale_search = 'none'\n")
-    assert _recipe(None, None, None, recipe, default_search=False).rules[0].scheme.scale_search is None
+    assert _recipe(None, None, None, recipe, gptq=True).rules[0].scheme.scale_search is None

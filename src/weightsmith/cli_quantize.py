@@ -142,20 +142,20 @@ def _recipe(
     scale_search: str | None,
     recipe: Path | None,
     *,
-    default_search: bool = True,
+    gptq: bool = False,
 ) -> Recipe:
     """`--recipe FILE`, or the one-rule recipe of `--scheme` (w4a16 when neither is given).
 
-    `default_search=False` (GPTQ): a scheme's default scale search does not apply (see `make_scheme`)."""
+    `gptq`: a recipe rule naming a search GPTQ cannot start from is refused (see `load_recipe`)."""
     if recipe is None:
-        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search, default_search=default_search))
+        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search))
     given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
              if v is not None]
     if given:
         raise WeightsmithError(
             f"{given[0]} and --recipe both set the scheme; put it in the recipe's rules", file=recipe, code="usage"
         )
-    return load_recipe(recipe, default_search=default_search)
+    return load_recipe(recipe, gptq=gptq)
 
 
 def _breakdown_tables(plan: Plan) -> list[Table]:
@@ -197,7 +197,7 @@ def run_quantize(
     started = time.perf_counter()
     plan = plan_quantize(
         src,
-        recipe=_recipe(scheme, group_size, scale_search, recipe, default_search=gptq is None),
+        recipe=_recipe(scheme, group_size, scale_search, recipe, gptq=gptq is not None),
         ignore=ignore,
         preset=preset,
         calibration=calibration,
@@ -438,7 +438,7 @@ def quantize(
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
     gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search, actorder)
     if dry_run:
-        rules = _recipe(scheme, group_size, scale_search, recipe, default_search=gptq is None)
+        rules = _recipe(scheme, group_size, scale_search, recipe, gptq=gptq is not None)
         plan = plan_quantize(
             src, recipe=rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache
         )

@@ -103,11 +103,10 @@ GPTQ_REFUSED_SEARCH = "memoryless_mse"
 GPTQ_GRID_ONLY = "--method gptq fixes its grid from each weight before its first column"
 
 
-def load_recipe(path: Path, *, default_search: bool = True) -> Recipe:
+def load_recipe(path: Path, *, gptq: bool = False) -> Recipe:
     """Read and check a recipe file: one line naming the file and the key for anything wrong.
 
-    `default_search=False` (GPTQ): a rule without `scale_search` is round-to-nearest (see `make_scheme`),
-    and a rule naming memoryless_mse is refused: its modules would have no grid GPTQ can start from."""
+    `gptq`: a rule naming memoryless_mse is refused: its modules would have no grid GPTQ can start from."""
     raw = _read(path)
     try:
         doc = tomllib.loads(raw)
@@ -119,7 +118,7 @@ def load_recipe(path: Path, *, default_search: bool = True) -> Recipe:
     rules_doc = doc.get("rule")
     if not isinstance(rules_doc, list) or not rules_doc:
         raise WeightsmithError("needs at least one [[rule]] table", file=path, code="recipe.invalid")
-    rules = tuple(_rule(r, i, path, default_search) for i, r in enumerate(rules_doc))
+    rules = tuple(_rule(r, i, path, gptq) for i, r in enumerate(rules_doc))
     return Recipe(rules, tuple(ignore), path)
 
 
@@ -141,7 +140,7 @@ def _strings(value: object, where: str, path: Path) -> list[str]:
     return list(value)
 
 
-def _rule(doc: object, index: int, path: Path, default_search: bool) -> Rule:
+def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
     where = f"rule {index + 1}"
     if not isinstance(doc, dict):
         raise WeightsmithError(f"{where} is not a table", file=path, code="recipe.invalid")
@@ -172,14 +171,14 @@ def _rule(doc: object, index: int, path: Path, default_search: bool) -> Rule:
     search = doc.get("scale_search")
     if search is not None and not isinstance(search, str):
         raise WeightsmithError(f"{where}: scale_search must be a string", file=path, code="recipe.invalid")
-    if not default_search and search == GPTQ_REFUSED_SEARCH:
+    if gptq and search == GPTQ_REFUSED_SEARCH:
         raise WeightsmithError(
             f"{where}: {GPTQ_GRID_ONLY}; it does not take scale_search = {search!r} (use another or leave it out)",
             file=path,
             code="recipe.invalid",
         )
     try:
-        scheme = make_scheme(scheme_name, group_size, search, default_search=default_search)
+        scheme = make_scheme(scheme_name, group_size, search)
     except WeightsmithError as exc:
         # the schemes word their option errors for the command line; a recipe spells the options as keys
         message = exc.message.replace("--group-size", "group_size").replace("--scale-search", "scale_search")

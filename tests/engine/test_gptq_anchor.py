@@ -174,7 +174,7 @@ def _their_layer0(src: Path, token_ids: list[list[int]], modules: list[str]) -> 
 def _ours(src: Path, out: Path, method: str) -> Path:
     gptq = GptqOptions(None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN, 0.01) if method == "gptq" else None
     run_quantize(src, out, scheme="w4a16", group_size=GROUP, ignore=[], preset=None, workers=2, force=False,
-                 show_progress=False, gptq=gptq, scale_search=None if gptq else "none")  # fmt: skip
+                 show_progress=False, gptq=gptq, scale_search="none")  # fmt: skip
     return out
 
 

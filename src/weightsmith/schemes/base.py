@@ -237,14 +237,10 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     return cls
 
 
-def make_scheme(
-    name: str, group_size: int | None = None, scale_search: str | None = None, *, default_search: bool = True
-) -> Scheme:
+def make_scheme(name: str, group_size: int | None = None, scale_search: str | None = None) -> Scheme:
     """The scheme a user named, or a one-line usage error.
 
     `scale_search` None means the scheme's `DEFAULT_SEARCH` and `"none"` plain round-to-nearest.
-    `default_search=False` makes an unnamed search round-to-nearest too: GPTQ starts from the
-    round-to-nearest grid (as llm-compressor's does) unless a search is named.
     """
     cls = REGISTRY.get(name)
     if cls is None:
@@ -255,7 +251,7 @@ def make_scheme(
             f"unknown scale search {scale_search!r} (choose from {', '.join(searches)})", code="usage"
         )
     if scale_search is None:
-        scale_search = cls.DEFAULT_SEARCH if default_search else None
+        scale_search = cls.DEFAULT_SEARCH
     return cls.make(name, group_size, None if scale_search == NONE else scale_search)
 
 
