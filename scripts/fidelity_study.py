@@ -47,6 +47,9 @@ RTN = ["--scale-search", "none"]
 #: GPTQ's calibration: the built-in code text (json/decoder.py, then the standard library's first
 #: modules in name order), which holds none of the files the evaluation text is cut from.
 GPTQ = ["--method", "gptq", "--builtin", "code", "--tokens", "8192", "--seq-len", "256"]
+WMSE = ["--scale-search", "wmse"]
+#: llm-compressor's dampening (weightsmith's default before both models were measured), and ours.
+D01, D1 = ["--dampening", "0.01"], ["--dampening", "0.1"]
 
 
 def recipes(group: int) -> list[tuple[str, list[str]]]:
@@ -64,31 +67,23 @@ def recipes(group: int) -> list[tuple[str, list[str]]]:
         ("NVFP4A16", ["--scheme", "nvfp4a16"]),
         ("NVFP4A16 + FP8 scale-code search", ["--scheme", "nvfp4a16", "--scale-search", "mse"]),
         ("MXFP4A16", ["--scheme", "mxfp4a16"]),
-        ("W4A16 GPTQ on the RTN grid (llm-compressor's)", ["--scheme", "w4a16", *g, *GPTQ, *RTN]),
-        ("W4A16 asym GPTQ on the RTN grid", ["--scheme", "w4a16-asym", *g, *GPTQ, *RTN]),
-        ("W4A16 GPTQ on the RTN grid, dampening 0.1", ["--scheme", "w4a16", *g, *GPTQ, "--dampening", "0.1", *RTN]),
-        ("W4A16 GPTQ on the wmse grid (the default)", ["--scheme", "w4a16", *g, "--scale-search", "wmse", *GPTQ]),
-        (
-            "W4A16 GPTQ on the wmse grid, dampening 0.1",
-            ["--scheme", "w4a16", *g, "--scale-search", "wmse", *GPTQ, "--dampening", "0.1"],
-        ),
-        (
-            "W4A16 asym GPTQ on the wmse grid (the default)",
-            ["--scheme", "w4a16-asym", *g, "--scale-search", "wmse", *GPTQ],
-        ),
-        (
-            "W4A16 asym GPTQ on the wmse grid, dampening 0.1",
-            ["--scheme", "w4a16-asym", *g, "--scale-search", "wmse", *GPTQ, "--dampening", "0.1"],
-        ),
+        ("W4A16 GPTQ, RTN grid, dampening 0.01 (llm-compressor's)", ["--scheme", "w4a16", *g, *GPTQ, *D01, *RTN]),
+        ("W4A16 asym GPTQ, RTN grid, dampening 0.01", ["--scheme", "w4a16-asym", *g, *GPTQ, *D01, *RTN]),
+        ("W4A16 GPTQ, wmse grid, dampening 0.01", ["--scheme", "w4a16", *g, *WMSE, *GPTQ, *D01]),
+        ("W4A16 GPTQ, wmse grid, dampening 0.1 (the default)", ["--scheme", "w4a16", *g, *WMSE, *GPTQ, *D1]),
+        ("W4A16 asym GPTQ, wmse grid, dampening 0.1 (the default)", ["--scheme", "w4a16-asym", *g, *WMSE, *GPTQ, *D1]),
     ]
 
 
 def cache_file(model: str, args: list[str]) -> Path:
-    """Where a run's report is kept. A trailing `--scale-search none` is left out of the key: RTN rows,
-    and GPTQ rows on the RTN grid, were measured without it when round-to-nearest was their default, and
-    stay valid. So every recipe that means a search names it (GPTQ's default grid is now wmse's)."""
+    """Where a run's report is kept. A trailing `--scale-search none` and a `--dampening 0.01` are left
+    out of the key: RTN rows, and GPTQ rows, were measured without them when round-to-nearest and 1 %
+    dampening were the defaults, and stay valid. So every recipe names its search and its dampening."""
     if args[-len(RTN) :] == RTN:
         args = args[: -len(RTN)]
+    at = next((i for i in range(len(args) - 1) if args[i : i + 2] == D01), None)
+    if at is not None:
+        args = args[:at] + args[at + 2 :]
     return CACHE / model / f"{hashlib.sha256(json.dumps([model, args, TOKENS]).encode()).hexdigest()[:16]}.json"
 
 
