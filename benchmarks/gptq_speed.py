@@ -2,8 +2,8 @@
 
 On SmolLM2-135M (or `--model DIR`), W4A16 group 64 (576 and 1536 are not multiples of 128), each
 run in its own process, one at a time, measured for wall time and peak RSS (`wait4`):
-- `weightsmith quantize --method gptq --builtin code --tokens N --seq-len L --scale-search none`
-  (round-to-nearest's grid, as oneshot's GPTQ);
+- `weightsmith quantize --method gptq --builtin code --tokens N --seq-len L --scale-search none
+  --dampening 0.01` (round-to-nearest's grid and 1 % dampening, as oneshot's GPTQ);
 - `oneshot` with `GPTQModifier` (same scheme, same `--actorder`: static, its default, or none;
   dampening 0.01, block 128, lm_head ignored) on the same token ids;
 - `weightsmith quantize` round-to-nearest, for the KL GPTQ is to lower.
@@ -106,7 +106,7 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
     gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len,
-            "--actorder", args.actorder, "--scale-search", "none"]  # on oneshot's grid: the same algorithm
+            "--actorder", args.actorder, "--scale-search", "none", "--dampening", "0.01"]  # oneshot's grid, damping
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
     row("weightsmith quantize (RTN)", *timed(rtn))

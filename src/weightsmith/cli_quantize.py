@@ -23,7 +23,7 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
-from weightsmith.recipe import GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCH, Recipe, load_recipe
+from weightsmith.recipe import GPTQ_DAMPENING, GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCH, Recipe, load_recipe
 from weightsmith.schemes import REGISTRY, SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
@@ -418,7 +418,9 @@ def quantize(
     tokens: int = typer.Option(2048, "--tokens", min=1, help="--method gptq: calibration tokens, at most."),
     seq_len: int = typer.Option(256, "--seq-len", min=1, help="--method gptq: tokens per sequence."),
     dampening: float = typer.Option(
-        0.01, "--dampening", help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal."
+        GPTQ_DAMPENING,
+        "--dampening",
+        help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal (llm-compressor's: 0.01).",
     ),
     actorder: str = typer.Option(
         "static",

@@ -48,7 +48,7 @@ def test_values_are_llm_compressors(name: str, dtype: str, actorder: str) -> Non
     else:
         grid = scheme.grid(W.numpy())
         scale = torch.from_numpy(grid.scale)
-    codes, ours, singular = quantize_weight(W, H.clone(), grid, actorder=actorder)
+    codes, ours, singular = quantize_weight(W, H.clone(), grid, 0.01, actorder=actorder)  # their default
     args = QuantizationArgs(
         num_bits=scheme.num_bits, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64,
         actorder=None if actorder == "none" else actorder,
@@ -157,11 +157,11 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
         "--builtin", "code", "--tokens", "64", "--seq-len", "32",
     )  # fmt: skip
     assert result.code == 0, result.err
-    assert "64 calibration tokens" in result.err and "dampening (0.01" in result.err
+    assert "64 calibration tokens" in result.err and "dampening (0.1 of its mean diagonal)" in result.err
     assert verify(out).clean
     manifest = load_manifest(out / "weightsmith.json")
     assert manifest.method is not None and manifest.method.name == "gptq"
-    assert manifest.method.tokens == 64 and manifest.method.dampening == 0.01 and manifest.method.rtn_fallback == {}
+    assert manifest.method.tokens == 64 and manifest.method.dampening == 0.1 and manifest.method.rtn_fallback == {}
     assert manifest.calibration is not None and manifest.calibration.tokens == 64
     assert manifest.calibration.text.startswith("builtin:code")
     assert json.loads((out / "weightsmith.json").read_text())["method"]["name"] == "gptq"
@@ -170,7 +170,8 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     # the card says how the values were chosen, and its check re-derives every number of it
     assert run_inprocess(capsys, monkeypatch, "card", out).code == 0
     card = (out / "README.md").read_text()
-    assert "chosen by `gptq`" in card and "0.01" in card and "activation order `static`" in card
+    assert "chosen by `gptq`" in card and "activation order `static`" in card
+    assert "(dampening 0.1<!-- weightsmith.json: method.dampening --> of the mean Hessian diagonal" in card
     assert run_inprocess(capsys, monkeypatch, "card", out, "--check").code == 0
 
     from transformers import AutoModelForCausalLM
@@ -185,7 +186,8 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
     """q and k share one input; q's scheme is memoryless_mse (no grid before a first pass), k's is plain:
     k still gets GPTQ's values, and only q is left to its scheme, with the reason. A group where no
     member has a grid is all left."""
-    from weightsmith.engine.gptq import DAMPENING, NO_GRID, Result, Target, _quantize_group
+    from weightsmith.engine.gptq import NO_GRID, Result, Target, _quantize_group
+    from weightsmith.recipe import GPTQ_DAMPENING
 
     W, H = _problem(rows=64, cols=128)
     linears = {m: torch.nn.Linear(128, 64, bias=False) for m in ("q", "k", "v")}
@@ -198,8 +200,8 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
         "v": Target(make_scheme("nvfp4a16"), f32),
     }
     result = Result()
-    _quantize_group(["q", "k"], H.clone(), linears, targets, tmp_path, DAMPENING, 128, "static", result)
+    _quantize_group(["q", "k"], H.clone(), linears, targets, tmp_path, GPTQ_DAMPENING, 128, "static", result)
     assert result.rtn == {"q": NO_GRID} and list(result.chosen) == ["k"]
     assert not torch.equal(linears["k"].weight, W) and torch.equal(linears["q"].weight, W)
-    _quantize_group(["v"], H.clone(), linears, targets, tmp_path, DAMPENING, 128, "static", result)
+    _quantize_group(["v"], H.clone(), linears, targets, tmp_path, GPTQ_DAMPENING, 128, "static", result)
     assert result.rtn == {"q": NO_GRID, "v": NO_GRID} and list(result.chosen) == ["k"]

@@ -42,14 +42,13 @@ from weightsmith.pipeline import QuantizeResult, execute, kernel_dtype
 from weightsmith.plan import QUANTIZE, Plan
 from weightsmith.quant.floatbits import round_to
 from weightsmith.quant.int4 import mode_of
+from weightsmith.recipe import GPTQ_DAMPENING
 from weightsmith.schemes.base import Chosen, Grid, Scheme
 
 #: Columns quantized before their error is propagated to the rest at once (llm-compressor's default).
 BLOCK_SIZE = 128
 #: Tokens run through a layer at once (sequences of one length batched; attention memory grows with it).
 BATCH_TOKENS = 2048
-#: The fraction of the Hessian's mean diagonal added to its diagonal (llm-compressor's default).
-DAMPENING = 0.01
 #: Column orders: "static" quantizes columns by decreasing Hessian diagonal, each on its own group's
 #: grid (llm-compressor's default; the stored format is unchanged); "none" in their stored order.
 ACTORDERS = ("static", "none")
@@ -79,7 +78,7 @@ def quantize_weight(
     weight: Any,
     hessian: Any,
     grid: Grid,
-    dampening: float = DAMPENING,
+    dampening: float = GPTQ_DAMPENING,
     block_size: int = BLOCK_SIZE,
     actorder: str = "static",
 ) -> tuple[npt.NDArray[np.int8], Any, bool]:
@@ -201,7 +200,7 @@ def run(
     targets: dict[str, Target],
     workdir: Path,
     *,
-    dampening: float = DAMPENING,
+    dampening: float = GPTQ_DAMPENING,
     block_size: int = BLOCK_SIZE,
     actorder: str = "static",
     trust_remote_code: bool = False,
@@ -378,7 +377,7 @@ def quantize(
     token_ids: list[list[int]],
     provenance: Provenance,
     *,
-    dampening: float = DAMPENING,
+    dampening: float = GPTQ_DAMPENING,
     actorder: str = "static",
     workers: int = 1,
     force: bool = False,
