@@ -7,12 +7,12 @@ row). Those few flipped rows are what separates the two runs from layer 1 on.
 
 Same tokens (4 sequences of 128 from the built-in code text), W4A16 group 64 (576 and 1536 are not
 multiples of 128), actorder static (both defaults), dampening 0.01, block 128, lm_head kept. In layer
-0, 503 of q/k/v's 552,960 values differ, in 9 of 960 rows. Both outputs are compared with the
-original on held-out text (`textwrap.py`, not in the calibration text): our KL must be at or below
-oneshot's within the noise of such tie flips (runs that differ only in float32 order differ by some
-percent in KL; on 8 x 256 tokens: ours 0.308, oneshot's 0.330, round-to-nearest 0.404,
-benchmarks/gptq_speed.py). Our output is `verify` clean and loads in transformers (the KL is
-computed on the model transformers loads).
+0, 503 of q/k/v's 552,960 values differ, in 9 of 960 rows. End to end, both calibrate on 8 sequences
+of 256 and are compared with the original on held-out text (`textwrap.py`, not in the calibration
+text): our KL must be at or below oneshot's within the noise of such tie flips (runs that differ
+only in float32 order differ by some percent in KL; ours 0.308, oneshot's 0.330, round-to-nearest
+0.404 in benchmarks/gptq_speed.py), and both below round-to-nearest's by a clear margin. Our output
+is `verify` clean and loads in transformers (the KL is computed on the model transformers loads).
 """
 
 from __future__ import annotations
@@ -34,8 +34,14 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
 SEQUENCES, SEQ_LEN, GROUP = 4, 128, 64
+#: The end-to-end comparison calibrates on 2,048 tokens: on 512, GPTQ is no better than round-to-nearest
+#: on held-out text (ours 0.4025 against 0.4035) and oneshot's KL alone spread from 0.35 to 0.41 over
+#: two runs of the same code, tie flips deciding more than the algorithm.
+KL_SEQUENCES, KL_SEQ_LEN = 8, 256
 #: Our KL may exceed oneshot's by this fraction (the spread of runs that differ in float32 order only).
 NOISE = 0.10
+#: What GPTQ must take off round-to-nearest's KL on held-out text at 2,048 tokens (it took 24 %).
+GAIN = 0.10
 
 
 def _held_out() -> str:
@@ -49,7 +55,7 @@ def _kl(orig: Path, quant: Path) -> float:
     return report.kl
 
 
-def _oneshot(src: Path, out: Path, token_ids: list[list[int]]) -> Path:
+def _oneshot(src: Path, out: Path, token_ids: list[list[int]], seq_len: int) -> Path:
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.gptq import GPTQModifier
@@ -65,7 +71,7 @@ def _oneshot(src: Path, out: Path, token_ids: list[list[int]]) -> Path:
         block_size=128,
     )
     oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(token_ids),
-            max_seq_length=SEQ_LEN, output_dir=str(out))  # fmt: skip
+            max_seq_length=seq_len, output_dir=str(out))  # fmt: skip
     return out
 
 
@@ -172,7 +178,7 @@ def _their_layer0(src: Path, token_ids: list[list[int]], modules: list[str]) -> 
 
 
 def _ours(src: Path, out: Path, method: str) -> Path:
-    gptq = GptqOptions(None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN, 0.01) if method == "gptq" else None
+    gptq = GptqOptions(None, "code", KL_SEQUENCES * KL_SEQ_LEN, KL_SEQ_LEN, 0.01) if method == "gptq" else None
     run_quantize(src, out, scheme="w4a16", group_size=GROUP, ignore=[], preset=None, workers=2, force=False,
                  show_progress=False, gptq=gptq, scale_search="none")  # fmt: skip
     return out
@@ -181,12 +187,13 @@ def _ours(src: Path, out: Path, method: str) -> Path:
 def test_gptq_kl_within_noise_of_oneshots(smollm2: Path, tmp_path: Path) -> None:
     from weightsmith.engine.calibrate import calibration_tokens
 
-    token_ids, _, _ = calibration_tokens(smollm2, None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN)
-    assert [len(s) for s in token_ids] == [SEQ_LEN] * SEQUENCES
+    token_ids, _, _ = calibration_tokens(smollm2, None, "code", KL_SEQUENCES * KL_SEQ_LEN, KL_SEQ_LEN)
+    assert [len(s) for s in token_ids] == [KL_SEQ_LEN] * KL_SEQUENCES
     ours = _ours(smollm2, tmp_path / "ours", "gptq")
     assert verify(ours).clean
-    theirs = _oneshot(smollm2, tmp_path / "oneshot", token_ids)
+    theirs = _oneshot(smollm2, tmp_path / "oneshot", token_ids, KL_SEQ_LEN)
     rtn = _ours(smollm2, tmp_path / "rtn", "rtn")
     kl_ours, kl_theirs, kl_rtn = _kl(smollm2, ours), _kl(smollm2, theirs), _kl(smollm2, rtn)
     print(f"KL on held-out text: ours {kl_ours:.4f}, oneshot {kl_theirs:.4f}, RTN {kl_rtn:.4f}")
     assert kl_ours <= kl_theirs * (1 + NOISE)
+    assert kl_ours <= kl_rtn * (1 - GAIN) and kl_theirs <= kl_rtn * (1 - GAIN)
