@@ -45,7 +45,7 @@ weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "gr
 recipe = GPTQModifier(config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
                       ignore=["lm_head"], actorder=actorder, dampening_frac=0.01, block_size=128)
 oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(seqs),
-        max_seq_length=max(map(len, seqs)), output_dir=out)
+        max_seq_length=max(map(len, seqs)), shuffle_calibration_samples=False, output_dir=out)  # our order
 """
 
 
