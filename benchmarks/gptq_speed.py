@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 from stream_memory import token_ids, weightsmith
+from weightsmith.recipe import LLM_COMPRESSOR_DAMPENING
+
+#: Both runs dampen as llm-compressor does, so the comparison is of the same algorithm.
+DAMPENING = str(LLM_COMPRESSOR_DAMPENING)
 
 ONESHOT = """
 import json, os, sys
@@ -37,13 +41,13 @@ from datasets import Dataset
 from llmcompressor import oneshot
 from llmcompressor.modifiers.gptq import GPTQModifier
 src, seqs_file, out, group, symmetric = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
-actorder = None if sys.argv[6] == "none" else sys.argv[6]
+actorder, dampening = None if sys.argv[6] == "none" else sys.argv[6], float(sys.argv[7])
 seqs = json.loads(open(seqs_file).read())
 model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype="auto")
 data = Dataset.from_dict({"input_ids": seqs, "attention_mask": [[1] * len(s) for s in seqs]})
 weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group}
 recipe = GPTQModifier(config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
-                      ignore=["lm_head"], actorder=actorder, dampening_frac=0.01, block_size=128)
+                      ignore=["lm_head"], actorder=actorder, dampening_frac=dampening, block_size=128)
 oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(seqs),
         max_seq_length=max(map(len, seqs)), shuffle_calibration_samples=False, output_dir=out)  # our order
 """
@@ -106,7 +110,7 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
     gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len,
-            "--actorder", args.actorder, "--scale-search", "none", "--dampening", "0.01"]  # oneshot's grid, damping
+            "--actorder", args.actorder, "--scale-search", "none", "--dampening", DAMPENING]  # oneshot's
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
     row("weightsmith quantize (RTN)", *timed(rtn))
@@ -117,7 +121,7 @@ def main() -> None:
         seqs = base / "tokens.json"
         seqs.write_text(json.dumps(token_ids(args.model, args.tokens, args.seq_len)))
         cmd = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
-               str(args.group_size), "0" if args.asym else "1", args.actorder]
+               str(args.group_size), "0" if args.asym else "1", args.actorder, DAMPENING]
         theirs = timed(cmd)
         row("llm-compressor oneshot GPTQModifier (CPU)", *theirs)
         print(f"oneshot / ours: wall {theirs[0] / ours[0]:.2f}x, cpu {theirs[1] / ours[1]:.2f}x; "

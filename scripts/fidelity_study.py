@@ -48,7 +48,7 @@ RTN = ["--scale-search", "none"]
 #: modules in name order), which holds none of the files the evaluation text is cut from.
 GPTQ = ["--method", "gptq", "--builtin", "code", "--tokens", "8192", "--seq-len", "256"]
 WMSE = ["--scale-search", "wmse"]
-#: llm-compressor's dampening (weightsmith's default before both models were measured), and ours.
+#: llm-compressor's dampening, and weightsmith's default (each row names its own).
 D01, D1 = ["--dampening", "0.01"], ["--dampening", "0.1"]
 
 
@@ -76,14 +76,8 @@ def recipes(group: int) -> list[tuple[str, list[str]]]:
 
 
 def cache_file(model: str, args: list[str]) -> Path:
-    """Where a run's report is kept. A trailing `--scale-search none` and a `--dampening 0.01` are left
-    out of the key: RTN rows, and GPTQ rows, were measured without them when round-to-nearest and 1 %
-    dampening were the defaults, and stay valid. So every recipe names its search and its dampening."""
-    if args[-len(RTN) :] == RTN:
-        args = args[: -len(RTN)]
-    at = next((i for i in range(len(args) - 1) if args[i : i + 2] == D01), None)
-    if at is not None:
-        args = args[:at] + args[at + 2 :]
+    """Where a run's report is kept: keyed by the exact arguments, which every result in
+    docs/fidelity-study.json records (so `seed_cache` files it under the same key)."""
     return CACHE / model / f"{hashlib.sha256(json.dumps([model, args, TOKENS]).encode()).hexdigest()[:16]}.json"
 
 

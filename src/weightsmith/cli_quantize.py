@@ -23,7 +23,14 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
-from weightsmith.recipe import GPTQ_DAMPENING, GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCH, Recipe, load_recipe
+from weightsmith.recipe import (
+    GPTQ_DAMPENING,
+    GPTQ_GRID_ONLY,
+    GPTQ_REFUSED_SEARCH,
+    LLM_COMPRESSOR_DAMPENING,
+    Recipe,
+    load_recipe,
+)
 from weightsmith.schemes import REGISTRY, SCHEME_NAMES, make_scheme
 
 console = Console(highlight=False, soft_wrap=True)
@@ -420,7 +427,8 @@ def quantize(
     dampening: float = typer.Option(
         GPTQ_DAMPENING,
         "--dampening",
-        help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal (llm-compressor's: 0.01).",
+        help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal "
+        f"(llm-compressor's: {LLM_COMPRESSOR_DAMPENING}).",
     ),
     actorder: str = typer.Option(
         "static",

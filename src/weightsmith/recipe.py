@@ -101,10 +101,12 @@ class Recipe:
 GPTQ_REFUSED_SEARCH = "memoryless_mse"
 #: Why, said alike for `--scale-search` and a recipe's `scale_search`.
 GPTQ_GRID_ONLY = "--method gptq fixes its grid from each weight before its first column"
-#: The fraction of each Hessian's mean diagonal GPTQ adds to its diagonal. Ten times llm-compressor's
-#: 0.01: with a few thousand calibration tokens and inputs as wide (Qwen2.5-1.5B's down_proj reads
-#: 8,960 columns), 1 % lets GPTQ fit the calibration text and lose on held-out text; 0.1 gained on
-#: both models of docs/fidelity-study.md (-40 % KL against round-to-nearest on Qwen, -63 % on SmolLM2).
+#: llm-compressor's GPTQ dampening (`dampening_frac`): what a like-for-like comparison with it passes.
+LLM_COMPRESSOR_DAMPENING = 0.01
+#: The fraction of each Hessian's mean diagonal GPTQ adds to its diagonal. Ten times llm-compressor's:
+#: with a few thousand calibration tokens and inputs as wide (Qwen2.5-1.5B's down_proj reads 8,960
+#: columns), 1 % lets GPTQ fit the calibration text and lose on held-out text; 0.1 gained on both
+#: models of docs/fidelity-study.md (-40 % KL against round-to-nearest on Qwen, -64 % on SmolLM2).
 GPTQ_DAMPENING = 0.1
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from weightsmith.engine.gptq import quantize_weight
 from weightsmith.manifest import load_manifest
+from weightsmith.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
 from weightsmith.schemes import make_scheme
 from weightsmith.schemes.base import Chosen
 
@@ -48,7 +49,7 @@ def test_values_are_llm_compressors(name: str, dtype: str, actorder: str) -> Non
     else:
         grid = scheme.grid(W.numpy())
         scale = torch.from_numpy(grid.scale)
-    codes, ours, singular = quantize_weight(W, H.clone(), grid, 0.01, actorder=actorder)  # their default
+    codes, ours, singular = quantize_weight(W, H.clone(), grid, LLM_COMPRESSOR_DAMPENING, actorder=actorder)
     args = QuantizationArgs(
         num_bits=scheme.num_bits, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64,
         actorder=None if actorder == "none" else actorder,
@@ -187,7 +188,6 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
     k still gets GPTQ's values, and only q is left to its scheme, with the reason. A group where no
     member has a grid is all left."""
     from weightsmith.engine.gptq import NO_GRID, Result, Target, _quantize_group
-    from weightsmith.recipe import GPTQ_DAMPENING
 
     W, H = _problem(rows=64, cols=128)
     linears = {m: torch.nn.Linear(128, 64, bias=False) for m in ("q", "k", "v")}
