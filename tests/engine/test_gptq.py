@@ -183,6 +183,28 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
 
 
 
+def test_a_layers_groups_on_two_threads_give_the_values_of_one(tiny_llama: Path, tmp_path: Path) -> None:
+    """`run` quantizes a layer's groups (q/k/v, o, gate/up, down) on `workers` threads at once, torch
+    on one thread each: the values are those of one worker, byte for byte, for every module."""
+    from weightsmith.checkpoint import Checkpoint
+    from weightsmith.engine import gptq
+    from weightsmith.engine.calibrate import calibration_tokens
+    from weightsmith.plan import QUANTIZE, build_plan
+
+    plan = build_plan(Checkpoint.open(tiny_llama), make_scheme("w4a16", 32, "none"))
+    targets = {d.module: gptq.Target(d.rule.scheme, np.dtype(np.float32))
+               for d in plan.decisions if d.action == QUANTIZE and d.rule is not None}  # fmt: skip
+    tokens = calibration_tokens(tiny_llama, None, "code", 128, 32)[0]
+    found = {}
+    for workers in (1, 2):
+        (tmp_path / str(workers)).mkdir()
+        found[workers] = gptq.run(tiny_llama, tokens, targets, tmp_path / str(workers), workers=workers)
+    assert found[1].rtn == found[2].rtn and len(found[1].chosen) > 4
+    assert found[1].chosen.keys() == found[2].chosen.keys()
+    for module, chosen in found[1].chosen.items():
+        assert np.array_equal(chosen.codes, found[2].chosen[module].codes), module
+
+
 def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path: Path) -> None:
     """q and k share one input; q's scheme is memoryless_mse (no grid before a first pass), k's is plain:
     k still gets GPTQ's values, and only q is left to its scheme, with the reason. A group where no
@@ -200,8 +222,10 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
         "v": Target(make_scheme("nvfp4a16"), f32),
     }
     result = Result()
-    _quantize_group(["q", "k"], H.clone(), linears, targets, tmp_path, GPTQ_DAMPENING, 128, "static", result)
+    common = dict(linears=linears, targets=targets, workdir=tmp_path, dampening=GPTQ_DAMPENING, block_size=128,
+                  actorder="static", result=result)  # fmt: skip
+    _quantize_group(["q", "k"], H.clone(), **common)
     assert result.rtn == {"q": NO_GRID} and list(result.chosen) == ["k"]
     assert not torch.equal(linears["k"].weight, W) and torch.equal(linears["q"].weight, W)
-    _quantize_group(["v"], H.clone(), linears, targets, tmp_path, GPTQ_DAMPENING, 128, "static", result)
+    _quantize_group(["v"], H.clone(), **common)
     assert result.rtn == {"q": NO_GRID, "v": NO_GRID} and list(result.chosen) == ["k"]
