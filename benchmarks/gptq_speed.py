@@ -7,8 +7,10 @@ run in its own process, one at a time, measured for wall time and peak RSS (`wai
 - `oneshot` with `GPTQModifier` (same scheme, same `--actorder`: static, its default, or none;
   dampening 0.01, block 128, lm_head ignored) on the same token ids;
 - `weightsmith quantize` round-to-nearest, for the KL GPTQ is to lower.
-Then KL, top-1 agreement and perplexity of each against the original on held-out text (Python's
-`textwrap.py`, which the calibration text does not contain), by `fidelity.logits.compare`.
+Ours also prints where its time went (`--json`'s `engine_split`: importing torch and
+transformers, tokens, each layer's loads, Hessian passes, quantizing, output passes). Then KL, top-1
+agreement and perplexity of each against the original on held-out text (Python's `textwrap.py`,
+which the calibration text does not contain), by `fidelity.logits.compare`.
 
     python benchmarks/gptq_speed.py [--model DIR] [--tokens 2048] [--seq-len 256] [--group-size 64]
                                     [--asym] [--actorder static|none] [--eval-tokens 512]
@@ -53,14 +55,16 @@ oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(se
 """
 
 
-def timed(cmd: list[str]) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds (user + system) and peak RSS (GiB) of one child process.
+def timed(cmd: list[str], stdout: Path | None = None) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (GiB) of one child process, its
+    standard output kept in `stdout` if given.
 
     CPU seconds are the fairer ratio on a shared machine: wall time depends on the other load.
     """
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = proc.stderr.read() if proc.stderr else ""
+    with open(stdout or os.devnull, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.PIPE, text=True)
+        err = proc.stderr.read() if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
@@ -114,8 +118,11 @@ def main() -> None:
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
     row("weightsmith quantize (RTN)", *timed(rtn))
-    ours = timed(weightsmith("quantize", args.model, base / "gptq", *common, *gptq))
+    report = base / "gptq.json"
+    ours = timed(weightsmith("quantize", args.model, base / "gptq", *common, *gptq, "--json"), stdout=report)
     row(f"weightsmith quantize --method gptq ({args.tokens} tokens)", *ours)
+    split = json.loads(report.read_text())["engine_split"]
+    print("  its phases (wall s): " + ", ".join(f"{phase} {t:.2f}" for phase, t in split.items()), flush=True)
     outputs = {"RTN": base / "rtn", "weightsmith GPTQ": base / "gptq"}
     if not args.skip_oneshot:
         seqs = base / "tokens.json"

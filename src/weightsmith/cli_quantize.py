@@ -32,6 +32,7 @@ from weightsmith.recipe import (
     load_recipe,
 )
 from weightsmith.schemes import REGISTRY, SCHEME_NAMES, make_scheme
+from weightsmith.timesplit import adding
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -304,22 +305,25 @@ def _run_gptq(
     """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run."""
     import os
 
-    from weightsmith.engine import gptq
-    from weightsmith.engine.calibrate import calibration_tokens
-    from weightsmith.engine.loading import opened
-    from weightsmith.fidelity.logits import missing_library
+    seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
+    with adding(seconds, "libraries"):
+        from weightsmith.engine import gptq
+        from weightsmith.engine.calibrate import calibration_tokens
+        from weightsmith.engine.loading import opened
+        from weightsmith.fidelity.logits import missing_library
 
-    missing = missing_library()
+        missing = missing_library()
     if missing is not None:
         raise WeightsmithError(missing, code="engine.libraries")
     src = plan.source.root
-    with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model the engine cannot run fails now
-        activations = loader.source.activations
-        vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    text = str(opts.text) if opts.text else None
-    sequences, label, sha = calibration_tokens(src, text, opts.builtin, opts.tokens, opts.seq_len)
+    with adding(seconds, "tokens"):
+        with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model it cannot run fails now
+            activations = loader.source.activations
+            vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        text = str(opts.text) if opts.text else None
+        sequences, label, sha = calibration_tokens(src, text, opts.builtin, opts.tokens, opts.seq_len)
     count = sum(map(len, sequences))
     largest = max(max(ids) for ids in sequences)
     if largest >= vocab:
@@ -352,6 +356,7 @@ def _run_gptq(
         trust_remote_code=opts.trust_remote_code,
         progress=(lambda line: err.print(f"gptq: {line}", end="\r")) if show else None,
     )
+    result.engine = {**seconds, **result.engine}
     method = result.manifest.method
     for module, why in (method.rtn_fallback if method else {}).items():
         err.print(f"[yellow]warning:[/] {module}: round-to-nearest, {why}", soft_wrap=True)
@@ -492,6 +497,7 @@ def quantize(
                     "output": str(result.output),
                     "seconds": round(seconds, 3),
                     "time_split": result.timing.to_json(),
+                    "engine_split": {phase: round(t, 3) for phase, t in result.engine.items()},
                     "notes": result.notes,
                     "manifest": result.manifest.to_json(),
                 }, indent=2

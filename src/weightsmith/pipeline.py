@@ -367,6 +367,9 @@ class QuantizeResult:
     timing: TimeSplit = field(default_factory=TimeSplit)
     #: What was cleaned up beside the output first (folders left by killed runs), one sentence each.
     notes: list[str] = field(default_factory=list)
+    #: `--method gptq`: the engine's wall seconds per phase before the write (`engine.gptq.PHASES`);
+    #: empty for a data-free run.
+    engine: dict[str, float] = field(default_factory=dict)
 
     @property
     def skipped_files(self) -> dict[str, str]:

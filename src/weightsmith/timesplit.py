@@ -62,3 +62,14 @@ class TimeSplit:
             "workers": round(self.workers, 3),
             "after": round(self.after, 3),
         }
+
+
+@contextmanager
+def adding(totals: dict[str, float], name: str) -> Iterator[None]:
+    """Add the wall seconds spent inside the block to `totals[name]`: the engine's phases, which run
+    one after another on the main thread (their own work spread over threads inside)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        totals[name] = totals.get(name, 0.0) + time.perf_counter() - start

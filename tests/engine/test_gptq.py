@@ -175,6 +175,17 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
     assert "(dampening 0.1<!-- weightsmith.json: method.dampening --> of the mean Hessian diagonal" in card
     assert run_inprocess(capsys, monkeypatch, "card", out, "--check").code == 0
 
+    # --json says where the time went, phase by phase, within the run's own seconds
+    from weightsmith.engine.gptq import PHASES
+
+    result = run_inprocess(
+        capsys, monkeypatch, "quantize", tiny_llama, tmp_path / "json", "--method", "gptq", "--group-size", "32",
+        "--builtin", "code", "--tokens", "64", "--seq-len", "32", "--json",
+    )  # fmt: skip
+    report = json.loads(result.out)
+    assert list(report["engine_split"]) == list(PHASES)
+    assert 0 < sum(report["engine_split"].values()) <= report["seconds"]
+
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -200,6 +211,7 @@ def test_a_layers_groups_on_two_threads_give_the_values_of_one(tiny_llama: Path,
         (tmp_path / str(workers)).mkdir()
         found[workers] = gptq.run(tiny_llama, tokens, targets, tmp_path / str(workers), workers=workers)
     assert found[1].rtn == found[2].rtn and len(found[1].chosen) > 4
+    assert list(found[2].seconds) == list(gptq.PHASES[2:]) and all(t > 0 for t in found[2].seconds.values())
     assert found[1].chosen.keys() == found[2].chosen.keys()
     for module, chosen in found[1].chosen.items():
         assert np.array_equal(chosen.codes, found[2].chosen[module].codes), module

@@ -46,6 +46,7 @@ from weightsmith.quant.floatbits import round_to
 from weightsmith.quant.int4 import mode_of
 from weightsmith.recipe import GPTQ_DAMPENING
 from weightsmith.schemes.base import Chosen, Grid, Scheme
+from weightsmith.timesplit import adding
 
 #: Columns quantized before their error is propagated to the rest at once (llm-compressor's default).
 BLOCK_SIZE = 128
@@ -54,6 +55,10 @@ BATCH_TOKENS = 2048
 #: Column orders: "static" quantizes columns by decreasing Hessian diagonal, each on its own group's
 #: grid (llm-compressor's default; the stored format is unchanged); "none" in their stored order.
 ACTORDERS = ("static", "none")
+#: Where a run's time goes, in order: importing torch and transformers, tokenizing the calibration text
+#: (`cli_quantize`), the first layer's inputs, loading each layer, running it to gather the Hessians,
+#: quantizing its groups, running it again quantized (its outputs, the next layer's inputs).
+PHASES = ("libraries", "tokens", "inputs", "load", "hessians", "quantize", "outputs")
 #: Why a module is left to its scheme's own quantization (`Scheme.grid` is None: nothing to choose points of).
 NO_GRID = "its scheme has no fixed grid GPTQ can choose points of (a float format, or memoryless_mse's scale)"
 
@@ -74,6 +79,8 @@ class Result:
 
     chosen: dict[str, Chosen] = field(default_factory=dict)
     rtn: dict[str, str] = field(default_factory=dict)
+    #: Wall seconds per phase of `PHASES` (from "inputs" on).
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def quantize_weight(
@@ -239,14 +246,17 @@ def run(
     result = Result()
     with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader:
         skeleton = loader.skeleton
-        sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
-        states, calls = layer_arguments(loader, sequences)
-        batches = _batches([h.shape[1] for h in states])
-        hidden = [torch.cat([states[s] for s in batch]) for batch in batches]  # one tensor per batch, kept
-        del states
+        seconds = result.seconds
+        with adding(seconds, "inputs"):
+            sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
+            states, calls = layer_arguments(loader, sequences)
+            batches = _batches([h.shape[1] for h in states])
+            hidden = [torch.cat([states[s] for s in batch]) for batch in batches]  # one tensor per batch, kept
+            del states
         count = len(skeleton.layers)
         for index in range(count):
-            loader.load(index)
+            with adding(seconds, "load"):
+                loader.load(index)
             layer = skeleton.layers[index]
             try:
                 with torch.no_grad():
@@ -258,16 +268,19 @@ def run(
                     }
                     if linears:
                         layer_calls = [calls[index][batch[0]] for batch in batches]
-                        groups = _hessians(layer, linears, hidden, layer_calls, len(sequences))
+                        with adding(seconds, "hessians"):
+                            groups = _hessians(layer, linears, hidden, layer_calls, len(sequences))
                         quantize_group = partial(
                             _quantize_group,
                             linears=linears, targets=targets, workdir=workdir, dampening=dampening,
                             block_size=block_size, actorder=actorder, result=result,
                         )  # fmt: skip
-                        _in_parallel(quantize_group, groups, workers)
+                        with adding(seconds, "quantize"):
+                            _in_parallel(quantize_group, groups, workers)
                     if index + 1 < count:  # the next layer's inputs, from this layer as quantized
-                        for b, batch in enumerate(batches):
-                            hidden[b] = calls[index][batch[0]](layer, hidden[b])
+                        with adding(seconds, "outputs"):
+                            for b, batch in enumerate(batches):
+                                hidden[b] = calls[index][batch[0]](layer, hidden[b])
             finally:
                 loader.free(index)
             if progress is not None:
@@ -456,7 +469,7 @@ def quantize(
             tokens=provenance.tokens,
             rtn_fallback=dict(sorted(found.rtn.items())),
         )
-        return execute(
+        written = execute(
             plan,
             out,
             workers=workers,
@@ -466,3 +479,5 @@ def quantize(
             method=method,
             calibrated_from=provenance,
         )
+        written.engine = found.seconds
+        return written
