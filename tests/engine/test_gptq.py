@@ -217,6 +217,27 @@ def test_a_layers_groups_on_two_threads_give_the_values_of_one(tiny_llama: Path,
         assert np.array_equal(chosen.codes, found[2].chosen[module].codes), module
 
 
+def test_a_failing_group_stops_the_layer_without_running_the_queued_ones() -> None:
+    """The error of one group reaches the caller, and the groups still queued are dropped, not run to
+    the end first (a 70B down_proj takes minutes): at most the one a worker had already started."""
+    import time
+
+    from weightsmith.engine.gptq import _in_parallel
+
+    started: list[str] = []
+
+    def quantize_group(members: list[str], hessian: object) -> None:
+        started.append(members[0])
+        if members[0] == "widest":
+            raise RuntimeError("boom")
+        time.sleep(0.2)
+
+    groups = [([f"narrow{i}"], torch.zeros(4, 4)) for i in range(4)] + [(["widest"], torch.zeros(8, 8))]
+    with pytest.raises(RuntimeError, match="boom"):
+        _in_parallel(quantize_group, groups, workers=1)
+    assert started[0] == "widest" and len(started) <= 2
+
+
 def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path: Path) -> None:
     """q and k share one input; q's scheme is memoryless_mse (no grid before a first pass), k's is plain:
     k still gets GPTQ's values, and only q is left to its scheme, with the reason. A group where no

@@ -363,9 +363,13 @@ def _in_parallel(quantize_group: Callable[..., None], groups: list[tuple[list[st
     uneven (down_proj's Hessian is 2.7x wider than the rest), so the widest goes first.
     """
     costliest = sorted(groups, key=lambda g: g[1].shape[0] ** 3, reverse=True)
-    with _one_thread(), ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gptq") as pool:
-        for done in [pool.submit(quantize_group, members, hessian) for members, hessian in costliest]:
-            done.result()
+    with _one_thread():
+        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gptq")
+        try:
+            for done in [pool.submit(quantize_group, members, hessian) for members, hessian in costliest]:
+                done.result()
+        finally:  # a failure or an interrupt: the groups not yet started are dropped, not run to the end
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _AllSeen(Exception):
