@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gptq_variants import hdiag_shrink
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from weightsmith.engine.gptq import quantize_weight
@@ -112,23 +113,6 @@ def shrink_wmse(W):
     return shrink
 
 
-def shrink_hdiag(W, d):
-    """Per group, the WIDE factor minimising sum_j d_j (w_j - dq_j)^2."""
-    x = W.numpy().reshape(W.shape[0], -1, G)
-    dd = d.numpy().astype(np.float32).reshape(1, -1, G)
-    amax = np.abs(x).max(-1, keepdims=True)
-    best = np.full(x.shape[:2], np.inf, np.float32)
-    shrink = np.ones(x.shape[:2], np.float32)
-    for f in int4_search.WIDE:
-        sc = np.maximum(amax * f / 7.5, 1e-12)
-        q = np.clip(np.rint(x / sc), -8, 7)
-        e = ((q * sc - x) ** 2 * dd).sum(-1)
-        better = e < best
-        best[better] = e[better]
-        shrink[better] = f
-    return shrink
-
-
 for li in LAYERS:
     for m in MODS:
         W = layers[li].get_submodule(m).weight.detach().float()
@@ -146,7 +130,7 @@ for li in LAYERS:
         grids = {
             "rtn": grid_from_shrink(W, np.ones((W.shape[0], W.shape[1] // G), np.float32)),
             "wmse": grid_from_shrink(W, shrink_wmse(W)),
-            "hdiag": grid_from_shrink(W, shrink_hdiag(W, torch.diagonal(Hc16))),
+            "hdiag": grid_from_shrink(W, hdiag_shrink(W.numpy(), torch.diagonal(Hc16).numpy(), G)),
         }
         for gname, grid in grids.items():
             _, Wr, _ = quantize_weight(W, torch.eye(W.shape[1]), grid, 0.0, 128, "none")

@@ -362,7 +362,7 @@ def _in_parallel(quantize_group: Callable[..., None], groups: list[tuple[list[st
     barrier, as two torch threads on one matrix would on a shared machine. A layer's groups are
     uneven (down_proj's Hessian is 2.7x wider than the rest), so the widest goes first.
     """
-    costliest = sorted(groups, key=lambda g: g[1].shape[0] ** 3, reverse=True)
+    costliest = sorted(groups, key=lambda g: g[1].shape[0], reverse=True)  # the widest Hessian first
     with _one_thread():
         pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gptq")
         try:
