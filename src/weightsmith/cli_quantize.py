@@ -310,9 +310,9 @@ def _run_gptq(
         from weightsmith.engine import gptq
         from weightsmith.engine.calibrate import calibration_tokens
         from weightsmith.engine.loading import opened
-        from weightsmith.fidelity.logits import missing_library
+        from weightsmith.fidelity.logits import ENGINE_LIBRARIES, missing_library
 
-        missing = missing_library()
+        missing = missing_library(ENGINE_LIBRARIES)
     if missing is not None:
         raise WeightsmithError(missing, code="engine.libraries")
     src = plan.source.root

@@ -18,6 +18,11 @@ result for a third of the column loops.
 
 What comes out is the integer values per Linear (`Chosen`), which the quantize pipeline stores with
 the scheme's own encoding; the scales it stores are the same grid's.
+
+Where the time goes is arithmetic, so each product runs where it is fastest on a CPU: the layer's
+Linears and the Hessians' X^T X through oneDNN (`matmul`), the inverse-Hessian factor through LAPACK
+with the GIL released (`lapack`), the column loop in a numba kernel that vectorizes over rows, and
+freed activations reused rather than faulted in again (`heap`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ import numpy.typing as npt
 from numba import njit
 
 from weightsmith.calibration import Provenance
+from weightsmith.engine.lapack import inverse_factor, one_blas_thread
 from weightsmith.engine.loading import opened
+from weightsmith.engine.matmul import gram, linear, onednn_linears
 from weightsmith.engine.stream import layer_arguments
 from weightsmith.errors import WeightsmithError
 from weightsmith.manifest import MethodRecord
@@ -98,9 +105,15 @@ def quantize_weight(
     "static" the columns are quantized in order of decreasing Hessian diagonal (each still on its
     own group's grid, so nothing about the stored format changes); columns whose Hessian diagonal is
     zero (never active) are zeroed; a Hessian that is not positive definite after dampening is
-    replaced by the identity, which is round-to-nearest. Torch runs on one thread throughout: on a
-    machine whose cores are shared, a second thread's barrier waits cost more than it computes
-    (torch.cholesky_inverse of 1536 columns: 0.9 s on one thread, 7 s on two at load 11).
+    replaced by the identity, which is round-to-nearest. Given the same linear algebra, every value
+    is llm-compressor's; ours is faster and agrees with theirs to float32 rounding: the inverse-Hessian
+    factor in half the arithmetic (`lapack.inverse_factor`), the block products through oneDNN
+    (`matmul.linear`). Torch runs on one thread throughout: on a machine whose cores are shared, a
+    second thread's barrier waits cost more than it computes (torch.cholesky_inverse of 1536 columns:
+    0.9 s on one thread, 7 s on two at load 11).
+
+    The columns are worked on transposed ([cols, rows]): the column kernel then reads and updates
+    every row of a column as one contiguous run, which vectorizes (5x the row-by-row loop).
     """
     import torch
 
@@ -108,48 +121,42 @@ def quantize_weight(
         raise ValueError(f"actorder {actorder!r}: choose from {', '.join(ACTORDERS)}")
     rows, cols = weight.shape
     with _one_thread():
-        W = weight.to(torch.float32)
         H = hessian
         order = torch.arange(cols)
         if actorder == "static":
             order = torch.argsort(torch.diagonal(H), descending=True)
             H = H.index_select(0, order).index_select(1, order)
-            W = W.index_select(1, order)  # a copy: the caller's weight is left as it was
-        else:
-            W = W.clone()
+        work = weight.to(torch.float32).t().index_select(0, order)  # [cols, rows], a copy in either order
         diag = torch.diagonal(H)
         dead = diag == 0
         if dead.any():
             diag.masked_fill_(dead, 1.0)
-            W[:, dead] = 0
+            work[dead] = 0
         diag.add_(dampening * torch.mean(diag))
-        factor, info = torch.linalg.cholesky_ex(H)
-        singular = int(info) != 0
-        if singular:
-            hinv = torch.eye(cols, dtype=torch.float32)
-        else:
-            hinv = torch.linalg.cholesky(torch.cholesky_inverse(factor), upper=True)
-        del H, factor
+        factor = inverse_factor(H.numpy())
+        del H
+        singular = factor is None
+        inverse = np.eye(cols, dtype=np.float32) if factor is None else factor
+        hinv = torch.from_numpy(inverse)
         mode = mode_of(grid.scale.dtype)
-        scale = grid.scale.astype(np.float32)
-        zp = np.zeros((0, 0), np.float32) if grid.zero_point is None else grid.zero_point.astype(np.float32)
+        scale = np.ascontiguousarray(grid.scale.astype(np.float32).T)
+        zp = np.zeros((0, 0), np.float32) if grid.zero_point is None else np.ascontiguousarray(
+            grid.zero_point.astype(np.float32).T
+        )
         group_of = (order // grid.group).numpy().astype(np.int64)
-        codes = np.empty((rows, cols), np.int8)
-        work, inverse = W.numpy(), hinv.numpy()
+        codes = np.empty((cols, rows), np.int8)
+        columns = work.numpy()
         for i1 in range(0, cols, block_size):
             i2 = min(i1 + block_size, cols)
-            block = np.ascontiguousarray(work[:, i1:i2])
-            errors = np.empty_like(block)
-            _block(block, errors, codes[:, i1:i2], np.ascontiguousarray(inverse[i1:i2, i1:i2]), scale, zp,
-                   group_of[i1:i2], np.float32(grid.q_min), np.float32(grid.q_max), mode)  # fmt: skip
-            work[:, i1:i2] = block
-            if i2 < cols:
-                W[:, i2:] -= torch.from_numpy(errors).matmul(hinv[i1:i2, i2:])
-        if actorder == "static":
-            back = torch.argsort(order)
-            W = W.index_select(1, back)
-            codes = np.ascontiguousarray(codes[:, back.numpy()])
-    return codes, W, singular
+            errors = np.empty((i2 - i1, rows), np.float32)
+            _columns(columns[i1:i2], errors, codes[i1:i2], np.ascontiguousarray(inverse[i1:i2, i1:i2]), scale, zp,
+                     group_of[i1:i2], np.float32(grid.q_min), np.float32(grid.q_max), mode)  # fmt: skip
+            if i2 < cols:  # the block's errors [rows, block] times the factor's block row, transposed
+                work[i2:] -= linear(hinv[i1:i2, i2:].t(), torch.from_numpy(errors).t())
+        back = torch.argsort(order)
+        dequantized = work.index_select(0, back).t().contiguous()
+        codes = np.ascontiguousarray(codes[back.numpy()].T)
+    return codes, dequantized, singular
 
 
 @contextmanager
@@ -171,52 +178,52 @@ def _one_thread() -> Iterator[None]:
 
 def compile_kernel() -> None:
     """Compile the column kernel into numba's cache (`weightsmith.warm`), with the argument types
-    `quantize_weight` passes: codes are a column slice of the whole matrix's."""
-    codes = np.zeros((2, 8), np.int8)
-    block = np.ones((2, 4), np.float32)
-    _block(block, np.empty_like(block), codes[:, 4:], np.eye(4, dtype=np.float32), np.ones((2, 1), np.float32),
-           np.zeros((0, 0), np.float32), np.zeros(8, np.int64)[4:], np.float32(-8), np.float32(7), 0)  # fmt: skip
+    `quantize_weight` passes: values and codes are row slices of the whole matrix's."""
+    values, codes = np.ones((8, 2), np.float32), np.zeros((8, 2), np.int8)
+    _columns(values[4:], np.empty((4, 2), np.float32), codes[4:], np.eye(4, dtype=np.float32),
+             np.ones((1, 2), np.float32), np.zeros((0, 0), np.float32), np.zeros(8, np.int64)[4:], np.float32(-8),
+             np.float32(7), 0)  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
-def _block(
+def _columns(
     block: Any, errors: Any, codes: Any, hinv: Any, scale: Any, zp: Any, group_of: Any, q_min: Any, q_max: Any,
     mode: int,
 ) -> None:  # fmt: skip
-    """One block of columns, row by row (GPTQ's rows are independent given the inverse Hessian):
-    each column quantized on its group's grid with compressed-tensors' `fake_quantize` arithmetic
+    """One block of columns, transposed ([width, rows]), column by column: every row's value of the
+    column quantized on its group's grid with compressed-tensors' `fake_quantize` arithmetic
     (quotient and clamp in float32, dequantization rounded to the scale's dtype), its error divided
-    by the diagonal and pushed onto the block's later columns. `block` ends holding the dequantized
-    values, `errors` the scaled errors the caller propagates to the columns after the block."""
-    rows, width = block.shape
+    by the diagonal and pushed onto the block's later columns. `scale` and `zp` are [groups, rows].
+    `block` ends holding the dequantized values, `errors` the scaled errors the caller propagates to
+    the columns after the block. Each value sees the same operations in the same order as in
+    llm-compressor's column loop (no fused multiply-add: the same rounding as torch's)."""
+    width, rows = block.shape
     asym = zp.shape[0] > 0
-    for r in range(rows):
-        row = block[r]
-        for i in range(width):
-            g = group_of[i]
-            s = scale[r, g]
-            w = row[i]
-            x = w / s
-            if asym:
-                x = x + zp[r, g]
-            q = np.float32(np.rint(min(max(x, q_min), q_max)))
-            q_off = round_to(mode, q - round_to(mode, zp[r, g])) if asym else q
-            dq = round_to(mode, q_off * s)
-            e = (w - dq) / hinv[i, i]
-            codes[r, i] = np.int8(q)
-            errors[r, i] = e
-            row[i] = dq
-            _subtract_scaled(row[i + 1 :], hinv[i, i + 1 :], e)
+    for i in range(width):
+        g = group_of[i]
+        column, error, code, s, d = block[i], errors[i], codes[i], scale[g], hinv[i, i]
+        if asym:
+            z = zp[g]
+            for r in range(rows):
+                w = column[r]
+                q = np.float32(np.rint(min(max(w / s[r] + z[r], q_min), q_max)))
+                dq = round_to(mode, round_to(mode, q - round_to(mode, z[r])) * s[r])
+                code[r], error[r], column[r] = np.int8(q), (w - dq) / d, dq
+        else:
+            for r in range(rows):
+                w = column[r]
+                q = np.float32(np.rint(min(max(w / s[r], q_min), q_max)))
+                dq = round_to(mode, q * s[r])
+                code[r], error[r], column[r] = np.int8(q), (w - dq) / d, dq
+        for j in range(i + 1, width):
+            _subtract_scaled(block[j], error, hinv[i, j])
 
 
 @njit(nogil=True, cache=True)
 def _subtract_scaled(dst: Any, src: Any, e: Any) -> None:
-    """`dst -= e * src`, element by element (no fused multiply-add: the same rounding as torch's).
-
-    A loop of its own over two slices from zero: LLVM vectorizes it, where the same loop written
-    inline over `block[r, j]` from `i + 1` stayed scalar (2.7x slower for the whole column kernel)."""
-    for j in range(dst.shape[0]):
-        dst[j] -= e * src[j]
+    """`dst -= src * e`, element by element (no fused multiply-add: the same rounding as torch's)."""
+    for r in range(dst.shape[0]):
+        dst[r] -= src[r] * e
 
 
 def run(
@@ -244,7 +251,7 @@ def run(
     if not token_ids or any(len(ids) == 0 for ids in token_ids):
         raise WeightsmithError("no calibration tokens to run", file=ckpt_dir, code="usage")
     result = Result()
-    with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader:
+    with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader, one_blas_thread():
         skeleton = loader.skeleton
         seconds = result.seconds
         with adding(seconds, "inputs"):
@@ -259,7 +266,7 @@ def run(
                 loader.load(index)
             layer = skeleton.layers[index]
             try:
-                with torch.no_grad():
+                with torch.no_grad(), onednn_linears(layer):
                     prefix = skeleton.layer_path(index)
                     linears = {
                         f"{prefix}.{name}": module
@@ -330,10 +337,10 @@ def _hessians(
             if path not in owner:
                 owner[path] = last[1] if last[0] is x else path
             if owner[path] == path:
-                rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+                product = gram(x.reshape(-1, x.shape[-1]).to(torch.float32))
                 if path not in sums:
-                    sums[path] = torch.zeros((rows.shape[1], rows.shape[1]), dtype=torch.float32)
-                sums[path].addmm_(rows.t(), rows, alpha=2.0)
+                    sums[path] = torch.zeros_like(product)
+                sums[path].add_(product, alpha=2.0)
                 last[0], last[1] = x, path
             seen.add(path)
             if len(seen) == len(linears):
