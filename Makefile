@@ -17,7 +17,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 # The quantize kernels, compiled into numba's cache after installing, so that a first run is as fast as
 # later ones. numba keys its cache on each kernel file's modification time, so they are compiled again
 # here whenever one changes (after a pull), not in the user's next run.
-KERNELS := $(wildcard src/weightsmith/quant/*.py)
+KERNELS := $(wildcard src/weightsmith/quant/*.py) src/weightsmith/engine/gptq.py
 $(VENV)/.kernels: $(KERNELS) | $(BIN)/python
 	$(BIN)/python -m weightsmith.warm
 	touch $@

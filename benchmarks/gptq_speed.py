@@ -6,15 +6,19 @@ run in its own process, one at a time, measured for wall time and peak RSS (`wai
   --dampening 0.01` (round-to-nearest's grid and 1 % dampening, as oneshot's GPTQ);
 - `oneshot` with `GPTQModifier` (same scheme, same `--actorder`: static, its default, or none;
   dampening 0.01, block 128, lm_head ignored) on the same token ids;
-- `weightsmith quantize` round-to-nearest, for the KL GPTQ is to lower.
-Ours also prints where its time went (`--json`'s `engine_split`: importing torch and
-transformers, tokens, each layer's loads, Hessian passes, quantizing, output passes). Then KL, top-1
+- `weightsmith quantize` round-to-nearest, for the KL GPTQ is to lower;
+- `weightsmith quantize --method gptq` on its own defaults (the `wmse` grid, dampening 0.1), what a user
+  gets without the two options above (`--skip-defaults` leaves it out).
+With `--repeat N` the GPTQ runs go N rounds back to back, the order reversed every other round (the
+machine's speed drifts), and the ratios are of the medians. Ours also prints where its time went
+(`--json`'s `engine_split`: importing torch and transformers, tokens, each layer's loads, Hessian
+passes, quantizing, output passes). Then KL, top-1
 agreement and perplexity of each against the original on held-out text (Python's `textwrap.py`,
 which the calibration text does not contain), by `fidelity.logits.compare`.
 
     python benchmarks/gptq_speed.py [--model DIR] [--tokens 2048] [--seq-len 256] [--group-size 64]
                                     [--asym] [--actorder static|none] [--eval-tokens 512]
-                                    [--skip-oneshot] [--keep DIR]
+                                    [--skip-oneshot] [--skip-defaults] [--keep DIR] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -101,7 +106,9 @@ def main() -> None:
     ap.add_argument("--actorder", choices=["static", "none"], default="static", help="for both GPTQ runs")
     ap.add_argument("--eval-tokens", type=int, default=512)
     ap.add_argument("--skip-oneshot", action="store_true")
+    ap.add_argument("--skip-defaults", action="store_true", help="leave out our GPTQ on its own defaults")
     ap.add_argument("--keep", type=Path, default=None, help="keep the outputs in this folder")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of the GPTQ runs, back to back (medians)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of the loads would fill the output
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -113,31 +120,60 @@ def main() -> None:
     base = args.keep or Path(tempfile.mkdtemp(prefix="gptq-speed-"))
     base.mkdir(parents=True, exist_ok=True)
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
-    gptq = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len,
-            "--actorder", args.actorder, "--scale-search", "none", "--dampening", DAMPENING]  # oneshot's
+    calibration = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len,
+                   "--actorder", args.actorder]  # fmt: skip
+    gptq = [*calibration, "--scale-search", "none", "--dampening", DAMPENING]  # oneshot's grid and dampening
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
     row("weightsmith quantize (RTN)", *timed(rtn))
     report = base / "gptq.json"
-    ours = timed(weightsmith("quantize", args.model, base / "gptq", *common, *gptq, "--json"), stdout=report)
-    row(f"weightsmith quantize --method gptq ({args.tokens} tokens)", *ours)
-    split = json.loads(report.read_text())["engine_split"]
-    print("  its phases (wall s): " + ", ".join(f"{phase} {t:.2f}" for phase, t in split.items()), flush=True)
+    arms: dict[str, tuple[list[str], Path | None]] = {
+        "ours": (weightsmith("quantize", args.model, base / "gptq", *common, *gptq, "--json"), report),
+    }
     outputs = {"RTN": base / "rtn", "weightsmith GPTQ": base / "gptq"}
+    if not args.skip_defaults:
+        arms["defaults"] = (weightsmith("quantize", args.model, base / "gptq-defaults", *common, *calibration), None)
+        outputs["weightsmith GPTQ, defaults"] = base / "gptq-defaults"
     if not args.skip_oneshot:
         seqs = base / "tokens.json"
         seqs.write_text(json.dumps(token_ids(args.model, args.tokens, args.seq_len)))
-        cmd = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
-               str(args.group_size), "0" if args.asym else "1", args.actorder, DAMPENING]
-        theirs = timed(cmd)
-        row("llm-compressor oneshot GPTQModifier (CPU)", *theirs)
-        print(f"oneshot / ours: wall {theirs[0] / ours[0]:.2f}x, cpu {theirs[1] / ours[1]:.2f}x; "
-              f"peak RSS ours {ours[2]:.2f} GiB, oneshot {theirs[2]:.2f} GiB", flush=True)
+        oneshot = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
+                   str(args.group_size), "0" if args.asym else "1", args.actorder, DAMPENING]  # fmt: skip
+        arms["oneshot"] = (oneshot, None)
         outputs["llm-compressor GPTQ"] = base / "oneshot"
+    labels = {
+        "ours": f"weightsmith quantize --method gptq ({args.tokens} tokens)",
+        "defaults": "weightsmith quantize --method gptq, its defaults",
+        "oneshot": "llm-compressor oneshot GPTQModifier (CPU)",
+    }
+    runs: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
+    for r in range(args.repeat):  # back to back, the order reversed every other round
+        for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
+            cmd, stdout = arms[arm]
+            runs[arm].append(timed(cmd, stdout=stdout))
+            row(labels[arm], *runs[arm][-1])
+            if arm == "ours":
+                split = json.loads(report.read_text())["engine_split"]
+                print("  its phases (wall s): " + ", ".join(f"{phase} {t:.2f}" for phase, t in split.items()),
+                      flush=True)  # fmt: skip
+    if "oneshot" in runs:
+        ours, theirs = runs["ours"], runs["oneshot"]
+        print(f"oneshot / ours, median of {args.repeat} rounds: "
+              f"wall {statistics.median(t[0] for t in theirs) / statistics.median(o[0] for o in ours):.2f}x, "
+              f"cpu {statistics.median(t[1] for t in theirs) / statistics.median(o[1] for o in ours):.2f}x "
+              f"(rounds: {', '.join(f'{t[0] / o[0]:.2f}' for o, t in zip(ours, theirs, strict=True))}); "
+              f"peak RSS ours {max(o[2] for o in ours):.2f} GiB, oneshot {max(t[2] for t in theirs):.2f} GiB",
+              flush=True)  # fmt: skip
+        if "defaults" in runs:
+            mine = runs["defaults"]
+            print(f"oneshot / ours on its defaults: wall "
+                  f"{statistics.median(t[0] for t in theirs) / statistics.median(d[0] for d in mine):.2f}x "
+                  f"(rounds: {', '.join(f'{t[0] / d[0]:.2f}' for d, t in zip(mine, theirs, strict=True))})",
+                  flush=True)  # fmt: skip
     print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}, "
           f"actorder {args.actorder}:")
     for label, folder in outputs.items():
-        print(f"  {label:<22} {fidelity(args.model, folder, args.eval_tokens)}", flush=True)
+        print(f"  {label:<26} {fidelity(args.model, folder, args.eval_tokens)}", flush=True)
 
 
 if __name__ == "__main__":
