@@ -4,7 +4,8 @@ Each row times one product both ways in this process (median of `--repeat`), pri
 checks that the two agree to float32 rounding:
 - a Linear over the tokens (gate_proj, 576 -> 1,536): `torch.nn.functional.linear` (MKL) against
   `engine.matmul.linear` (oneDNN), on two torch threads as the layer runs;
-- a Hessian's X^T X (down_proj's input, 1,536 columns): `X.T @ X` against `engine.matmul.gram`;
+- a Hessian's X^T X (down_proj's input, 1,536 columns): `X.T @ X` against `engine.matmul.gram`, and
+  one full oneDNN product against `gram`'s upper triangle in bands;
 - the inverse-Hessian factor (1,536 columns): llm-compressor's three torch calls (`cholesky`,
   `cholesky_inverse`, `cholesky(upper=True)`) against `engine.lapack.inverse_factor`, one thread;
 - down_proj's block products (every 128-column block's errors times the factor's block row):
@@ -66,6 +67,14 @@ def main() -> None:
     row("X^T X, 2,048 x 1,536, 2 threads",
         median_ms(lambda: acts.t() @ acts, n), median_ms(lambda: matmul.gram(acts), n),
         relative(matmul.gram(acts), acts.t() @ acts))  # fmt: skip
+
+    def one_product() -> Any:
+        columns = acts.t().contiguous()
+        return matmul.linear(columns, columns)
+
+    row("  the same in one oneDNN product, against gram's bands",
+        median_ms(one_product, n), median_ms(lambda: matmul.gram(acts), n),
+        relative(matmul.gram(acts), one_product()))  # fmt: skip
 
     torch.set_num_threads(1)
     hessian = 2 * matmul.gram(acts) / TOKENS

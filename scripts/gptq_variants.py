@@ -1,4 +1,4 @@
-"""GPTQ variants measured end to end and not kept (docs/engine.md), and the linear algebra that bounds its time.
+"""GPTQ variants measured end to end and not kept (docs/engine.md).
 
 `width` and `hdiag` run the fidelity study's default GPTQ row (scripts/fidelity_study.py: W4A16, `wmse` grid,
 dampening 0.1, 8,192 tokens of `--builtin code` in sequences of 256) with one change, then `weightsmith eval`
@@ -10,12 +10,7 @@ on the study's 2,048 tokens, and print the quantize time and KL / top-1 agreemen
   (symmetric W4A16 only).
 The change is made in the child process that quantizes, around `engine.gptq`; nothing else differs.
 
-`linalg` times GPTQ's three linear-algebra calls on one Hessian (`torch.linalg.cholesky_ex`,
-`torch.cholesky_inverse`, `torch.linalg.cholesky(upper=True)`, as llm-compressor makes them) on one torch
-thread and on two, and says whether the two give the same bits.
-
     python scripts/gptq_variants.py {width,hdiag} [--model smollm2|qwen]
-    python scripts/gptq_variants.py linalg [--columns 1536]
 """
 
 from __future__ import annotations
@@ -116,26 +111,6 @@ def measure(variant: str, model: str) -> None:
           f"perplexity {lg['ppl_quant']:.3f}")  # fmt: skip
 
 
-def linalg(columns: int) -> None:
-    """The three calls on a Hessian of `columns` (8,192 random tokens, 1 % dampening), best of 5 per thread count."""
-    import torch
-
-    x = torch.from_numpy(np.random.default_rng(0).standard_normal((TOKENS, columns), dtype=np.float32))
-    hessian = x.t() @ x / TOKENS
-    hessian.diagonal().add_(0.01 * hessian.diagonal().mean())
-    upper = {}
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        times = []
-        for _ in range(5):
-            started = time.perf_counter()
-            factor, _ = torch.linalg.cholesky_ex(hessian)
-            upper[threads] = torch.linalg.cholesky(torch.cholesky_inverse(factor), upper=True)
-            times.append(time.perf_counter() - started)
-        print(f"{columns} columns, {threads} torch thread(s): {1000 * min(times):.0f} ms")
-    print(f"same bits on one and two threads: {torch.equal(upper[1], upper[2])}")
-
-
 def main() -> None:
     if sys.argv[1:2] == ["quantize-child"]:
         patch(sys.argv[2])
@@ -145,14 +120,10 @@ def main() -> None:
         cli()
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["width", "hdiag", "linalg"])
+    ap.add_argument("what", choices=["width", "hdiag"])
     ap.add_argument("--model", choices=["smollm2", "qwen"], default="smollm2")
-    ap.add_argument("--columns", type=int, default=1536, help="linalg: the Hessian's width (SmolLM2's down_proj)")
     args = ap.parse_args()
-    if args.what == "linalg":
-        linalg(args.columns)
-    else:
-        measure(args.what, args.model)
+    measure(args.what, args.model)
 
 
 if __name__ == "__main__":

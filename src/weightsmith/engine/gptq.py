@@ -41,9 +41,10 @@ import numpy.typing as npt
 from numba import njit
 
 from weightsmith.calibration import Provenance
-from weightsmith.engine.lapack import inverse_factor, one_blas_thread
+from weightsmith.engine.heap import keep_freed_memory
+from weightsmith.engine.lapack import factor_reversed, one_blas_thread
 from weightsmith.engine.loading import opened
-from weightsmith.engine.matmul import gram, linear, onednn_linears
+from weightsmith.engine.matmul import PRODUCT_BYTES, add_gram, linear, onednn_linears, symmetrize
 from weightsmith.engine.stream import layer_arguments
 from weightsmith.errors import WeightsmithError
 from weightsmith.manifest import MethodRecord
@@ -107,13 +108,13 @@ def quantize_weight(
     zero (never active) are zeroed; a Hessian that is not positive definite after dampening is
     replaced by the identity, which is round-to-nearest. Given the same linear algebra, every value
     is llm-compressor's; ours is faster and agrees with theirs to float32 rounding: the inverse-Hessian
-    factor in half the arithmetic (`lapack.inverse_factor`), the block products through oneDNN
+    factor in half the arithmetic (`lapack.factor_reversed`), the block products through oneDNN
     (`matmul.linear`). Torch runs on one thread throughout: on a machine whose cores are shared, a
     second thread's barrier waits cost more than it computes (torch.cholesky_inverse of 1536 columns:
     0.9 s on one thread, 7 s on two at load 11).
 
     The columns are worked on transposed ([cols, rows]): the column kernel then reads and updates
-    every row of a column as one contiguous run, which vectorizes (5x the row-by-row loop).
+    every row of a column as one contiguous run, loops LLVM vectorizes.
     """
     import torch
 
@@ -121,20 +122,21 @@ def quantize_weight(
         raise ValueError(f"actorder {actorder!r}: choose from {', '.join(ACTORDERS)}")
     rows, cols = weight.shape
     with _one_thread():
-        H = hessian
         order = torch.arange(cols)
         if actorder == "static":
-            order = torch.argsort(torch.diagonal(H), descending=True)
-            H = H.index_select(0, order).index_select(1, order)
+            order = torch.argsort(torch.diagonal(hessian), descending=True)
         work = weight.to(torch.float32).t().index_select(0, order)  # [cols, rows], a copy in either order
-        diag = torch.diagonal(H)
+        diag = torch.diagonal(hessian)[order]  # the permuted Hessian's diagonal, dampened as llm-compressor's
         dead = diag == 0
         if dead.any():
             diag.masked_fill_(dead, 1.0)
             work[dead] = 0
         diag.add_(dampening * torch.mean(diag))
-        factor = inverse_factor(H.numpy())
-        del H
+        reverse = order.flip(0).numpy()  # J P^T H P J for `factor_reversed`: rows, then columns (numpy's take
+        reversed_h = np.take(np.take(hessian.numpy(), reverse, axis=0), reverse, axis=1)  # is the fastest gather)
+        np.fill_diagonal(reversed_h, diag.flip(0).numpy())
+        factor = factor_reversed(reversed_h)
+        del reversed_h
         singular = factor is None
         inverse = np.eye(cols, dtype=np.float32) if factor is None else factor
         hinv = torch.from_numpy(inverse)
@@ -151,8 +153,12 @@ def quantize_weight(
             errors = np.empty((i2 - i1, rows), np.float32)
             _columns(columns[i1:i2], errors, codes[i1:i2], np.ascontiguousarray(inverse[i1:i2, i1:i2]), scale, zp,
                      group_of[i1:i2], np.float32(grid.q_min), np.float32(grid.q_max), mode)  # fmt: skip
-            if i2 < cols:  # the block's errors [rows, block] times the factor's block row, transposed
-                work[i2:] -= linear(hinv[i1:i2, i2:].t(), torch.from_numpy(errors).t())
+            # the block's errors [rows, block] times the factor's block row, transposed, in chunks of
+            # columns whose product stays under PRODUCT_BYTES (a larger one is faulted in afresh)
+            step = max(1, PRODUCT_BYTES // (4 * rows))
+            for c0 in range(i2, cols, step):
+                c1 = min(c0 + step, cols)
+                work[c0:c1] -= linear(hinv[i1:i2, c0:c1].t(), torch.from_numpy(errors).t())
         back = torch.argsort(order)
         dequantized = work.index_select(0, back).t().contiguous()
         codes = np.ascontiguousarray(codes[back.numpy()].T)
@@ -250,6 +256,7 @@ def run(
 
     if not token_ids or any(len(ids) == 0 for ids in token_ids):
         raise WeightsmithError("no calibration tokens to run", file=ckpt_dir, code="usage")
+    keep_freed_memory()  # the layers' activations reuse freed memory instead of faulting pages in again
     result = Result()
     with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader, one_blas_thread():
         skeleton = loader.skeleton
@@ -337,10 +344,9 @@ def _hessians(
             if path not in owner:
                 owner[path] = last[1] if last[0] is x else path
             if owner[path] == path:
-                product = gram(x.reshape(-1, x.shape[-1]).to(torch.float32))
                 if path not in sums:
-                    sums[path] = torch.zeros_like(product)
-                sums[path].add_(product, alpha=2.0)
+                    sums[path] = torch.zeros((x.shape[-1], x.shape[-1]), dtype=torch.float32)
+                add_gram(sums[path], x.reshape(-1, x.shape[-1]).to(torch.float32), alpha=2.0)  # upper triangle
                 last[0], last[1] = x, path
             seen.add(path)
             if len(seen) == len(linears):
@@ -358,7 +364,7 @@ def _hessians(
     finally:
         for handle in handles:
             handle.remove()
-    return [([m for m in linears if owner.get(m) == key], total / n) for key, total in sums.items()]
+    return [([m for m in linears if owner.get(m) == key], symmetrize(total).div_(n)) for key, total in sums.items()]
 
 
 def _in_parallel(quantize_group: Callable[..., None], groups: list[tuple[list[str], Any]], workers: int) -> None:

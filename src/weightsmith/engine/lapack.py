@@ -49,25 +49,36 @@ def inverse_factor(hessian: npt.NDArray[np.float32]) -> npt.NDArray[np.float32] 
 
     `hessian` is symmetric float32 [n, n] and is left as it was.
     """
-    n = hessian.shape[0]
+    return factor_reversed(np.array(hessian[::-1, ::-1], dtype=np.float32, order="C"))
+
+
+def factor_reversed(reversed_hessian: npt.NDArray[np.float32]) -> npt.NDArray[np.float32] | None:
+    """`inverse_factor` of H given J H J (H with its rows and columns in reverse order), C-contiguous
+    float32, which LAPACK overwrites: a caller that permutes H anyway builds it in the same pass, and
+    a wide Hessian (8,960 columns: 321 MB) is not copied again."""
+    import torch
+
+    n = reversed_hessian.shape[0]
     if n == 0:
         return np.zeros((0, 0), np.float32)
     if n >= 2**31:
         raise ValueError(f"a Hessian of {n:,} columns is past LAPACK's 32-bit sizes")
+    if reversed_hessian.dtype != np.float32 or not reversed_hessian.flags.c_contiguous:
+        raise ValueError("factor_reversed takes a C-contiguous float32 matrix")
     potrf, trtri = _routines()
     # C order seen as Fortran order is the transpose, which for a symmetric matrix is itself. Fortran's
     # upper triangle is C's lower one: "U" factors F = J H J as R^T R with R^T = L in C's lower triangle,
     # and inverts R there in place, leaving (R^-1)^T = L^-1.
-    flipped = np.array(hessian[::-1, ::-1], dtype=np.float32, order="C")  # always a copy: LAPACK writes into it
     size, info = ctypes.c_int(n), ctypes.c_int(0)
-    potrf(b"U", ctypes.byref(size), flipped.ctypes.data, ctypes.byref(size), ctypes.byref(info))
+    potrf(b"U", ctypes.byref(size), reversed_hessian.ctypes.data, ctypes.byref(size), ctypes.byref(info))
     if info.value != 0:
         return None
-    trtri(b"U", b"N", ctypes.byref(size), flipped.ctypes.data, ctypes.byref(size), ctypes.byref(info))
+    trtri(b"U", b"N", ctypes.byref(size), reversed_hessian.ctypes.data, ctypes.byref(size), ctypes.byref(info))
     if info.value != 0:
         return None
-    factor = np.ascontiguousarray(np.tril(flipped)[::-1, ::-1])
-    if not np.isfinite(factor).all():  # NaN in, NaN out: LAPACK does not report it
+    torch.from_numpy(reversed_hessian).tril_()  # in place: L^-1 alone
+    factor: npt.NDArray[np.float32] = np.ascontiguousarray(reversed_hessian[::-1, ::-1])  # U = J L^-1 J
+    if not np.isfinite(factor.sum(dtype=np.float64)):  # NaN in, NaN out: LAPACK does not report it
         return None
     return factor
 

@@ -150,10 +150,8 @@ def _check_shape(source: TensorSource, name: str, wanted: tuple[int, ...], archi
 @contextmanager
 def opened(ckpt_dir: Path, *, trust_remote_code: bool = False) -> Iterator[Loader]:
     """The checkpoint's model on the meta device with its loader: everything checked, nothing read."""
-    from weightsmith.engine.heap import keep_freed_memory
     from weightsmith.engine.skeleton import build
 
-    keep_freed_memory()  # the layers' activations reuse freed memory instead of faulting pages in again
     ckpt = Checkpoint.open(ckpt_dir)
     with TensorSource(ckpt) as source:
         yield Loader(build(Path(ckpt_dir), trust_remote_code=trust_remote_code), source)

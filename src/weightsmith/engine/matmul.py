@@ -53,29 +53,48 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Any:
     return op(x, weight, bias, "none", [], "")
 
 
-#: `gram` computes its upper triangle in bands of at least this many columns.
+#: `add_gram` multiplies out its upper triangle in bands of at least this many rows (the fewer, wider
+#: bands the better a product runs), and of at most `PRODUCT_BYTES` each: a larger temporary is a fresh
+#: mapping from the kernel each time (glibc's mmap threshold tops out at 32 MiB), every page faulted in.
 GRAM_BAND = 384
+PRODUCT_BYTES = 16 * 2**20
+
+
+def add_gram(total: Any, rows: Any, alpha: float = 1.0) -> None:
+    """`total += alpha * rows.T @ rows`, upper triangle only, for a float32 CPU matrix `rows` [n, d].
+
+    The product is symmetric, so only the upper triangle is multiplied out, a band of rows at a time
+    (each band against the columns from its own on): with 4 bands, 10/16 of the full product's
+    arithmetic (`python benchmarks/gptq_linalg.py` times both). `symmetrize` fills the lower
+    triangle once every batch is in.
+    """
+    columns = rows.t().contiguous()
+    d = columns.shape[0]
+    bands = max(1, min(8, d // GRAM_BAND), -(-d * d * columns.element_size() // PRODUCT_BYTES))
+    edges = [d * b // bands for b in range(bands + 1)]
+    for b0, b1 in pairwise(edges):
+        total[b0:b1, b0:].add_(linear(columns[b0:b1], columns[b0:]), alpha=alpha)
+
+
+def symmetrize(upper: Any) -> Any:
+    """The symmetric matrix whose upper triangle (diagonal included) `upper` holds, in place."""
+    d = upper.shape[0]
+    step = max(1, PRODUCT_BYTES // max(1, d * upper.element_size()))
+    for r0 in range(0, d, step):  # row bands of the lower triangle from the columns above them
+        r1 = min(r0 + step, d)
+        upper[r0:r1, :r0] = upper[:r0, r0:r1].t()
+        block = upper[r0:r1, r0:r1]
+        block.copy_(block.triu() + block.triu(1).t())
+    return upper
 
 
 def gram(rows: Any) -> Any:
-    """`rows.T @ rows` for a float32 CPU matrix [n, d]: [d, d], exactly symmetric.
-
-    The product is symmetric, so only the upper triangle is multiplied out, a band of rows at a time
-    (each band against the columns from its own on) and mirrored: with 4 bands, 10/16 of the full
-    product's arithmetic (1,536 columns of 2,048 tokens through oneDNN: 24.6 ms against 33.1 ms in
-    one product).
-    """
+    """`rows.T @ rows` for a float32 CPU matrix [n, d]: [d, d], exactly symmetric."""
     import torch
 
-    columns = rows.t().contiguous()
-    d = columns.shape[0]
-    bands = max(1, min(8, d // GRAM_BAND))
-    edges = [d * b // bands for b in range(bands + 1)]
-    out = torch.empty((d, d), dtype=columns.dtype)
-    for b0, b1 in pairwise(edges):
-        out[b0:b1, b0:] = linear(columns[b0:b1], columns[b0:])
-    upper = out.triu_()
-    return upper.add_(upper.triu(1).t())
+    total = torch.zeros((rows.shape[1], rows.shape[1]), dtype=torch.float32)
+    add_gram(total, rows)
+    return symmetrize(total)
 
 
 @contextmanager
@@ -86,7 +105,10 @@ def onednn_linears(module: Any) -> Iterator[None]:
     """
     import torch
 
-    linears: list[Any] = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    # a Linear whose instance already has a forward of its own (a hook library's) is left to it
+    linears: list[Any] = [
+        m for m in module.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)
+    ]
     if _onednn() is None:
         yield
         return
