@@ -7,9 +7,10 @@ standard-library code: KL first (mean KL(p_orig || p_quant) per position, nats),
 agreement and perplexity. Writes docs/fidelity-study.md (a table per model) and
 docs/fidelity-study.json (the commands and raw reports). Each recipe's report is cached in
 .cache/fidelity-study/, keyed by the model, the recipe and the token count, so a rerun only
-measures new recipes; delete that folder to measure again after changing a quantizer.
+measures new recipes; after changing a quantizer, `--again` (with `--model`/`--recipe` to choose)
+measures again. The docs always cover every model and recipe kept, whichever this run measured.
 
-    python scripts/fidelity_study.py [--model smollm2|qwen] [--recipe LABEL]...   (or: make fidelity-study)
+    python scripts/fidelity_study.py [--model smollm2|qwen] [--recipe LABEL]... [--again]   (or: make fidelity-study)
 
 int4 groups: 128 on Qwen (the usual group, as the vLLM Marlin kernels and llm-compressor's presets
 use); 64 on SmolLM2, whose 576-wide inputs do not divide by 128. Both models' weights were rounded
@@ -95,10 +96,10 @@ def seed_cache() -> None:
                 cached.write_text(json.dumps(result, indent=2) + "\n")
 
 
-def measure(model: str, orig: Path | None, label: str, args: list[str], text: Path) -> dict:
-    """Quantize ORIG with ARGS and evaluate it, or return the cached result of the same run."""
+def measure(model: str, orig: Path, label: str, args: list[str], text: Path, *, again: bool = False) -> dict:
+    """Quantize ORIG with ARGS and evaluate it, or (unless `again`) return the cached result of the same run."""
     cached = cache_file(model, args)
-    if cached.exists():
+    if cached.exists() and not again:
         return json.loads(cached.read_text())
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         out = Path(tmp) / "quant"
@@ -143,48 +144,59 @@ def table(title: str, results: list[dict]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", action="append", choices=sorted(MODELS), help="default: both")
-    parser.add_argument("--recipe", action="append", help="only the recipes with these labels (default: all)")
+    parser.add_argument("--model", action="append", choices=sorted(MODELS), help="measure only these (default: both)")
+    parser.add_argument("--recipe", action="append", help="measure only the recipes with these labels (default: all)")
+    parser.add_argument("--again", action="store_true", help="measure the chosen recipes even where a result is kept")
     parser.add_argument("--no-write", action="store_true", help="measure (and cache) only; do not rewrite docs/")
     parser.add_argument("--cached-only", action="store_true", help="write docs/ from the cached results only")
     opts = parser.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
     seed_cache()
-    text = sample_text(CACHE)
+    if not opts.cached_only:
+        text = sample_text(CACHE)
+        for model in opts.model or list(MODELS):
+            _, build, group = MODELS[model]
+            orig = build()
+            for label, args in recipes(group):
+                if opts.recipe and label not in opts.recipe:
+                    continue
+                started = time.perf_counter()
+                lg = measure(model, orig, label, args, text, again=opts.again)["logits"]
+                print(
+                    f"{model}: {label}: KL {lg['kl']:.4f} top-1 {lg['top1_agreement']:.3f} "
+                    f"ppl {lg['ppl_quant']:.3f} ({time.perf_counter() - started:.0f} s)",
+                    flush=True,
+                )
+    if not opts.no_write:
+        write_docs()
+        print("wrote docs/fidelity-study.md and docs/fidelity-study.json")
+
+
+def write_docs() -> None:
+    """docs/fidelity-study.md and .json from the kept results of every model and recipe (whatever
+    this run measured), the recipes without one named as not yet measured."""
     doc_json: dict = {"tokens": TOKENS, "text": [f"<stdlib>/{n}[:20000]" for n in STDLIB_FILES], "models": {}}
     doc = ["# Data-free 4-bit recipes on two real models", "", *_preamble(), ""]
-    for model in opts.model or list(MODELS):
-        title, build, group = MODELS[model]
-        orig = None if opts.cached_only else build()
+    for model, (title, _, group) in MODELS.items():
         results, missing = [], []
         for label, args in recipes(group):
-            if opts.recipe and label not in opts.recipe:
-                continue
-            if orig is None and not cache_file(model, args).exists():
+            cached = cache_file(model, args)
+            if not cached.exists():
                 missing.append(label)
                 continue
-            started = time.perf_counter()
             # label and command as the recipe now reads: a cached run may predate a rename, or a
             # trailing `--scale-search none` that names what was then the default
-            results.append(measure(model, orig, label, args, text) | {"label": label})
-            results[-1]["quantize"] = ["weightsmith", "quantize", "ORIG", "OUT", *args]
-            lg = results[-1]["logits"]
-            print(
-                f"{model}: {label}: KL {lg['kl']:.4f} top-1 {lg['top1_agreement']:.3f} "
-                f"ppl {lg['ppl_quant']:.3f} ({time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
-        for r in results:  # reports cached before the text path was replaced
-            r["logits"]["text_source"] = "TEXT"
+            result = json.loads(cached.read_text()) | {"label": label}
+            result["quantize"] = ["weightsmith", "quantize", "ORIG", "OUT", *args]
+            result["logits"]["text_source"] = "TEXT"  # reports kept before the text path was replaced
+            results.append(result)
         if results:
             doc += table(f"{title}, int4 group {group}", results)
         if missing:
             doc += [f"Not yet measured on {title} (run `make fidelity-study`): {', '.join(missing)}.", ""]
         doc_json["models"][model] = {"title": title, "group_size": group, "results": results}
-    if not opts.no_write:
-        (REPO / "docs" / "fidelity-study.md").write_text("\n".join(doc))
-        (REPO / "docs" / "fidelity-study.json").write_text(json.dumps(doc_json, indent=2) + "\n")
-        print("wrote docs/fidelity-study.md and docs/fidelity-study.json")
+    (REPO / "docs" / "fidelity-study.md").write_text("\n".join(doc))
+    (REPO / "docs" / "fidelity-study.json").write_text(json.dumps(doc_json, indent=2) + "\n")
 
 
 def _preamble() -> list[str]:
