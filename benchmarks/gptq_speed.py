@@ -14,9 +14,11 @@ machine's speed drifts), and the ratios are of the medians. Ours also prints whe
 (`--json`'s `engine_split`: importing torch and transformers, tokens, each layer's loads, Hessian
 passes, quantizing, output passes). Then KL, top-1
 agreement and perplexity of each against the original on held-out text (Python's `textwrap.py`,
-which the calibration text does not contain), by `fidelity.logits.compare`.
+which the calibration text does not contain), by `fidelity.logits.compare`. With several `--tokens`,
+each is measured in turn, and each tool's wall time is fitted as a fixed part plus a part per token:
+the ratio of the per-token parts is where the ratio of whole runs goes as the calibration grows.
 
-    python benchmarks/gptq_speed.py [--model DIR] [--tokens 2048] [--seq-len 256] [--group-size 64]
+    python benchmarks/gptq_speed.py [--model DIR] [--tokens 2048 [N ...]] [--seq-len 256] [--group-size 64]
                                     [--asym] [--actorder static|none] [--eval-tokens 512]
                                     [--skip-oneshot] [--skip-defaults] [--keep DIR] [--repeat 1]
 """
@@ -29,12 +31,11 @@ import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
-from stream_memory import token_ids, weightsmith
+from stream_memory import in_child, smollm2, token_ids, weightsmith
 from weightsmith.recipe import LLM_COMPRESSOR_DAMPENING
 
 #: Both runs dampen as llm-compressor does, so the comparison is of the same algorithm.
@@ -82,24 +83,25 @@ def row(label: str, wall: float, cpu: float, rss: float) -> None:
     print(f"{label:<48} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:5.2f} GiB  (load {load})", flush=True)
 
 
-def held_out_text() -> str:
-    """Python's `textwrap.py`: code like the calibration text, but not in it."""
-    return (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text(encoding="utf-8")
-
-
 def fidelity(orig: Path, quant: Path, tokens: int) -> str:
-    from weightsmith.fidelity.logits import compare
-
-    r = compare(orig, quant, text=held_out_text(), tokens=tokens, text_source="textwrap.py")
-    if r.status != "ok":
-        return f"{r.status}: {r.reason}"
-    return f"KL {r.kl:.4f}  top-1 {r.top1_agreement:.3f}  ppl {r.ppl_quant:.3f} (orig {r.ppl_orig:.3f})"
+    """KL, top-1 agreement and perplexity of `quant` against `orig` on held-out text (Python's
+    `textwrap.py`: code like the calibration text, but not in it), measured in a child: models loaded
+    here would count into every later run's peak RSS (`stream_memory.in_child`)."""
+    code = (
+        "import sys, sysconfig; from pathlib import Path; from weightsmith.fidelity.logits import compare\n"
+        "text = (Path(sysconfig.get_paths()['stdlib']) / 'textwrap.py').read_text(encoding='utf-8')\n"
+        "r = compare(sys.argv[1], sys.argv[2], text=text, tokens=int(sys.argv[3]), text_source='textwrap.py')\n"
+        "print(f'{r.status}: {r.reason}' if r.status != 'ok' else f'KL {r.kl:.4f}  top-1 {r.top1_agreement:.3f}  '\n"
+        "      f'ppl {r.ppl_quant:.3f} (orig {r.ppl_orig:.3f})')"
+    )
+    return in_child(code, orig, quant, tokens).strip()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: SmolLM2-135M fp32)")
-    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[2048],
+                    help="calibration tokens; several: each measured, then both tools' times fitted")  # fmt: skip
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--asym", action="store_true", help="W4A16_ASYM instead of W4A16")
@@ -111,16 +113,23 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the GPTQ runs, back to back (medians)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of the loads would fill the output
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     if args.model is None:
-        from models import smollm2_fp32
-
-        args.model = smollm2_fp32()
-    scheme = "w4a16-asym" if args.asym else "w4a16"
+        args.model = smollm2()  # built in a child: this process stays small (`stream_memory.in_child`)
     base = args.keep or Path(tempfile.mkdtemp(prefix="gptq-speed-"))
+    walls = {}
+    for tokens in args.tokens:
+        print(f"=== {tokens} calibration tokens", flush=True)
+        walls[tokens] = measure(args, tokens, base / f"tokens-{tokens}" if len(args.tokens) > 1 else base)
+    if len(walls) > 1 and not args.skip_oneshot:
+        fit(walls)
+
+
+def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, float]:
+    """Every run on `tokens` calibration tokens, their fidelity; (our median wall, oneshot's; 0 if not run)."""
+    scheme = "w4a16-asym" if args.asym else "w4a16"
     base.mkdir(parents=True, exist_ok=True)
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
-    calibration = ["--method", "gptq", "--builtin", "code", "--tokens", args.tokens, "--seq-len", args.seq_len,
+    calibration = ["--method", "gptq", "--builtin", "code", "--tokens", tokens, "--seq-len", args.seq_len,
                    "--actorder", args.actorder]  # fmt: skip
     gptq = [*calibration, "--scale-search", "none", "--dampening", DAMPENING]  # oneshot's grid and dampening
 
@@ -136,13 +145,13 @@ def main() -> None:
         outputs["weightsmith GPTQ, defaults"] = base / "gptq-defaults"
     if not args.skip_oneshot:
         seqs = base / "tokens.json"
-        seqs.write_text(json.dumps(token_ids(args.model, args.tokens, args.seq_len)))
+        seqs.write_text(json.dumps(token_ids(args.model, tokens, args.seq_len)))
         oneshot = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
                    str(args.group_size), "0" if args.asym else "1", args.actorder, DAMPENING]  # fmt: skip
         arms["oneshot"] = (oneshot, None)
         outputs["llm-compressor GPTQ"] = base / "oneshot"
     labels = {
-        "ours": f"weightsmith quantize --method gptq ({args.tokens} tokens)",
+        "ours": f"weightsmith quantize --method gptq ({tokens} tokens)",
         "defaults": "weightsmith quantize --method gptq, its defaults",
         "oneshot": "llm-compressor oneshot GPTQModifier (CPU)",
     }
@@ -156,10 +165,12 @@ def main() -> None:
                 split = json.loads(report.read_text())["engine_split"]
                 print("  its phases (wall s): " + ", ".join(f"{phase} {t:.2f}" for phase, t in split.items()),
                       flush=True)  # fmt: skip
+    walls = (statistics.median(o[0] for o in runs["ours"]), 0.0)
     if "oneshot" in runs:
         ours, theirs = runs["ours"], runs["oneshot"]
+        walls = (walls[0], statistics.median(t[0] for t in theirs))
         print(f"oneshot / ours, median of {args.repeat} rounds: "
-              f"wall {statistics.median(t[0] for t in theirs) / statistics.median(o[0] for o in ours):.2f}x, "
+              f"wall {walls[1] / walls[0]:.2f}x, "
               f"cpu {statistics.median(t[1] for t in theirs) / statistics.median(o[1] for o in ours):.2f}x "
               f"(rounds: {', '.join(f'{t[0] / o[0]:.2f}' for o, t in zip(ours, theirs, strict=True))}); "
               f"peak RSS ours {max(o[2] for o in ours):.2f} GiB, oneshot {max(t[2] for t in theirs):.2f} GiB",
@@ -167,13 +178,28 @@ def main() -> None:
         if "defaults" in runs:
             mine = runs["defaults"]
             print(f"oneshot / ours on its defaults: wall "
-                  f"{statistics.median(t[0] for t in theirs) / statistics.median(d[0] for d in mine):.2f}x "
+                  f"{walls[1] / statistics.median(d[0] for d in mine):.2f}x "
                   f"(rounds: {', '.join(f'{t[0] / d[0]:.2f}' for d, t in zip(mine, theirs, strict=True))})",
                   flush=True)  # fmt: skip
     print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}, "
           f"actorder {args.actorder}:")
     for label, folder in outputs.items():
         print(f"  {label:<26} {fidelity(args.model, folder, args.eval_tokens)}", flush=True)
+    return walls
+
+
+def fit(walls: dict[int, tuple[float, float]]) -> None:
+    """Each tool's wall time as a fixed part plus a part per calibration token (least squares), and the
+    ratio of the two per-token parts: where the ratio of whole runs tends as the tokens grow."""
+    tokens = list(walls)
+    ours = statistics.linear_regression(tokens, [w[0] for w in walls.values()])
+    theirs = statistics.linear_regression(tokens, [w[1] for w in walls.values()])
+    print("tokens   ours wall   oneshot wall   oneshot / ours")
+    for n, (mine, other) in walls.items():
+        print(f"{n:>6} {mine:>9.1f} s {other:>12.1f} s {other / mine:>12.2f}x")
+    print(f"fitted: ours {ours.intercept:.1f} s + {1000 * ours.slope:.2f} s per 1,000 tokens; oneshot "
+          f"{theirs.intercept:.1f} s + {1000 * theirs.slope:.2f} s per 1,000 tokens; per-token ratio "
+          f"{theirs.slope / ours.slope:.2f}x (the ratio of whole runs as the tokens grow)")
 
 
 if __name__ == "__main__":

@@ -88,10 +88,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="build (or reuse) the big model here instead of a temporary folder")
     args = ap.parse_args()
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from models import smollm2_fp32
-
-    smollm2 = smollm2_fp32()
+    smollm2_dir = smollm2()
     with tempfile.TemporaryDirectory(prefix="stream-memory-") as tmp:
         root = args.keep or Path(tmp)
         src, quant, stats = root / "bf16", root / "w4a16", Path(tmp) / "stats.safetensors"
@@ -101,7 +98,7 @@ def main() -> None:
                      "tie_word_embeddings": True, "max_position_embeddings": 4096}  # fmt: skip
             build(src, args.gib, vocab=SMOLLM2_VOCAB, tied=True, config_extra=extra)
             for name in TOKENIZER_FILES:
-                shutil.copy(smollm2 / name, src / name)
+                shutil.copy(smollm2_dir / name, src / name)
         size = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]
         print(f"synthetic Llama: {size / 2**30:.2f} GiB BF16, {layers} layers of hidden 4096, bound {BOUND_GIB} GiB")
@@ -134,23 +131,50 @@ def main() -> None:
         if not args.skip_oneshot:
             small_stats = Path(tmp) / "smollm2.safetensors"
             seq = 256
-            wall, rss, _, err = timed_err(weightsmith("calibrate", smollm2, "--out", small_stats, "--tokens",
+            wall, rss, _, err = timed_err(weightsmith("calibrate", smollm2_dir, "--out", small_stats, "--tokens",
                                                       args.smollm2_tokens, "--seq-len", seq))  # fmt: skip
             ours = calibrate_seconds(err)
             row("SmolLM2 weightsmith calibrate", wall, rss, f"measuring {ours:.1f} s")
             tokens_file = Path(tmp) / "tokens.json"
-            tokens_file.write_text(json.dumps(token_ids(smollm2, args.smollm2_tokens, seq)))
-            wall, rss, out = timed([sys.executable, "-c", ONESHOT, str(smollm2), str(tokens_file)])
+            tokens_file.write_text(json.dumps(token_ids(smollm2_dir, args.smollm2_tokens, seq)))
+            wall, rss, out = timed([sys.executable, "-c", ONESHOT, str(smollm2_dir), str(tokens_file)])
             theirs = float(out.split("WORK_SECONDS")[-1].split()[0])
             row("SmolLM2 llm-compressor oneshot (CPU)", wall, rss, f"calibrating {theirs:.1f} s")
             print(f"oneshot / calibrate: {theirs / ours:.1f}x (calibration work), same {args.smollm2_tokens} tokens")
 
 
-def token_ids(folder: Path, tokens: int, seq_len: int) -> list[list[int]]:
-    """The sequences `calibrate` runs (the default built-in text), for oneshot to run the same."""
-    from weightsmith.engine.calibrate import calibration_tokens
+#: Where tests/models.py builds the real small models.
+TESTS = Path(__file__).resolve().parents[1] / "tests"
 
-    return calibration_tokens(folder, None, None, tokens, seq_len)[0]
+
+def in_child(code: str, *args: object) -> str:
+    """The standard output of `python -c code args...`.
+
+    Whatever needs memory before the measured runs (building a model, loading a tokenizer) runs in a
+    child of its own: Linux counts the peak RSS of the process that starts a child into that child's
+    `wait4` peak, even memory freed since, so the measuring process has to stay small.
+    """
+    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"preparation failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def smollm2() -> Path:
+    """SmolLM2-135M's fp32 folder (tests/models.py builds it on first use), built in a child."""
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from models import smollm2_fp32; print(smollm2_fp32())"
+    return Path(in_child(code, TESTS).strip())
+
+
+def token_ids(folder: Path, tokens: int, seq_len: int) -> list[list[int]]:
+    """The sequences `calibrate` runs (the default built-in text), for oneshot to run the same; the
+    tokenizer is loaded in a child."""
+    code = (
+        "import json, sys; from weightsmith.engine.calibrate import calibration_tokens; "
+        "print(json.dumps(calibration_tokens(sys.argv[1], None, None, int(sys.argv[2]), int(sys.argv[3]))[0]))"
+    )
+    ids: list[list[int]] = json.loads(in_child(code, folder, tokens, seq_len))
+    return ids
 
 
 def timed_err(cmd: list[str]) -> tuple[float, float, str, str]:
