@@ -7,7 +7,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
@@ -96,26 +98,52 @@ def build(
     return total
 
 
-#: Prepended to each child's Python: at exit it reports its own peak RSS on stderr. The parent's
-#: rusage cannot say: Linux carries a process's high-water mark across fork and exec, so every child
-#: would report at least this process's peak (the pool `build` fills: over 400 MiB).
+#: Run first in every measured child (`measured`): at exit it reports its own peak RSS on stderr. The
+#: parent's rusage cannot say: Linux carries a process's high-water mark across fork and exec, so every
+#: child would report at least this process's peak, even memory freed since (the pool `build` fills:
+#: over 400 MiB; a model or tokenizer the benchmark loads itself).
 PEAK_RSS = """
 import atexit, sys
 def _peak():
     kib = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    sys.stderr.write("\\nPEAK_RSS_KIB " + kib + "\\n")  # no braces: REFERENCE is a format string
+    sys.stderr.write("\\nPEAK_RSS_KIB " + kib + "\\n")
 atexit.register(_peak)
 """
 
 
-def timed(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MiB) of the child (as it reports with PEAK_RSS), and its stdout."""
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"command failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return wall, int(proc.stderr.split("PEAK_RSS_KIB")[-1].split()[0]) / 1024, proc.stdout
+@dataclass
+class Measured:
+    """One child process: wall and CPU seconds (user + system), its own peak RSS, what it printed."""
+
+    wall: float
+    cpu: float
+    rss_mib: float
+    stdout: str
+    stderr: str
+
+
+def measured(cmd: list[str]) -> Measured:
+    """Run `cmd`, a Python child (`python -c CODE ...` or `python -m MODULE ...`), with `PEAK_RSS` first.
+
+    Exits with the child's stderr if it fails.
+    """
+    exe, flag, target, *rest = cmd
+    if flag == "-m":
+        target = f"import runpy; runpy.run_module({target!r}, run_name='__main__', alter_sys=True)"
+    elif flag != "-c":
+        raise ValueError(f"not a Python child: {' '.join(cmd)}")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen([exe, "-c", PEAK_RSS + target, *rest], stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # CPU seconds from rusage; peak RSS from the child itself
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed: {' '.join(cmd)}\n{stderr[-2000:]}")
+    kib = int(stderr.split("PEAK_RSS_KIB")[-1].split()[0])
+    return Measured(wall, usage.ru_utime + usage.ru_stime, kib / 1024, stdout, stderr)
 
 
 def ours(src: Path, out: Path, workers: int, *extra: str, default_search: bool = False) -> dict:
@@ -126,13 +154,14 @@ def ours(src: Path, out: Path, workers: int, *extra: str, default_search: bool =
     for like) unless `extra` names a search or `default_search` asks for the scheme's default one.
     """
     shutil.rmtree(out, ignore_errors=True)
-    run_cli = PEAK_RSS + "import runpy; runpy.run_module('weightsmith.cli', run_name='__main__', alter_sys=True)"
     search = [] if default_search or "--scale-search" in extra else ["--scale-search", "none"]
-    cmd = [sys.executable, "-c", run_cli, "quantize", str(src), str(out), "--json", "--no-hash", *search, *extra]
+    cmd = [sys.executable, "-m", "weightsmith.cli", "quantize", str(src), str(out), "--json", "--no-hash", *search,
+           *extra]  # fmt: skip
     cmd += [a for i in IGNORE for a in ("--ignore", i)] + (["--workers", str(workers)] if workers else [])
-    wall, rss, stdout = timed(cmd)
-    report = json.loads(stdout)
-    return {"wall": wall, "rss_mib": rss, "work": report["seconds"], "split": report["time_split"], "load": load()}
+    run = measured(cmd)
+    report = json.loads(run.stdout)
+    return {"wall": run.wall, "rss_mib": run.rss_mib, "work": report["seconds"], "split": report["time_split"],
+            "load": load()}  # fmt: skip
 
 
 def load() -> float:
@@ -158,7 +187,7 @@ def split_line(split: dict, work: float, workers: int) -> str:
     )
 
 
-REFERENCE = PEAK_RSS + """
+REFERENCE = """
 import sys, time
 from llmcompressor import model_free_ptq
 {setup}
@@ -173,6 +202,6 @@ def reference(src: Path, out: Path, scheme: str = '"W4A16"', setup: str = "") ->
     RSS, and the load average when it ended."""
     shutil.rmtree(out, ignore_errors=True)
     script = REFERENCE.format(setup=setup, scheme=scheme, ignore=IGNORE)
-    wall, rss, stdout = timed([sys.executable, "-c", script, str(src), str(out)])
-    work = float(stdout.split("WORK_SECONDS")[-1].split()[0])
-    return {"wall": wall, "rss_mib": rss, "work": work, "load": load()}
+    run = measured([sys.executable, "-c", script, str(src), str(out)])
+    work = float(run.stdout.split("WORK_SECONDS")[-1].split()[0])
+    return {"wall": run.wall, "rss_mib": run.rss_mib, "work": work, "load": load()}

@@ -1,7 +1,7 @@
 """`quantize --method gptq` against llm-compressor's `oneshot` with a GPTQModifier, on CPU, same tokens.
 
 On SmolLM2-135M (or `--model DIR`), W4A16 group 64 (576 and 1536 are not multiples of 128), each
-run in its own process, one at a time, measured for wall time and peak RSS (`wait4`):
+run in its own process, one at a time, measured for wall time and peak RSS (its own, `common.measured`):
 - `weightsmith quantize --method gptq --builtin code --tokens N --seq-len L --scale-search none
   --dampening 0.01` (round-to-nearest's grid and 1 % dampening, as oneshot's GPTQ);
 - `oneshot` with `GPTQModifier` (same scheme, same `--actorder`: static, its default, or none;
@@ -29,13 +29,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
+import sysconfig
 import tempfile
-import time
 from pathlib import Path
 
-from stream_memory import in_child, smollm2, token_ids, weightsmith
+from common import measured
+from stream_memory import token_ids, weightsmith
 from weightsmith.recipe import LLM_COMPRESSOR_DAMPENING
 
 #: Both runs dampen as llm-compressor does, so the comparison is of the same algorithm.
@@ -61,21 +61,13 @@ oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(se
 """
 
 
-def timed(cmd: list[str], stdout: Path | None = None) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds (user + system) and peak RSS (GiB) of one child process, its
-    standard output kept in `stdout` if given.
+def timed(cmd: list[str]) -> tuple[tuple[float, float, float], str]:
+    """(wall seconds, CPU seconds, peak RSS in GiB) of one child process, and its standard output.
 
     CPU seconds are the fairer ratio on a shared machine: wall time depends on the other load.
     """
-    start = time.perf_counter()
-    with open(stdout or os.devnull, "w") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.PIPE, text=True)
-        err = proc.stderr.read() if proc.stderr else ""
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"command failed: {' '.join(map(str, cmd))}\n{err[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20
+    run = measured(cmd)
+    return (run.wall, run.cpu, run.rss_mib / 1024), run.stdout
 
 
 def row(label: str, wall: float, cpu: float, rss: float) -> None:
@@ -83,18 +75,18 @@ def row(label: str, wall: float, cpu: float, rss: float) -> None:
     print(f"{label:<48} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:5.2f} GiB  (load {load})", flush=True)
 
 
+def held_out_text() -> str:
+    """Python's `textwrap.py`: code like the calibration text, but not in it."""
+    return (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text(encoding="utf-8")
+
+
 def fidelity(orig: Path, quant: Path, tokens: int) -> str:
-    """KL, top-1 agreement and perplexity of `quant` against `orig` on held-out text (Python's
-    `textwrap.py`: code like the calibration text, but not in it), measured in a child: models loaded
-    here would count into every later run's peak RSS (`stream_memory.in_child`)."""
-    code = (
-        "import sys, sysconfig; from pathlib import Path; from weightsmith.fidelity.logits import compare\n"
-        "text = (Path(sysconfig.get_paths()['stdlib']) / 'textwrap.py').read_text(encoding='utf-8')\n"
-        "r = compare(sys.argv[1], sys.argv[2], text=text, tokens=int(sys.argv[3]), text_source='textwrap.py')\n"
-        "print(f'{r.status}: {r.reason}' if r.status != 'ok' else f'KL {r.kl:.4f}  top-1 {r.top1_agreement:.3f}  '\n"
-        "      f'ppl {r.ppl_quant:.3f} (orig {r.ppl_orig:.3f})')"
-    )
-    return in_child(code, orig, quant, tokens).strip()
+    from weightsmith.fidelity.logits import compare
+
+    r = compare(orig, quant, text=held_out_text(), tokens=tokens, text_source="textwrap.py")
+    if r.status != "ok":
+        return f"{r.status}: {r.reason}"
+    return f"KL {r.kl:.4f}  top-1 {r.top1_agreement:.3f}  ppl {r.ppl_quant:.3f} (orig {r.ppl_orig:.3f})"
 
 
 def main() -> None:
@@ -113,19 +105,25 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the GPTQ runs, back to back (medians)")
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of the loads would fill the output
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     if args.model is None:
-        args.model = smollm2()  # built in a child: this process stays small (`stream_memory.in_child`)
+        from models import smollm2_fp32
+
+        args.model = smollm2_fp32()
     base = args.keep or Path(tempfile.mkdtemp(prefix="gptq-speed-"))
-    walls = {}
+    walls = {}  # tokens -> (our median wall, oneshot's)
     for tokens in args.tokens:
         print(f"=== {tokens} calibration tokens", flush=True)
-        walls[tokens] = measure(args, tokens, base / f"tokens-{tokens}" if len(args.tokens) > 1 else base)
-    if len(walls) > 1 and not args.skip_oneshot:
+        pair = measure(args, tokens, base / f"tokens-{tokens}" if len(args.tokens) > 1 else base)
+        if pair is not None:
+            walls[tokens] = pair
+    if len(walls) > 1:
         fit(walls)
 
 
-def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, float]:
-    """Every run on `tokens` calibration tokens, their fidelity; (our median wall, oneshot's; 0 if not run)."""
+def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, float] | None:
+    """Every run on `tokens` calibration tokens and their fidelity; (our median wall, oneshot's), None
+    without oneshot."""
     scheme = "w4a16-asym" if args.asym else "w4a16"
     base.mkdir(parents=True, exist_ok=True)
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
@@ -134,21 +132,18 @@ def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, f
     gptq = [*calibration, "--scale-search", "none", "--dampening", DAMPENING]  # oneshot's grid and dampening
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
-    row("weightsmith quantize (RTN)", *timed(rtn))
-    report = base / "gptq.json"
-    arms: dict[str, tuple[list[str], Path | None]] = {
-        "ours": (weightsmith("quantize", args.model, base / "gptq", *common, *gptq, "--json"), report),
-    }
+    row("weightsmith quantize (RTN)", *timed(rtn)[0])
+    arms = {"ours": weightsmith("quantize", args.model, base / "gptq", *common, *gptq, "--json")}
     outputs = {"RTN": base / "rtn", "weightsmith GPTQ": base / "gptq"}
     if not args.skip_defaults:
-        arms["defaults"] = (weightsmith("quantize", args.model, base / "gptq-defaults", *common, *calibration), None)
+        arms["defaults"] = weightsmith("quantize", args.model, base / "gptq-defaults", *common, *calibration)
         outputs["weightsmith GPTQ, defaults"] = base / "gptq-defaults"
     if not args.skip_oneshot:
         seqs = base / "tokens.json"
         seqs.write_text(json.dumps(token_ids(args.model, tokens, args.seq_len)))
         oneshot = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
                    str(args.group_size), "0" if args.asym else "1", args.actorder, DAMPENING]  # fmt: skip
-        arms["oneshot"] = (oneshot, None)
+        arms["oneshot"] = oneshot
         outputs["llm-compressor GPTQ"] = base / "oneshot"
     labels = {
         "ours": f"weightsmith quantize --method gptq ({tokens} tokens)",
@@ -158,17 +153,17 @@ def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, f
     runs: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
     for r in range(args.repeat):  # back to back, the order reversed every other round
         for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
-            cmd, stdout = arms[arm]
-            runs[arm].append(timed(cmd, stdout=stdout))
-            row(labels[arm], *runs[arm][-1])
+            figures, stdout = timed(arms[arm])
+            runs[arm].append(figures)
+            row(labels[arm], *figures)
             if arm == "ours":
-                split = json.loads(report.read_text())["engine_split"]
+                split = json.loads(stdout)["engine_split"]
                 print("  its phases (wall s): " + ", ".join(f"{phase} {t:.2f}" for phase, t in split.items()),
                       flush=True)  # fmt: skip
-    walls = (statistics.median(o[0] for o in runs["ours"]), 0.0)
+    walls = None
     if "oneshot" in runs:
         ours, theirs = runs["ours"], runs["oneshot"]
-        walls = (walls[0], statistics.median(t[0] for t in theirs))
+        walls = statistics.median(o[0] for o in ours), statistics.median(t[0] for t in theirs)
         print(f"oneshot / ours, median of {args.repeat} rounds: "
               f"wall {walls[1] / walls[0]:.2f}x, "
               f"cpu {statistics.median(t[1] for t in theirs) / statistics.median(o[1] for o in ours):.2f}x "

@@ -2,7 +2,7 @@
 
 Builds a synthetic Llama-shaped BF16 checkpoint of at least 6 GiB (7B-wide layers, tied
 embeddings, SmolLM2's tokenizer), then runs, one process at a time, each measured for wall time
-and peak RSS (`wait4` of the child):
+and peak RSS (each child's own high-water mark, `common.measured`):
 - `weightsmith calibrate` on it;
 - `weightsmith quantize --scheme w4a16` (the QUANT side of the eval), then
   `weightsmith eval ORIG QUANT --stream`;
@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import build, timed
+from common import build, measured
 
 #: The bound the issue sets for calibrate and eval --stream on the >= 6 GiB model.
 BOUND_GIB = 2.5
@@ -88,7 +85,10 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="build (or reuse) the big model here instead of a temporary folder")
     args = ap.parse_args()
 
-    smollm2_dir = smollm2()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from models import smollm2_fp32
+
+    smollm2 = smollm2_fp32()
     with tempfile.TemporaryDirectory(prefix="stream-memory-") as tmp:
         root = args.keep or Path(tmp)
         src, quant, stats = root / "bf16", root / "w4a16", Path(tmp) / "stats.safetensors"
@@ -98,98 +98,55 @@ def main() -> None:
                      "tie_word_embeddings": True, "max_position_embeddings": 4096}  # fmt: skip
             build(src, args.gib, vocab=SMOLLM2_VOCAB, tied=True, config_extra=extra)
             for name in TOKENIZER_FILES:
-                shutil.copy(smollm2_dir / name, src / name)
+                shutil.copy(smollm2 / name, src / name)
         size = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]
         print(f"synthetic Llama: {size / 2**30:.2f} GiB BF16, {layers} layers of hidden 4096, bound {BOUND_GIB} GiB")
 
-        wall, rss, _, err = timed_err(weightsmith("calibrate", src, "--out", stats, "--tokens", args.tokens,
-                                                  "--seq-len", args.seq_len, "--force"))  # fmt: skip
-        work = calibrate_seconds(err)
-        row("weightsmith calibrate", wall, rss, f"{args.tokens / work:.1f} tokens/s ({args.tokens} tokens)")
-        peaks = [rss]
+        run = measured(weightsmith("calibrate", src, "--out", stats, "--tokens", args.tokens, "--seq-len",
+                                   args.seq_len, "--force"))  # fmt: skip
+        work = calibrate_seconds(run.stderr)
+        row("weightsmith calibrate", run.wall, run.rss_mib, f"{args.tokens / work:.1f} tokens/s ({args.tokens} tokens)")
+        peaks = [run.rss_mib]
 
         if not (quant / "config.json").exists():
-            wall, rss, _ = timed(weightsmith("quantize", src, quant, "--scheme", "w4a16", "--scale-search", "none",
-                                             "--no-hash", "--json"))  # fmt: skip
-            row("weightsmith quantize w4a16 (QUANT for eval)", wall, rss)
-        wall, rss, out, _ = timed_err(weightsmith("eval", src, quant, "--stream", "--json", "--tokens",
-                                                  args.eval_tokens))  # fmt: skip
-        logits = json.loads(out)["logits"]
+            run = measured(weightsmith("quantize", src, quant, "--scheme", "w4a16", "--scale-search", "none",
+                                       "--no-hash", "--json"))  # fmt: skip
+            row("weightsmith quantize w4a16 (QUANT for eval)", run.wall, run.rss_mib)
+        run = measured(weightsmith("eval", src, quant, "--stream", "--json", "--tokens", args.eval_tokens))
+        logits = json.loads(run.stdout)["logits"]
         assert logits["status"] == "ok", logits
-        row("weightsmith eval --stream", wall, rss,
+        row("weightsmith eval --stream", run.wall, run.rss_mib,
             f"{2 * args.eval_tokens / logits['seconds']:.1f} tokens/s through both models, "
             f"KL {logits['kl']:.3g}")  # fmt: skip
-        peaks.append(rss)
+        peaks.append(run.rss_mib)
 
-        wall, rss, _ = timed([sys.executable, "-c", LOAD_WHOLE, str(src)])
-        row("transformers whole model (BF16, 8 tokens)", wall, rss)
+        whole = measured([sys.executable, "-c", LOAD_WHOLE, str(src)])
+        row("transformers whole model (BF16, 8 tokens)", whole.wall, whole.rss_mib)
         verdict = "within" if max(peaks) < BOUND_GIB * 1024 else "OVER"
         print(f"streamed peak {max(peaks) / 1024:.2f} GiB: {verdict} the {BOUND_GIB} GiB bound; "
-              f"whole-model load {rss / 1024:.2f} GiB for a {size / 2**30:.2f} GiB model")  # fmt: skip
+              f"whole-model load {whole.rss_mib / 1024:.2f} GiB for a {size / 2**30:.2f} GiB model")  # fmt: skip
 
         if not args.skip_oneshot:
             small_stats = Path(tmp) / "smollm2.safetensors"
             seq = 256
-            wall, rss, _, err = timed_err(weightsmith("calibrate", smollm2_dir, "--out", small_stats, "--tokens",
-                                                      args.smollm2_tokens, "--seq-len", seq))  # fmt: skip
-            ours = calibrate_seconds(err)
-            row("SmolLM2 weightsmith calibrate", wall, rss, f"measuring {ours:.1f} s")
+            run = measured(weightsmith("calibrate", smollm2, "--out", small_stats, "--tokens", args.smollm2_tokens,
+                                       "--seq-len", seq))  # fmt: skip
+            ours = calibrate_seconds(run.stderr)
+            row("SmolLM2 weightsmith calibrate", run.wall, run.rss_mib, f"measuring {ours:.1f} s")
             tokens_file = Path(tmp) / "tokens.json"
-            tokens_file.write_text(json.dumps(token_ids(smollm2_dir, args.smollm2_tokens, seq)))
-            wall, rss, out = timed([sys.executable, "-c", ONESHOT, str(smollm2_dir), str(tokens_file)])
-            theirs = float(out.split("WORK_SECONDS")[-1].split()[0])
-            row("SmolLM2 llm-compressor oneshot (CPU)", wall, rss, f"calibrating {theirs:.1f} s")
+            tokens_file.write_text(json.dumps(token_ids(smollm2, args.smollm2_tokens, seq)))
+            run = measured([sys.executable, "-c", ONESHOT, str(smollm2), str(tokens_file)])
+            theirs = float(run.stdout.split("WORK_SECONDS")[-1].split()[0])
+            row("SmolLM2 llm-compressor oneshot (CPU)", run.wall, run.rss_mib, f"calibrating {theirs:.1f} s")
             print(f"oneshot / calibrate: {theirs / ours:.1f}x (calibration work), same {args.smollm2_tokens} tokens")
 
 
-#: Where tests/models.py builds the real small models.
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-
-
-def in_child(code: str, *args: object) -> str:
-    """The standard output of `python -c code args...`.
-
-    Whatever needs memory before the measured runs (building a model, loading a tokenizer) runs in a
-    child of its own: Linux counts the peak RSS of the process that starts a child into that child's
-    `wait4` peak, even memory freed since, so the measuring process has to stay small.
-    """
-    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"preparation failed:\n{done.stderr[-2000:]}")
-    return done.stdout
-
-
-def smollm2() -> Path:
-    """SmolLM2-135M's fp32 folder (tests/models.py builds it on first use), built in a child."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from models import smollm2_fp32; print(smollm2_fp32())"
-    return Path(in_child(code, TESTS).strip())
-
-
 def token_ids(folder: Path, tokens: int, seq_len: int) -> list[list[int]]:
-    """The sequences `calibrate` runs (the default built-in text), for oneshot to run the same; the
-    tokenizer is loaded in a child."""
-    code = (
-        "import json, sys; from weightsmith.engine.calibrate import calibration_tokens; "
-        "print(json.dumps(calibration_tokens(sys.argv[1], None, None, int(sys.argv[2]), int(sys.argv[3]))[0]))"
-    )
-    ids: list[list[int]] = json.loads(in_child(code, folder, tokens, seq_len))
-    return ids
+    """The sequences `calibrate` runs (the default built-in text), for oneshot to run the same."""
+    from weightsmith.engine.calibrate import calibration_tokens
 
-
-def timed_err(cmd: list[str]) -> tuple[float, float, str, str]:
-    """Wall seconds, peak RSS (MiB), stdout and stderr of one child process."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"command failed: {' '.join(cmd)}\n{stderr[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, stdout, stderr
+    return calibration_tokens(folder, None, None, tokens, seq_len)[0]
 
 
 if __name__ == "__main__":
