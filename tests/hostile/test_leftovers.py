@@ -174,6 +174,7 @@ def test_an_interrupt_wrapped_by_a_class_body_is_still_one_line(
     def start_up() -> None:
         type("Built", (), {"field": Interrupting()})
 
+    monkeypatch.setattr(entry, "ending", lambda: None)  # the real one ignores Ctrl-C in this process
     monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=start_up))
     with pytest.raises(SystemExit) as stopped:
         entry.main()
@@ -185,3 +186,42 @@ def test_an_interrupt_wrapped_by_a_class_body_is_still_one_line(
     monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=failing))
     with pytest.raises(RuntimeError, match="not an interrupt"):
         entry.main()
+
+
+def test_an_interrupt_as_the_command_ends_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C landing after the command finished, while the process ends (a CI run caught one there
+    with a traceback through typer's exit): answered as any other interrupt."""
+    import types
+
+    from weightsmith import __main__ as entry
+
+    def finished() -> None:
+        raise SystemExit(0)  # what typer raises when a command returns
+
+    def interrupted_while_ending() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=finished))
+    monkeypatch.setattr(entry, "ending", interrupted_while_ending)
+    with pytest.raises(SystemExit) as stopped:
+        try:
+            entry.main()
+        except KeyboardInterrupt:  # escaping, it would stop the whole test run
+            pytest.fail("the interrupt escaped main() and would print a traceback")
+    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+def test_the_ending_ignores_ctrl_c_from_then_on() -> None:
+    """Once the command's work is over an interrupt has nothing left to stop; during interpreter
+    shutdown it could only print a traceback. Run in a child, since it changes the process's handler."""
+    code = (
+        "import os, signal\n"
+        "from weightsmith.__main__ import ending\n"
+        "ending()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "print('still here')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "still here\n", "")
