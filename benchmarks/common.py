@@ -113,19 +113,21 @@ atexit.register(_peak)
 
 @dataclass
 class Measured:
-    """One child process: wall and CPU seconds (user + system), its own peak RSS, what it printed."""
+    """One child process: wall and CPU seconds (user + system), its own peak RSS, what it printed, its exit code."""
 
     wall: float
     cpu: float
     rss_mib: float
     stdout: str
     stderr: str
+    code: int
 
 
-def measured(cmd: list[str]) -> Measured:
+def measured(cmd: list[str], ok: tuple[int, ...] = (0,)) -> Measured:
     """Run `cmd`, a Python child (`python -c CODE ...` or `python -m MODULE ...`), with `PEAK_RSS` first.
 
-    Exits with the child's stderr if it fails.
+    Exits with the child's stderr if its exit code is not in `ok` (`verify` exits 1 on a finding, and a
+    refusal is the result a hostile-input benchmark measures).
     """
     exe, flag, target, *rest = cmd
     if flag == "-m":
@@ -140,10 +142,11 @@ def measured(cmd: list[str]) -> Measured:
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"command failed: {' '.join(cmd)}\n{stderr[-2000:]}")
+    code = os.waitstatus_to_exitcode(status)
+    if code not in ok or "PEAK_RSS_KIB" not in stderr:
+        raise SystemExit(f"command failed (exit {code}): {' '.join(cmd)}\n{stderr[-2000:]}")
     kib = int(stderr.split("PEAK_RSS_KIB")[-1].split()[0])
-    return Measured(wall, usage.ru_utime + usage.ru_stime, kib / 1024, stdout, stderr)
+    return Measured(wall, usage.ru_utime + usage.ru_stime, kib / 1024, stdout, stderr, code)
 
 
 def ours(src: Path, out: Path, workers: int, *extra: str, default_search: bool = False) -> dict:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from common import measured
 
 PEER = "import sys; from safetensors import safe_open; f = safe_open(sys.argv[1], 'np'); print(len(list(f.keys())))"
 
@@ -33,38 +32,27 @@ def build(folder: Path, count: int) -> Path:
     return folder
 
 
-def run(cmd: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS in MiB and exit status of one fresh process (any status is a result here)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    return time.perf_counter() - start, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tensors", type=int, action="append", help="tensors in the shard (repeatable)")
-    ap.add_argument("--build", nargs=2, metavar=("DIR", "COUNT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.build:  # in its own process: Linux counts a parent's resident pages in a child's peak RSS
-        build(Path(args.build[0]), int(args.build[1]))
-        return
     ws = [sys.executable, "-m", "weightsmith"]
     with tempfile.TemporaryDirectory() as tmp:
         for count in args.tensors or [1_150_000, 450_000]:
             src = Path(tmp) / f"n{count}"
-            subprocess.run([sys.executable, __file__, "--build", str(src), str(count)], check=True)
+            build(src, count)
             shard = src / "model.safetensors"
             print(f"{count:,} one-byte tensors, header {shard.stat().st_size / 1e6:.1f} MB")
-            peer_s, peer_mib, _ = run([sys.executable, "-c", PEER, str(shard)])
-            print(f"  {'safetensors keys (peer)':30} {peer_s:6.2f} s {peer_mib:8.0f} MiB")
+            peer = measured([sys.executable, "-c", PEER, str(shard)])
+            print(f"  {'safetensors keys (peer)':30} {peer.wall:6.2f} s {peer.rss_mib:8.0f} MiB")
             for name, cmd in (
                 ("weightsmith verify", [*ws, "verify", str(src)]),
                 ("weightsmith quantize --dry-run", [*ws, "quantize", str(src), str(Path(tmp) / "out"), "--dry-run",
                                                     "--json"]),
             ):
-                wall, mib, code = run(cmd)
-                print(f"  {name:30} {wall:6.2f} s {mib:8.0f} MiB  exit {code}  ({wall / peer_s:.1f}x the peer's time)")
+                run = measured(cmd, ok=(0, 1, 2))  # a finding (1) or a refusal (2) is the result measured here
+                print(f"  {name:30} {run.wall:6.2f} s {run.rss_mib:8.0f} MiB  exit {run.code}  "
+                      f"({run.wall / peer.wall:.1f}x the peer's time)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from common import measured
 from weightsmith.audit.inspect import InspectReport, inspect
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
@@ -194,20 +195,11 @@ def run_command(args: list[str], times: CommandTimes) -> None:
 
     `verify` exits 1 when it finds something, which is not a failure here.
     """
-    command = [sys.executable, "-m", "weightsmith", *args]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own usage, not the children's maximum
-        times.walls.append(time.perf_counter() - started)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode not in (0, 1):
-            err.seek(0)
-            raise SystemExit(f"weightsmith {' '.join(args)} failed: {err.read()}")
-        out.seek(0)
-        times.output = out.read()
-    times.cpus.append(usage.ru_utime + usage.ru_stime)
-    times.peak_mib = max(times.peak_mib, usage.ru_maxrss / 1024)
+    run = measured([sys.executable, "-m", "weightsmith", *args], ok=(0, 1))
+    times.walls.append(run.wall)
+    times.cpus.append(run.cpu)
+    times.peak_mib = max(times.peak_mib, run.rss_mib)
+    times.output = run.stdout
 
 
 def time_in_process(root: Path, repeats: int) -> tuple[list[float], list[float], InspectReport]:

@@ -20,9 +20,9 @@ import pytest
 from weightsmith.audit.inspect import BY_CATEGORY, BY_DTYPE, BY_LAYER, inspect
 from weightsmith.safetensors.reader import ShardReader
 
-_SPEC = importlib.util.spec_from_file_location(
-    "inspect_speed", Path(__file__).parents[2] / "benchmarks" / "inspect_speed.py"
-)
+_BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+sys.path.append(str(_BENCHMARKS))  # the benchmark imports its neighbour `common`
+_SPEC = importlib.util.spec_from_file_location("inspect_speed", _BENCHMARKS / "inspect_speed.py")
 bench = importlib.util.module_from_spec(_SPEC)
 sys.modules.setdefault("inspect_speed", bench)  # dataclasses look their module up while it executes
 _SPEC.loader.exec_module(bench)
