@@ -5,10 +5,9 @@ points (see `weightsmith.api`); they are imported on first use, so that the comm
 without loading the quantize kernels.
 """
 
-from __future__ import annotations
-
 #: `typing.TYPE_CHECKING` without importing typing: `python -m weightsmith` runs this file before the
-#: command line can answer Ctrl-C with one line (`__main__`), so it imports nothing at all.
+#: command line can answer Ctrl-C with one line (`__main__`), so it imports nothing at all (not even
+#: `__future__`, hence the quoted annotation below).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -17,7 +16,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "plan_quantize", "quantize"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     if name in ("quantize", "plan_quantize"):
         from weightsmith import api
 

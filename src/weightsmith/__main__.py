@@ -5,19 +5,26 @@ interrupt handling; an interrupt during those imports would otherwise print a tr
 imports nothing heavy itself, so the whole start-up sits inside the handler. Python 3.11 wraps an
 exception raised in a `__set_name__` (e.g. functools.cached_property's, while a class body of typer or
 rich is being built) in a RuntimeError, so an interrupt landing there arrives as that RuntimeError
-caused by KeyboardInterrupt; it is answered the same way.
+caused by KeyboardInterrupt; it is answered the same way. An interrupt that a compiled library
+swallowed (see `_redelivering`) is raised again.
 """
 
-from __future__ import annotations
-
 import gc
-import signal
 import sys
-from typing import NoReturn
+
+#: `typing.TYPE_CHECKING` without importing typing (as in `weightsmith/__init__`): what this module
+#: imports runs before `main` can answer Ctrl-C, so it is only what the interpreter already holds
+#: (not `__future__` either, hence the quoted annotation below).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from sys import UnraisableHookArgs
+    from typing import NoReturn
 
 
 def main() -> None:
     try:
+        sys.unraisablehook = _redelivering(sys.unraisablehook)
         try:
             from weightsmith.cli import main as run
 
@@ -32,7 +39,7 @@ def main() -> None:
         interrupted()
 
 
-def interrupted() -> NoReturn:
+def interrupted() -> "NoReturn":
     sys.stderr.write("interrupted\n")
     raise SystemExit(130) from None
 
@@ -49,11 +56,33 @@ def _caused_by_interrupt(error: BaseException) -> bool:
     return False
 
 
+def _redelivering(hook: "Callable[[UnraisableHookArgs], object]") -> "Callable[[UnraisableHookArgs], None]":
+    """An unraisable-exception hook that delivers a swallowed Ctrl-C again instead of printing it.
+
+    Code called back from a compiled extension cannot raise into it: an interrupt landing there
+    (pydantic-core building typer's parameter validators at start-up, say) is written out as
+    "Exception ignored in: ..." with its traceback, and the command went on to finish with exit 0.
+    Raised again in the main thread once this hook has returned (from inside the hook, it would be
+    swallowed once more), it reaches `main` like any other; so another thread asks for it."""
+
+    def answer(unraisable: "UnraisableHookArgs") -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            import _thread  # built in, already loaded by the interpreter
+
+            _thread.start_new_thread(_thread.interrupt_main, ())
+        else:
+            hook(unraisable)
+
+    return answer
+
+
 def ending() -> None:
     """Called as the process ends: ignores Ctrl-C from here on (the command's work is over, and an
     interrupt during interpreter shutdown would print a traceback no handler can catch), and freezes
     the gc, so that shutdown does not walk every object numba loaded (0.1-0.2 s of a 1.5 s quantize;
     the OS frees the memory either way). Not in `cli.main`, which tests call in-process."""
+    import signal  # here, inside main's handler: imported at the top, it would run before it
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.freeze()
 

@@ -225,3 +225,51 @@ def test_the_ending_ignores_ctrl_c_from_then_on() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "still here\n", "")
+
+
+def test_an_interrupt_a_library_swallowed_is_delivered_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An interrupt raised where it cannot propagate (pydantic-core's callbacks at start-up; here a
+    `__del__`) is written as unraisable: it is raised again instead of printed, and ends the command."""
+    import types
+
+    from weightsmith import __main__ as entry
+
+    class Swallowed:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt
+
+    finished: list[bool] = []
+
+    def start_up() -> None:
+        Swallowed()  # dropped at once: its __del__'s interrupt goes to sys.unraisablehook
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the command going on, as it did after pydantic-core's
+            pass
+        finished.append(True)
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # main replaces it; put back after
+    monkeypatch.setattr(entry, "ending", lambda: None)
+    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=start_up))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            entry.main()
+    except KeyboardInterrupt:  # escaping, it would stop the whole test run
+        pytest.fail("the interrupt escaped main()")
+    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert not finished, "the command went on to finish after the interrupt"
+
+
+def test_the_entry_point_imports_only_what_runs_no_python_code() -> None:
+    """What `weightsmith/__init__` and `__main__` import runs before `main` can answer Ctrl-C: nothing
+    but built-in modules (a `signal` or `typing` import there took 4-8 ms, an interrupt landing in it
+    printed a traceback through our file)."""
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import weightsmith.__main__\n"
+        "print(*sorted(set(sys.modules) - before - set(sys.builtin_module_names)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["weightsmith", "weightsmith.__main__"]
