@@ -34,7 +34,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from common import measured
+from common import Measured, measured
 from stream_memory import token_ids, weightsmith
 from weightsmith.recipe import LLM_COMPRESSOR_DAMPENING
 
@@ -61,18 +61,12 @@ oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(se
 """
 
 
-def timed(cmd: list[str]) -> tuple[tuple[float, float, float], str]:
-    """(wall seconds, CPU seconds, peak RSS in GiB) of one child process, and its standard output.
-
-    CPU seconds are the fairer ratio on a shared machine: wall time depends on the other load.
-    """
-    run = measured(cmd)
-    return (run.wall, run.cpu, run.rss_mib / 1024), run.stdout
-
-
-def row(label: str, wall: float, cpu: float, rss: float) -> None:
+def row(label: str, run: Measured) -> None:
+    """One run's wall and CPU seconds (the fairer ratio on a shared machine: wall time depends on the
+    other load), its peak RSS and the load averages."""
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"{label:<48} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:5.2f} GiB  (load {load})", flush=True)
+    print(f"{label:<48} wall {run.wall:7.1f} s  cpu {run.cpu:7.1f} s  peak RSS {run.rss_mib / 1024:5.2f} GiB  "
+          f"(load {load})", flush=True)  # fmt: skip
 
 
 def held_out_text() -> str:
@@ -132,7 +126,7 @@ def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, f
     gptq = [*calibration, "--scale-search", "none", "--dampening", DAMPENING]  # oneshot's grid and dampening
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
-    row("weightsmith quantize (RTN)", *timed(rtn)[0])
+    row("weightsmith quantize (RTN)", measured(rtn))
     arms = {"ours": weightsmith("quantize", args.model, base / "gptq", *common, *gptq, "--json")}
     outputs = {"RTN": base / "rtn", "weightsmith GPTQ": base / "gptq"}
     if not args.skip_defaults:
@@ -150,31 +144,32 @@ def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, f
         "defaults": "weightsmith quantize --method gptq, its defaults",
         "oneshot": "llm-compressor oneshot GPTQModifier (CPU)",
     }
-    runs: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
+    runs: dict[str, list[Measured]] = {arm: [] for arm in arms}
     for r in range(args.repeat):  # back to back, the order reversed every other round
         for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
-            figures, stdout = timed(arms[arm])
-            runs[arm].append(figures)
-            row(labels[arm], *figures)
+            run = measured(arms[arm])
+            runs[arm].append(run)
+            row(labels[arm], run)
             if arm == "ours":
-                split = json.loads(stdout)["engine_split"]
+                split = json.loads(run.stdout)["engine_split"]
                 print("  its phases (wall s): " + ", ".join(f"{phase} {t:.2f}" for phase, t in split.items()),
                       flush=True)  # fmt: skip
     walls = None
     if "oneshot" in runs:
         ours, theirs = runs["ours"], runs["oneshot"]
-        walls = statistics.median(o[0] for o in ours), statistics.median(t[0] for t in theirs)
+        walls = statistics.median(o.wall for o in ours), statistics.median(t.wall for t in theirs)
         print(f"oneshot / ours, median of {args.repeat} rounds: "
               f"wall {walls[1] / walls[0]:.2f}x, "
-              f"cpu {statistics.median(t[1] for t in theirs) / statistics.median(o[1] for o in ours):.2f}x "
-              f"(rounds: {', '.join(f'{t[0] / o[0]:.2f}' for o, t in zip(ours, theirs, strict=True))}); "
-              f"peak RSS ours {max(o[2] for o in ours):.2f} GiB, oneshot {max(t[2] for t in theirs):.2f} GiB",
+              f"cpu {statistics.median(t.cpu for t in theirs) / statistics.median(o.cpu for o in ours):.2f}x "
+              f"(rounds: {', '.join(f'{t.wall / o.wall:.2f}' for o, t in zip(ours, theirs, strict=True))}); "
+              f"peak RSS ours {max(o.rss_mib for o in ours) / 1024:.2f} GiB, "
+              f"oneshot {max(t.rss_mib for t in theirs) / 1024:.2f} GiB",
               flush=True)  # fmt: skip
         if "defaults" in runs:
             mine = runs["defaults"]
             print(f"oneshot / ours on its defaults: wall "
-                  f"{walls[1] / statistics.median(d[0] for d in mine):.2f}x "
-                  f"(rounds: {', '.join(f'{t[0] / d[0]:.2f}' for d, t in zip(mine, theirs, strict=True))})",
+                  f"{walls[1] / statistics.median(d.wall for d in mine):.2f}x "
+                  f"(rounds: {', '.join(f'{t.wall / d.wall:.2f}' for d, t in zip(mine, theirs, strict=True))})",
                   flush=True)  # fmt: skip
     print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}, "
           f"actorder {args.actorder}:")

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
@@ -158,14 +160,33 @@ def test_transplant_puts_back_a_target_a_killed_in_place_run_had_renamed_aside(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["donor", "target"]
 
 
+def _main_exit_code(
+    monkeypatch: pytest.MonkeyPatch, command: Callable[[], None], ending: Callable[[], None] = lambda: None
+) -> int | str | None:
+    """`weightsmith.__main__.main` in this process, `command` standing for the command line: its exit code.
+
+    `ending` stands for the real one (which would ignore Ctrl-C in the test process from then on), and
+    the unraisable-exception hook `main` installs is put back after. An interrupt escaping `main`
+    fails the test (escaping, it would also stop the whole test run); other exceptions propagate.
+    """
+    from weightsmith import __main__ as entry
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    monkeypatch.setattr(entry, "ending", ending)
+    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=command))
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            entry.main()
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped main() and would print a traceback")
+    return stopped.value.code
+
+
 def test_an_interrupt_wrapped_by_a_class_body_is_still_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Python 3.11 wraps what a `__set_name__` raises (cached_property's, mid-import of typer) in a
     RuntimeError; Ctrl-C landing there is answered as any other interrupt, other RuntimeErrors are not."""
-    import types
-
-    from weightsmith import __main__ as entry
 
     class Interrupting:
         def __set_name__(self, owner: type, name: str) -> None:
@@ -174,18 +195,13 @@ def test_an_interrupt_wrapped_by_a_class_body_is_still_one_line(
     def start_up() -> None:
         type("Built", (), {"field": Interrupting()})
 
-    monkeypatch.setattr(entry, "ending", lambda: None)  # the real one ignores Ctrl-C in this process
-    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=start_up))
-    with pytest.raises(SystemExit) as stopped:
-        entry.main()
-    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert _main_exit_code(monkeypatch, start_up) == 130 and capsys.readouterr().err == "interrupted\n"
 
     def failing() -> None:
         raise RuntimeError("not an interrupt")
 
-    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=failing))
     with pytest.raises(RuntimeError, match="not an interrupt"):
-        entry.main()
+        _main_exit_code(monkeypatch, failing)
 
 
 def test_an_interrupt_as_the_command_ends_is_one_line(
@@ -193,9 +209,6 @@ def test_an_interrupt_as_the_command_ends_is_one_line(
 ) -> None:
     """Ctrl-C landing after the command finished, while the process ends (a CI run caught one there
     with a traceback through typer's exit): answered as any other interrupt."""
-    import types
-
-    from weightsmith import __main__ as entry
 
     def finished() -> None:
         raise SystemExit(0)  # what typer raises when a command returns
@@ -203,14 +216,8 @@ def test_an_interrupt_as_the_command_ends_is_one_line(
     def interrupted_while_ending() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=finished))
-    monkeypatch.setattr(entry, "ending", interrupted_while_ending)
-    with pytest.raises(SystemExit) as stopped:
-        try:
-            entry.main()
-        except KeyboardInterrupt:  # escaping, it would stop the whole test run
-            pytest.fail("the interrupt escaped main() and would print a traceback")
-    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    code = _main_exit_code(monkeypatch, finished, ending=interrupted_while_ending)
+    assert code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
 def test_the_ending_ignores_ctrl_c_from_then_on() -> None:
@@ -232,9 +239,6 @@ def test_an_interrupt_a_library_swallowed_is_delivered_again(
 ) -> None:
     """An interrupt raised where it cannot propagate (pydantic-core's callbacks at start-up; here a
     `__del__`) is written as unraisable: it is raised again instead of printed, and ends the command."""
-    import types
-
-    from weightsmith import __main__ as entry
 
     class Swallowed:
         def __del__(self) -> None:
@@ -249,15 +253,7 @@ def test_an_interrupt_a_library_swallowed_is_delivered_again(
             pass
         finished.append(True)
 
-    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # main replaces it; put back after
-    monkeypatch.setattr(entry, "ending", lambda: None)
-    monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=start_up))
-    try:
-        with pytest.raises(SystemExit) as stopped:
-            entry.main()
-    except KeyboardInterrupt:  # escaping, it would stop the whole test run
-        pytest.fail("the interrupt escaped main()")
-    assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert _main_exit_code(monkeypatch, start_up) == 130 and capsys.readouterr().err == "interrupted\n"
     assert not finished, "the command went on to finish after the interrupt"
 
 
