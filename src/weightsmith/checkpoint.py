@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from weightsmith.errors import CheckpointError, HeaderError
-from weightsmith.files import NotRegularFile, exists, kind, name_problem, outside, read_regular
+from weightsmith.files import (
+    MAX_JSON_BYTES,
+    NotRegularFile,
+    TooLarge,
+    exists,
+    kind,
+    name_problem,
+    outside,
+    read_regular,
+)
 from weightsmith.lfs import parse_pointer, pointer_message
 from weightsmith.safetensors.header import MAX_TENSORS, Header, TensorInfo, read_header
 from weightsmith.terminal import short_repr
@@ -46,17 +55,21 @@ class TensorRef:
 def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False) -> dict[str, Any]:
     """A JSON object file, with every way it can be wrong reported as one line.
 
+    Only a regular file of at most `MAX_JSON_BYTES` is read: its size is a stranger's to choose.
+
     `what` names a file every checkpoint needs (config.json, the index), for the missing-file line.
     `unique_keys` refuses a key given twice in one object: in an index that is one tensor listed
     under two shards, which JSON readers settle silently by keeping the last.
     """
     try:
-        data = read_regular(path)
+        data = read_regular(path, MAX_JSON_BYTES)
     except FileNotFoundError:
         why = f"does not exist (every checkpoint needs its {what})" if what else "does not exist"
         raise CheckpointError(why, file=path, code="file.missing") from None
     except NotRegularFile as exc:
         raise CheckpointError(exc.strerror or str(exc), file=path, code="file.not-regular") from None
+    except TooLarge as exc:
+        raise CheckpointError(f"{exc.strerror}, the cap on a JSON file", file=path, code="file.too-large") from None
     except OSError as exc:
         raise CheckpointError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
     pointer = parse_pointer(data)

@@ -26,6 +26,11 @@ from weightsmith.errors import OutputError, WeightsmithError
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+#: The most bytes a JSON file we read whole may hold (config.json, the index, hf_quant_config.json,
+#: weightsmith.json, a bench results file): the reference reader's cap on one shard header, which
+#: an index of 500,000 tensors (`MAX_TENSORS`) stays well below.
+MAX_JSON_BYTES = 100_000_000
+
 #: Linux's NAME_MAX, and a bound on a whole relative name that leaves room for its folder in PATH_MAX.
 MAX_PART_BYTES = 255
 MAX_NAME_BYTES = 1024
@@ -124,10 +129,25 @@ def open_regular(path: Path) -> int:
     return fd
 
 
-def read_regular(path: Path) -> bytes:
-    """The bytes of the regular file at `path` (see `open_regular`)."""
+class TooLarge(OSError):
+    """A regular file larger than its reader's cap."""
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file at `path` (see `open_regular`), refused past `limit` bytes.
+
+    Every file we read whole is a stranger's, and its size is theirs to choose: a 3 GiB config.json
+    read whole costs gigabytes of memory before its first byte is parsed. So the size is checked
+    before anything is read (`TooLarge`), and no more than `limit + 1` bytes are ever read, so a
+    file that grows meanwhile costs no more.
+    """
     with os.fdopen(open_regular(path), "rb") as f:
-        return f.read()
+        if os.fstat(f.fileno()).st_size > limit:
+            raise TooLarge(errno.EFBIG, f"is larger than {limit:,} bytes", str(path))
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(errno.EFBIG, f"is larger than {limit:,} bytes", str(path))
+    return data
 
 
 def read_text_file(path: Path, limit: int, what: str, *, code: str | None = None) -> str:
@@ -139,12 +159,11 @@ def read_text_file(path: Path, limit: int, what: str, *, code: str | None = None
     `code` is the errors' code (`WeightsmithError.code`).
     """
     try:
-        with os.fdopen(open_regular(path), "rb") as f:
-            data = f.read(limit + 1)
+        data = read_regular(path, limit)
+    except TooLarge:
+        raise WeightsmithError(f"{what} is larger than {limit} bytes", file=path, code=code) from None
     except OSError as exc:
         raise WeightsmithError(f"cannot read {what}: {exc.strerror}", file=path, code=code) from None
-    if len(data) > limit:
-        raise WeightsmithError(f"{what} is larger than {limit} bytes", file=path, code=code)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -60,6 +60,7 @@ ACTIONS = {
     "json.invalid": "fix the JSON or download the file again",
     "file.unreadable": "check its permissions, or download it again",
     "file.not-regular": "put the real file in its place",
+    "file.too-large": "the file is not what its name says; download it again",
     "index.invalid": "rebuild the index",
     "index.duplicate-entry": "list each tensor once, under the shard that holds it",
 }

@@ -13,6 +13,7 @@ from pathlib import Path
 from weightsmith.bench.report import RESULTS_FILE
 from weightsmith.bench.results import SCHEMA
 from weightsmith.errors import OutputError
+from weightsmith.files import MAX_JSON_BYTES, read_regular
 
 #: Written into every output folder before anything else.
 MARKER = ".weightsmith-bench"
@@ -21,7 +22,7 @@ MARKER = ".weightsmith-bench"
 def _has_bench_results(out: Path) -> bool:
     """A results.json of bench's schema (runs before the mark existed left only that)."""
     try:
-        data = json.loads((out / RESULTS_FILE).read_text(encoding="utf-8"))
+        data = json.loads(read_regular(out / RESULTS_FILE, MAX_JSON_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("schema") == SCHEMA

@@ -18,7 +18,7 @@ from typing import Any
 from weightsmith.bench.client import RequestTiming, TokenLogprob
 from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
-from weightsmith.files import read_regular, replace_file
+from weightsmith.files import MAX_JSON_BYTES, TooLarge, read_regular, replace_file
 from weightsmith.jsonable import jsonable
 from weightsmith.severity import ERROR, WARNING, Severity
 
@@ -366,7 +366,9 @@ def load_results(path: str | Path) -> BenchResults:
     """Read a results JSON file written by `write_results`; anything else is one line naming the field."""
     p = Path(path)
     try:
-        data = json.loads(read_regular(p).decode("utf-8"), parse_constant=_no_constant)
+        data = json.loads(read_regular(p, MAX_JSON_BYTES).decode("utf-8"), parse_constant=_no_constant)
+    except TooLarge as exc:
+        raise WeightsmithError(f"results file {exc.strerror}", file=p) from None
     except OSError as exc:
         raise WeightsmithError(f"cannot read results: {exc.strerror}", file=p) from None
     except UnicodeDecodeError as exc:

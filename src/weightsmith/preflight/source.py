@@ -3,6 +3,12 @@
 Importing vLLM needs its GPU stack; reading its `.py` files does not. A wheel is a zip file whose
 members are the package's files, so both forms answer the same question: the text of
 `vllm/<path>`, or None when this installation has no such file.
+
+The wheel or folder is named by the user but made by anyone, so it is read like a checkpoint: a
+member or file is refused past `MAX_SOURCE_BYTES` (a wheel's member by its declared size, then by
+what it actually inflates to), a FIFO or device is never opened, a damaged, encrypted or oddly
+compressed member is one line naming the wheel and the member, and so is a file nested too deeply
+for Python's parser.
 """
 
 from __future__ import annotations
@@ -11,12 +17,22 @@ import ast
 import importlib.util
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import NotRegularFile, TooLarge, read_regular
 
 _VERSION = re.compile(r"^Version:\s*(\S+)", re.MULTILINE)
+#: The most bytes one source file (or wheel member) may hold: vLLM's largest (a vendored pynvml.py)
+#: is under 250 KB, and `ast` holds a parsed file in about a hundred times its size.
+MAX_SOURCE_BYTES = 2 << 20
+#: What `zipfile` raises for a member it cannot give back: a bad CRC or a damaged stream
+#: (BadZipFile, zlib.error, EOFError), an unknown compression method (NotImplementedError), an
+#: encrypted member (RuntimeError), sizes past what it can handle (OverflowError, ValueError).
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OverflowError,
+                  ValueError, OSError)  # fmt: skip
 
 
 class VllmSourceError(WeightsmithError):
@@ -47,7 +63,7 @@ class VllmSource:
         if path.is_file():
             try:
                 archive = zipfile.ZipFile(path)
-            except (zipfile.BadZipFile, OSError) as exc:
+            except _MEMBER_ERRORS as exc:
                 raise VllmSourceError(f"is not a wheel (a zip file): {exc}", file=path, code="vllm.unreadable") from exc
             if "vllm/__init__.py" not in archive.namelist():
                 raise VllmSourceError("is not a vllm wheel: it has no vllm/__init__.py", file=path, code="vllm.missing")
@@ -78,18 +94,47 @@ class VllmSource:
                 self._trees[rel] = None if text is None else (ast.parse(text), text.splitlines())
             except SyntaxError:
                 self._trees[rel] = None
+            except (RecursionError, MemoryError):  # the parser's own stack, not memory: the text is capped
+                raise self._error(rel, "is nested too deeply for Python's parser") from None
         return self._trees[rel]
 
     def _read(self, rel: str) -> str | None:
         parts = rel.split("/")
         if parts[0] != "vllm" or ".." in parts or "" in parts:
             return None  # a name taken from vLLM's own tables never leads out of the package
+        data = self._bytes(rel)
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    def _bytes(self, rel: str) -> bytes | None:
+        """The bytes of the member or file `rel`, None when there is none, or one line saying why not."""
+        if self._zip is None:
+            try:
+                return read_regular(self.where / rel, MAX_SOURCE_BYTES)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except (TooLarge, NotRegularFile) as exc:  # a FIFO or device is refused before it is opened
+                raise self._error(rel, exc.strerror or "is not a regular file") from None
+            except OSError as exc:
+                raise self._error(rel, f"cannot be read ({exc.strerror})") from None
         try:
-            if self._zip is not None:
-                return self._zip.read(rel).decode("utf-8", errors="replace")
-            return (self.where / rel).read_text(encoding="utf-8", errors="replace")
-        except (KeyError, OSError):
+            info = self._zip.getinfo(rel)
+        except KeyError:
             return None
+        if info.file_size > MAX_SOURCE_BYTES:
+            raise self._error(rel, f"declares {info.file_size:,} bytes inflated (limit {MAX_SOURCE_BYTES:,})")
+        try:
+            with self._zip.open(info) as member:
+                data = member.read(MAX_SOURCE_BYTES + 1)
+        except _MEMBER_ERRORS as exc:
+            raise self._error(rel, f"cannot be read ({exc})") from None
+        if len(data) > MAX_SOURCE_BYTES:
+            raise self._error(rel, f"inflates past {MAX_SOURCE_BYTES:,} bytes")
+        return data
+
+    def _error(self, rel: str, why: str) -> VllmSourceError:
+        """One line naming the wheel (or folder) and the member."""
+        where = f"member {rel}" if self._zip is not None else rel
+        return VllmSourceError(f"{where} {why}", file=self.where, code="vllm.unreadable")
 
     def files(self, folder: str) -> list[str]:
         """The `.py` files under `folder` (a path starting `vllm/`), sorted."""
@@ -108,9 +153,9 @@ class VllmSource:
 def _version(src: VllmSource) -> str:
     if src._zip is not None:
         metas = [n for n in src._zip.namelist() if n.endswith(".dist-info/METADATA") and n.startswith("vllm-")]
-        texts = [src._zip.read(m).decode("utf-8", errors="replace") for m in metas]
     else:
-        texts = [p.read_text(errors="replace") for p in src.where.glob("vllm-*.dist-info/METADATA")]
+        metas = [str(p.relative_to(src.where)) for p in src.where.glob("vllm-*.dist-info/METADATA")]
+    texts = [(src._bytes(m) or b"").decode("utf-8", errors="replace") for m in metas]
     for text in texts:
         match = _VERSION.search(text)
         if match:

@@ -1,0 +1,186 @@
+"""Readers with caps: every input is bounded in size, depth, time and digits before it is used.
+
+- `preflight --vllm` reads a stranger's wheel or folder: a member that inflates past the cap, a
+  damaged, encrypted or oddly compressed member, a FIFO among the files and a source nested too
+  deeply for Python's parser are each one line naming the wheel (or folder) and the member;
+- a JSON file of a checkpoint (config.json, the index, ...) or a bench results file is refused by
+  its size before it is read;
+- the time a run spends matching supplied patterns is bounded in all, not only per name;
+- a 5,000-digit integer in a header or a recipe, and rich markup (`[/]`) in a name or a path, are
+  one line, not a traceback.
+
+Cases that could hang or blow up memory run in a subprocess under a time limit and a 3 GiB
+address-space limit.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from audit.doctor_builders import tiny_moe, write
+from hostile.harness import Result, Sandbox, run_inprocess
+from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.preflight.source import MAX_SOURCE_BYTES
+
+METADATA = "vllm-0.1.dist-info/METADATA"
+REGISTRY = "vllm/model_executor/models/registry.py"
+SMALL = {**DEMO_CONFIG, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 32}  # fmt: skip
+
+_LIMITED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+sys.argv = ["weightsmith", *sys.argv[1:]]
+from weightsmith.cli import main
+main()
+"""
+
+
+def limited(*args: object, timeout: float = 120) -> Result:
+    """`weightsmith ARGS` in a child under a 3 GiB address-space limit and a time limit."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIMITED, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def target(sandbox: Sandbox) -> Path:
+    return write(tiny_moe(layers=2, experts=2), sandbox.root / "target")
+
+
+# --- preflight's wheel and folder ------------------------------------------------------------------
+
+
+def wheel(path: Path, members: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> Path:
+    """A wheel holding `vllm/__init__.py` and MEMBERS."""
+    with zipfile.ZipFile(path, "w", compression) as z:
+        for name, data in {"vllm/__init__.py": b"", **members}.items():
+            z.writestr(name, data)
+    return path
+
+
+def patch_member(path: Path, name: str, *, flags: int = 0, method: int | None = None, size: int | None = None) -> None:
+    """Rewrite fields of member NAME in both its local and its central header, as a hostile writer would.
+
+    `flags` is or-ed into the general-purpose bits, `method` replaces the compression method, `size`
+    the declared inflated size.
+    """
+    data = bytearray(path.read_bytes())
+    encoded = name.encode()
+    # (signature, offset of the name, of the flags, of the method, of the inflated size)
+    for sig, name_at, flags_at, method_at, size_at in ((b"PK\x03\x04", 30, 6, 8, 22), (b"PK\x01\x02", 46, 8, 10, 24)):
+        at = data.find(sig)
+        while at >= 0:
+            if data[at + name_at : at + name_at + len(encoded)] == encoded:
+                old_flags = struct.unpack_from("<H", data, at + flags_at)[0]
+                struct.pack_into("<H", data, at + flags_at, old_flags | flags)
+                if method is not None:
+                    struct.pack_into("<H", data, at + method_at, method)
+                if size is not None:
+                    struct.pack_into("<I", data, at + size_at, size)
+            at = data.find(sig, at + 1)
+    path.write_bytes(bytes(data))
+
+
+def test_a_member_that_inflates_past_the_cap_is_refused_before_it_is_read(sandbox: Sandbox, target: Path) -> None:
+    """64 MiB of zeros deflate to 64 KB: refused by the size it declares, under a 3 GiB address space."""
+    bomb = wheel(sandbox.root / "vllm.whl", {METADATA: bytes(64 << 20)}, zipfile.ZIP_DEFLATED)
+    assert bomb.stat().st_size < 1 << 20
+    sandbox.freeze()
+    r = limited("preflight", target, "--vllm", bomb)
+    line = r.error_line
+    assert r.code == 2 and "vllm.whl" in line and f"member {METADATA} declares 67,108,864 bytes inflated" in line
+    sandbox.assert_untouched()
+
+
+def test_a_member_declaring_3_gib_is_refused_before_it_is_inflated(sandbox: Sandbox, target: Path) -> None:
+    bomb = wheel(sandbox.root / "vllm.whl", {METADATA: b"Version: 1\n" * 1000}, zipfile.ZIP_DEFLATED)
+    patch_member(bomb, METADATA, size=3 << 30)
+    sandbox.freeze()
+    r = limited("preflight", target, "--vllm", bomb)
+    assert r.code == 2 and f"member {METADATA} declares 3,221,225,472 bytes inflated" in r.error_line
+    sandbox.assert_untouched()
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        ("crc", "Bad CRC-32"),
+        ("method", "compression method is not supported"),
+        ("encrypted", "encrypted"),
+    ],
+)
+def test_a_damaged_member_is_one_line_naming_the_wheel_and_member(
+    sandbox: Sandbox, target: Path, capsys, monkeypatch, damage: str, says: str
+) -> None:
+    path = wheel(sandbox.root / "vllm.whl", {METADATA: b"Version: 0.1\n"})
+    if damage == "crc":
+        path.write_bytes(path.read_bytes().replace(b"Version: 0.1", b"Version: 9.9"))
+    else:
+        patch_member(path, METADATA, flags=1 if damage == "encrypted" else 0, method=99 if damage == "method" else None)
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "preflight", target, "--vllm", path)
+    line = r.error_line
+    assert r.code == 2 and f"vllm.whl: member {METADATA} cannot be read" in line and says in line, line
+    sandbox.assert_untouched()
+
+
+def site_packages(root: Path, files: dict[str, str]) -> Path:
+    """A site-packages folder with a `vllm` package holding only FILES."""
+    for rel, text in {"vllm/__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_a_fifo_or_huge_file_in_the_folder_is_refused_without_reading_it(
+    sandbox: Sandbox, target: Path, kind: str
+) -> None:
+    folder = site_packages(sandbox.root / "sp", {})
+    meta = folder / METADATA
+    meta.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(meta)
+    else:
+        with open(meta, "wb") as f:  # sparse: 3 GiB declared, no disk used
+            f.truncate(3 << 30)
+    sandbox.freeze()
+    r = limited("preflight", target, "--vllm", folder, timeout=60)
+    line = r.error_line
+    why = f"is larger than {MAX_SOURCE_BYTES:,} bytes" if kind == "huge" else "is a FIFO (named pipe), not a regular"
+    assert r.code == 2 and f"sp: {METADATA} {why}" in line, line
+    sandbox.assert_untouched()
+
+
+@pytest.mark.parametrize("source", ["x = y" + ".a" * 200_000, "x = " + "-" * 200_000 + "1"])
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_source_nested_too_deeply_for_the_parser_is_one_line(
+    sandbox: Sandbox, target: Path, capsys, monkeypatch, source: str, packed: bool
+) -> None:
+    """Python's parser gives up on 200,000 nested operators with a RecursionError or a MemoryError."""
+    assert len(source) < MAX_SOURCE_BYTES
+    draft = write_demo_checkpoint(sandbox.root / "draft", config=SMALL)
+    if packed:
+        vllm = wheel(sandbox.root / "vllm.whl", {REGISTRY: source.encode()})
+    else:
+        vllm = site_packages(sandbox.root / "sp", {REGISTRY: source})
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "preflight", target, "--draft", draft, "--vllm", vllm)
+    line = r.error_line
+    member = f"member {REGISTRY}" if packed else REGISTRY
+    assert r.code == 2 and f"{vllm}: {member} is nested too deeply for Python's parser" in line, line
+    sandbox.assert_untouched()
