@@ -36,6 +36,7 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_text_file
 from weightsmith.schemes import REGISTRY, Scheme, make_scheme
 from weightsmith.targets import LINEAR, Targets
+from weightsmith.terminal import short_repr
 
 CATEGORY = "category:"
 #: Categories a rule may target: those that hold Linear-like weights.
@@ -119,6 +120,10 @@ def load_recipe(path: Path, *, gptq: bool = False) -> Recipe:
         doc = tomllib.loads(raw)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
         raise WeightsmithError(f"is not valid TOML ({exc})", file=path, code="recipe.invalid") from None
+    except ValueError:  # the only other thing tomllib raises: an integer longer than Python will convert
+        raise WeightsmithError(
+            "is not valid TOML (an integer of more than 4300 digits)", file=path, code="recipe.invalid"
+        ) from None
     _known(doc, _TOP_KEYS, "top level", path)
     ignore = _strings(doc.get("ignore", []), "ignore", path)
     Targets(ignore, "ignore", path)  # a bad regex is refused here, naming the file
@@ -171,7 +176,7 @@ def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
     group_size = doc.get("group_size")
     if group_size is not None and (type(group_size) is not int or not 0 < group_size <= 1 << 20):
         raise WeightsmithError(
-            f"{where}: group_size must be an integer from 1 to {1 << 20:,}, got {group_size!r}",
+            f"{where}: group_size must be an integer from 1 to {1 << 20:,}, got {short_repr(group_size)}",
             file=path,
             code="recipe.invalid",
         )

@@ -23,6 +23,14 @@ def printable(text: str) -> str:
 
 def short_repr(value: object, limit: int = 40) -> str:
     """`value` as Python writes it (escaped, so one line), cut to `limit` characters: a value from a
-    stranger's file may be of any length, and a message quoting it must stay one readable line."""
-    text = repr(value)
+    stranger's file may be of any length, and a message quoting it must stay one readable line.
+
+    An integer past Python's 4,300-digit conversion limit (TOML's `0xfff...` is read without one)
+    cannot be written at all: it is described instead, so that the message quoting it is still made."""
+    try:
+        text = repr(value)
+    except ValueError:
+        if isinstance(value, int):
+            return f"an integer of {value.bit_length():,} bits"
+        return f"a {type(value).__name__} holding an integer too large to write"
     return text if len(text) <= limit else text[: limit - 3] + "..."

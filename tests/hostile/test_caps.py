@@ -15,6 +15,7 @@ address-space limit.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
@@ -24,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from audit.doctor_builders import tiny_moe, write
-from hostile.harness import Result, Sandbox, run_inprocess
+from audit.doctor_builders import raw_shard, tiny_moe, write
+from hostile.harness import TINY_LLAMA, Result, Sandbox, run_inprocess
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.files import MAX_JSON_BYTES
 from weightsmith.preflight.source import MAX_SOURCE_BYTES
 
 METADATA = "vllm-0.1.dist-info/METADATA"
@@ -183,4 +185,79 @@ def test_a_source_nested_too_deeply_for_the_parser_is_one_line(
     line = r.error_line
     member = f"member {REGISTRY}" if packed else REGISTRY
     assert r.code == 2 and f"{vllm}: {member} is nested too deeply for Python's parser" in line, line
+    sandbox.assert_untouched()
+
+
+# --- JSON files, by size ---------------------------------------------------------------------------
+
+
+def sparse(path: Path, size: int) -> None:
+    """A file of `size` bytes that uses no disk: refused by its size, it is never read."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_a_3_gib_json_file_is_refused_by_its_size(sandbox: Sandbox, name: str) -> None:
+    """Read whole, a 3 GiB config.json took 6.3 GB; refused before its first byte, under 3 GiB of address space."""
+    src = write(tiny_moe(layers=2, experts=2), sandbox.root / "src")
+    sparse(src / name, 3 << 30)
+    sandbox.freeze()
+    says = f"{name}: is larger than {MAX_JSON_BYTES:,} bytes, the cap on a JSON file"
+    r = limited("quantize", src, sandbox.root / "out")
+    assert r.code == 2 and says in r.error_line, r.err
+    i = limited("inspect", src)  # reads what it can, and says what it could not
+    assert i.code == 0 and "Traceback" not in i.err and says.split(": ", 1)[1] in i.out, i.err
+    v = limited("verify", src, "--json")
+    assert v.code == 1 and "Traceback" not in v.err, v.err
+    assert any(f["check"] == "file.too-large" and f["file"] == name for f in json.loads(v.out)["findings"])
+    sandbox.assert_untouched()
+
+
+def test_a_results_file_past_the_cap_is_refused_by_its_size(sandbox: Sandbox) -> None:
+    results = sandbox.root / "results.json"
+    sparse(results, MAX_JSON_BYTES + 1)
+    sandbox.freeze()
+    r = limited("bench", "report", results, "--out", sandbox.root / "out")
+    assert r.code == 2 and f"results.json: results file is larger than {MAX_JSON_BYTES:,} bytes" in r.error_line
+    sandbox.assert_untouched("out")
+    assert not (sandbox.root / "out").exists()
+
+
+# --- numbers past Python's 4,300-digit conversion limit --------------------------------------------
+
+
+def test_a_5000_digit_integer_in_a_header_shape_is_one_line(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    src = sandbox.root / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(TINY_LLAMA))
+    raw_shard(src / "model.safetensors", '{"w":{"dtype":"U8","shape":[' + "7" * 5000 + '],"data_offsets":[0,1]}}', b"x")
+    sandbox.freeze()
+    for command in ("inspect", "quantize"):
+        r = run_inprocess(capsys, monkeypatch, command, src, *([sandbox.root / "out"] if command == "quantize" else []))
+        line = r.error_line
+        assert r.code == 2 and "model.safetensors: header is not valid JSON (an integer of more than 4300" in line
+    v = run_inprocess(capsys, monkeypatch, "verify", src, "--json")
+    assert v.code == 1 and "Traceback" not in v.err
+    assert [f["check"] for f in json.loads(v.out)["findings"] if f["severity"] == "error"] == ["header.not-json"]
+    sandbox.assert_untouched()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("7" * 5000, "is not valid TOML (an integer of more than 4300 digits)"),
+        ("0x" + "f" * 5000, "rule 1: group_size must be an integer from 1 to 1,048,576, got an integer of 20,000 bits"),
+    ],
+)
+def test_a_huge_group_size_in_a_recipe_is_one_line(sandbox: Sandbox, capsys, monkeypatch, value, says) -> None:
+    """TOML reads a decimal integer under the conversion limit, a hexadecimal one without it (then it cannot be
+    written back in decimal: the line describes it instead)."""
+    src = write(tiny_moe(layers=2, experts=2), sandbox.root / "src")
+    recipe = sandbox.root / "recipe.toml"
+    recipe.write_text(f'[[rule]]\ntargets = ["Linear"]\nscheme = "w4a16"\ngroup_size = {value}\n')
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "quantize", src, sandbox.root / "out", "--recipe", recipe)
+    line = r.error_line
+    assert r.code == 2 and f"recipe.toml: {says}" in line, line
     sandbox.assert_untouched()
