@@ -27,6 +27,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -44,6 +45,39 @@ REGEX_ERRORS = (re.error, OverflowError, RecursionError)
 #: microseconds; one that backtracks catastrophically (`re:(a|aa)+$` against a long name) would
 #: otherwise hang the command for hours.
 MATCH_TIMEOUT_S = 1.0
+#: How long all matches of supplied patterns may run in one run, together, beyond
+#: `MATCH_ALLOWANCE_S` for each match: a pattern that takes just under the limit on each of 200
+#: names would otherwise take minutes. A real pattern matches a name in 2-20 microseconds, so a
+#: checkpoint of 500,000 tensors costs seconds and never comes near the budget.
+MATCH_BUDGET_S = 10.0
+MATCH_ALLOWANCE_S = 100e-6
+
+
+class _Clock:
+    """The matching time spent in this run beyond the allowance (one command; `reset_budget` starts the next)."""
+
+    spent = 0.0
+
+
+def reset_budget() -> None:
+    """Start a new run: no matching time spent, and no pattern judged slow yet (`entry_regex` forgets)."""
+    _Clock.spent = 0.0
+    entry_regex.cache_clear()
+
+
+def _bounded_match(compiled: regex.Pattern, name: str) -> regex.Match | None:
+    """`compiled.match(name)`, stopped with TimeoutError at the per-name limit or when the run's budget is spent.
+
+    Each match earns `MATCH_ALLOWANCE_S`, so the budget bounds what slow matches cost, however many
+    names a checkpoint holds, and never what fast ones do."""
+    left = MATCH_BUDGET_S - _Clock.spent
+    if left <= 0:
+        raise TimeoutError
+    started = time.perf_counter()
+    try:
+        return compiled.match(name, timeout=min(MATCH_TIMEOUT_S, left))
+    finally:
+        _Clock.spent += time.perf_counter() - started - MATCH_ALLOWANCE_S
 
 
 class Pattern:
@@ -56,6 +90,8 @@ class Pattern:
     def __init__(self, text: str, what: str, file: str | Path | None = None) -> None:
         """`what` names the pattern in messages: where it was given, and as the user wrote it."""
         self.text, self.what, self.file = text, what, file
+        #: Why this pattern was judged too slow, once it was: every later match is refused at once.
+        self._slow: str | None = None
         try:
             re.compile(text)
             self._compiled = regex.compile(text)
@@ -65,16 +101,27 @@ class Pattern:
             ) from None
 
     def match(self, name: str) -> bool:
-        """Whether the pattern matches at the start of `name` (`re.match`), within the time limit."""
-        try:
-            return self._compiled.match(name, timeout=MATCH_TIMEOUT_S) is not None
-        except TimeoutError:
-            raise WeightsmithError(
-                f"{self.what} took over {MATCH_TIMEOUT_S:g} s to match one name "
-                f"({len(name)} characters): it backtracks catastrophically; simplify it",
-                file=self.file,
-                code="usage",
-            ) from None
+        """Whether the pattern matches at the start of `name` (`re.match`), within the time limits.
+
+        A pattern that runs out of time once is judged bad for the rest of the run: one line (or one
+        finding), never the same wait again for each name.
+        """
+        if self._slow is None:
+            per_name = MATCH_BUDGET_S - _Clock.spent >= MATCH_TIMEOUT_S  # the limit that can stop this match
+            try:
+                return _bounded_match(self._compiled, name) is not None
+            except TimeoutError:
+                if per_name:
+                    self._slow = (
+                        f"took over {MATCH_TIMEOUT_S:g} s to match one name ({len(name)} characters): "
+                        "it backtracks catastrophically; simplify it"
+                    )
+                else:  # the combined alternation may have spent it: this one is where the run stopped
+                    self._slow = (
+                        f"was stopped: supplied patterns took {MATCH_BUDGET_S:g} s in all to match "
+                        "(one backtracks catastrophically; simplify it)"
+                    )
+        raise WeightsmithError(f"{self.what} {self._slow}", file=self.file, code="usage")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -287,7 +334,7 @@ def _first_match(patterns: list[tuple[int, Pattern]], combined: regex.Pattern | 
     """
     if combined is not None:
         try:
-            hit = combined.match(module, timeout=MATCH_TIMEOUT_S)
+            hit = _bounded_match(combined, module)
         except TimeoutError:
             pass
         else:

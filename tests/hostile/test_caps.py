@@ -20,16 +20,23 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 from audit.doctor_builders import raw_shard, tiny_moe, write
 from hostile.harness import TINY_LLAMA, Result, Sandbox, run_inprocess
+from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith import targets
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.errors import WeightsmithError
 from weightsmith.files import MAX_JSON_BYTES
 from weightsmith.preflight.source import MAX_SOURCE_BYTES
+from weightsmith.targets import Targets
 
 METADATA = "vllm-0.1.dist-info/METADATA"
 REGISTRY = "vllm/model_executor/models/registry.py"
@@ -261,3 +268,45 @@ def test_a_huge_group_size_in_a_recipe_is_one_line(sandbox: Sandbox, capsys, mon
     line = r.error_line
     assert r.code == 2 and f"recipe.toml: {says}" in line, line
     sandbox.assert_untouched()
+
+
+# --- supplied patterns: a time budget for the whole run ---------------------------------------------
+
+
+def test_a_pattern_slow_on_every_name_is_stopped_by_the_runs_budget(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    """About 0.1 s on each of 200 names, under the 1 s limit for one: the run's budget stops it, with one line."""
+    tensors = llama_tensors()
+    for i in range(200):
+        tensors[f"model.x{i}.{'a' * 24}b.weight"] = np.ones((64, 256), ml_dtypes.bfloat16)
+    config = dict(LLAMA_CONFIG)
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["re:model\\.x\\d+\\.(a|aa)+$"], "weights": weights}},
+        "ignore": [],
+    }
+    src = write_checkpoint(sandbox.root / "src", tensors, config)
+    sandbox.freeze()
+    monkeypatch.setattr(targets, "MATCH_BUDGET_S", 2.0)
+    started = time.perf_counter()
+    r = run_inprocess(capsys, monkeypatch, "verify", src)
+    took = time.perf_counter() - started
+    line = r.error_line
+    assert r.code == 2 and "config.json" in line and "(a|aa)+$" in line, line
+    assert "was stopped: supplied patterns took 2 s in all to match" in line, line
+    assert took < 15, took  # 200 names, several matches each: 40 s and more without the budget
+    sandbox.assert_untouched()
+
+
+def test_a_pattern_that_ran_out_of_time_once_is_refused_at_once_after(monkeypatch) -> None:
+    """Judged bad once, for the rest of the run: the next name costs nothing, and a new run judges afresh."""
+    slow = Targets(["re:(a|aa)+$"], "--ignore")
+    with pytest.raises(WeightsmithError, match="took over 1 s to match one name"):
+        slow.matches("a" * 60 + "b")
+    started = time.perf_counter()
+    with pytest.raises(WeightsmithError, match="took over 1 s to match one name"):
+        slow.matches("a" * 60 + "c")
+    assert time.perf_counter() - started < 0.5
+    targets.reset_budget()
+    assert Targets(["re:(a|aa)+$"], "--ignore").matches("aaaa")
