@@ -28,6 +28,7 @@ from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint
 from weightsmith.outputdir import remove_stale
+from weightsmith.terminal import markup_safe
 
 KV_CACHE = "fp8"
 SHARD = DEFAULT_SHARD
@@ -162,14 +163,14 @@ def command(
         force=force,
         out=out,
         trust_remote_code=trust_remote_code,
-        progress=None if json_out or not err.is_terminal else lambda line: err.print(line, end="\r"),
+        progress=None if json_out or not err.is_terminal else lambda line: err.print(markup_safe(line), end="\r"),
     )
     if json_out:
         print(json.dumps({"output": str(output), "calibration": entry}, indent=2))
         return
     console.print(
-        f"[bold green]wrote[/] {entry['kv_scales']} KV-cache scales into {output}/{SHARD}, measured on "
-        f"{entry['tokens']:,} tokens of {entry['text']} ({entry['activations']} activations)"
+        f"[bold green]wrote[/] {entry['kv_scales']} KV-cache scales into {markup_safe(output / SHARD)}, measured on "
+        f"{entry['tokens']:,} tokens of {markup_safe(entry['text'])} ({entry['activations']} activations)"
     )
 
 

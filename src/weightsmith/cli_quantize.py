@@ -12,7 +12,6 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from weightsmith.api import plan_quantize
@@ -32,6 +31,7 @@ from weightsmith.recipe import (
     load_recipe,
 )
 from weightsmith.schemes import REGISTRY, SCHEME_NAMES, make_scheme
+from weightsmith.terminal import markup_safe
 from weightsmith.timesplit import adding
 
 console = Console(highlight=False, soft_wrap=True)
@@ -44,39 +44,42 @@ def _mib(n: float) -> str:
 
 def plan_table(plan: Plan) -> Table:
     what = (
-        f"recipe {plan.recipe.file}, {len(plan.recipe.rules)} rules"
+        f"recipe {markup_safe(plan.recipe.file)}, {len(plan.recipe.rules)} rules"
         if plan.recipe.mixed
         else f"{plan.scheme.name}, group {plan.scheme.group_size}"
     )
-    table = Table(title=f"plan: {plan.source.root} ({what})")
+    table = Table(title=f"plan: {markup_safe(plan.source.root)} ({what})")
     for col in ("tensor", "dtype", "shape", "action", "why"):
         table.add_column(col, overflow="fold")
     for d in plan.decisions:
-        table.add_row(d.name, d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, d.reason)
+        table.add_row(
+            markup_safe(d.name), d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, markup_safe(d.reason)
+        )
     stats = plan.calibration.path if plan.calibration else None
     if plan.calibration is not None:
         prov = plan.calibration.stats.provenance
         table.caption = (
-            f"static scales from {stats}: {prov.tokens:,} tokens measured on {plan.calibration.measured_on} "
+            f"static scales from {markup_safe(stats)}: {prov.tokens:,} tokens measured on "
+            f"{markup_safe(plan.calibration.measured_on)} "
             f"({prov.activations} activations)"
         )
     for shard, specs in plan.added.items():
         for spec in specs:
-            why = f"{plan.kv_cache} KV-cache scale measured in {stats}, written to {shard}"
-            table.add_row(spec.name, spec.dtype, "x".join(map(str, spec.shape)), "add", why)
+            why = markup_safe(f"{plan.kv_cache} KV-cache scale measured in {stats}, written to {shard}")
+            table.add_row(markup_safe(spec.name), spec.dtype, "x".join(map(str, spec.shape)), "add", why)
     return table
 
 
 def _warn_unmatched(plan: Plan) -> None:
     for number, target in plan.unmatched_targets():
-        err.print(f"[yellow]warning:[/] rule {number} target {target!r} matches no Linear-like weight")
+        err.print(f"[yellow]warning:[/] rule {number} target {markup_safe(repr(target))} matches no Linear-like weight")
 
 
 def _warn_few_tokens(plan: Plan) -> None:
     cal = plan.calibration
     if cal is not None and cal.stats.provenance.tokens < MIN_TOKENS:
         err.print(
-            f"[yellow]warning:[/] {escape(str(cal.path))} was measured on {cal.stats.provenance.tokens:,} tokens; "
+            f"[yellow]warning:[/] {markup_safe(cal.path)} was measured on {cal.stats.provenance.tokens:,} tokens; "
             f"a maximum over fewer than {MIN_TOKENS:,} is not stable"
         )
 
@@ -119,8 +122,8 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
     m = result.manifest
     s, t = m.sizes, m.tensors
     for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}")
-    console.print(f"[bold green]wrote[/] {result.output}")
+        console.print(f"[yellow]note:[/] {markup_safe(note)}")
+    console.print(f"[bold green]wrote[/] {markup_safe(result.output)}")
     console.print(
         f"  tensors   {t.quantize} quantized, {t.keep} kept, "
         f"{t.decode} FP8 decoded to BF16, {t.drop} scales consumed"
@@ -130,16 +133,16 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
         f"(saved {s.gib_saved:.3f} GiB); "
         f"bits/param {s.bits_per_parameter_before:.2f} -> {s.bits_per_parameter_after:.2f}"
     )
-    console.print(f"  ignore    {', '.join(m.recipe.ignore) or '(none)'}")
+    console.print(f"  ignore    {markup_safe(', '.join(m.recipe.ignore) or '(none)')}")
     if m.calibration is not None:
         cal = m.calibration
         console.print(
-            f"  measured  scales from {cal.tokens:,} calibration tokens of {escape(cal.text)} "
+            f"  measured  scales from {cal.tokens:,} calibration tokens of {markup_safe(cal.text)} "
             f"({cal.activations} activations)"
         )
     console.print("  verified  headers re-read strictly, file sizes exact, index resolves both ways")
     for rel, why in result.skipped_files.items():
-        console.print(f"  [yellow]skipped[/]   {escape(rel)}: {escape(why)} (not copied)")
+        console.print(f"  [yellow]skipped[/]   {markup_safe(rel)}: {markup_safe(why)} (not copied)")
     rate = s.bytes_before / seconds / 2**20 if seconds > 0 else 0.0
     console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
 
@@ -176,7 +179,12 @@ def _breakdown_tables(plan: Plan) -> list[Table]:
         for key, row in rows.items():
             bits = f"{row['bytes_out'] * 8 / row['params']:.3f}" if row["params"] else "-"
             table.add_row(
-                key, f"{row['tensors']:,}", f"{row['params']:,}", _mib(row["bytes_in"]), _mib(row["bytes_out"]), bits
+                markup_safe(key),
+                f"{row['tensors']:,}",
+                f"{row['params']:,}",
+                _mib(row["bytes_in"]),
+                _mib(row["bytes_out"]),
+                bits,
             )
         tables.append(table)
     return tables
@@ -250,7 +258,9 @@ def run_quantize(
                 )
             return result, time.perf_counter() - started
         except KeyboardInterrupt:
-            err.print(f"[bold red]interrupted[/]: {out} was not written and no partial output was left behind")
+            err.print(
+                f"[bold red]interrupted[/]: {markup_safe(out)} was not written and no partial output was left behind"
+            )
             raise typer.Exit(130) from None
 
 
@@ -354,12 +364,12 @@ def _run_gptq(
         force=force,
         hash_sources=hash_sources,
         trust_remote_code=opts.trust_remote_code,
-        progress=(lambda line: err.print(f"gptq: {line}", end="\r")) if show else None,
+        progress=(lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if show else None,
     )
     result.engine = {**seconds, **result.engine}
     method = result.manifest.method
     for module, why in (method.rtn_fallback if method else {}).items():
-        err.print(f"[yellow]warning:[/] {module}: round-to-nearest, {why}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {markup_safe(module)}: round-to-nearest, {markup_safe(why)}", soft_wrap=True)
     return result
 
 
@@ -468,10 +478,10 @@ def quantize(
             console.print(
                 f"predicted: {_mib(plan.bytes_in)} -> {_mib(plan.bytes_out)}; "
                 f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
-                f"ignore: {', '.join(plan.ignore) or '(none)'}"
+                f"ignore: {markup_safe(', '.join(plan.ignore) or '(none)')}"
             )
             if gptq is not None:
-                console.print(escape(_gptq_line(gptq)), soft_wrap=True)
+                console.print(markup_safe(_gptq_line(gptq)), soft_wrap=True)
         return
     result, seconds = run_quantize(
         src,
@@ -569,7 +579,7 @@ def demo(
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ".weightsmith-demo").touch()
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        console.print(f"[bold]1. generating[/] a DFlash-like BF16 draft in {src}")
+        console.print(f"[bold]1. generating[/] a DFlash-like BF16 draft in {markup_safe(src)}")
         write_demo_checkpoint(Path(tmp) / "draft")
         if src.exists():
             shutil.rmtree(src)
@@ -584,7 +594,7 @@ def demo(
         leaves = ", ".join(sorted({t.split(".")[-2] for t in tensors}))
         console.print(f"   keep {len(tensors)} weights ({leaves}): {reason}")
     console.print(f"   {plan.count('quantize')} Linear weights to quantize, {plan.count('keep')} tensors kept")
-    console.print(f"[bold]3. quantizing[/] to {out}")
+    console.print(f"[bold]3. quantizing[/] to {markup_safe(out)}")
     result, seconds = run_quantize(
         src,
         out,
@@ -597,12 +607,14 @@ def demo(
         show_progress=err.is_terminal,
     )
     _summary(result, seconds)
-    console.print(f"[bold]4. verify[/] (the checks `weightsmith verify` runs, values scanned too) on {out}")
+    console.print(
+        f"[bold]4. verify[/] (the checks `weightsmith verify` runs, values scanned too) on {markup_safe(out)}"
+    )
     report = verify(out, scan=True)
     for check in report.checks:
         status = "FAIL" if check.errors else "ok  " if check.ran else "skip"
-        console.print(f"   {status} {check.title}")
-    console.print(f"   {report.summary}")
+        console.print(f"   {status} {markup_safe(check.title)}")
+    console.print(f"   {markup_safe(report.summary)}")
     if not report.clean:
         raise typer.Exit(1)
 

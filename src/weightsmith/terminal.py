@@ -34,3 +34,17 @@ def short_repr(value: object, limit: int = 40) -> str:
             return f"an integer of {value.bit_length():,} bits"
         return f"a {type(value).__name__} holding an integer too large to write"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def markup_safe(text: object) -> str:
+    """`text` made safe to print on a rich console that reads markup: `printable`, then every `[` that
+    could open a tag escaped.
+
+    A stranger's name or path is text, not markup: read as markup, `x[/]y` raises rich's MarkupError
+    (a traceback instead of the line), and `[bold]`, `[link=...]` restyle or hide what follows. Consoles
+    that print only such strings are made with `markup=False`; the ones that style their own words
+    pass every interpolated string through here.
+    """
+    from rich.markup import escape  # rich is loaded by every command that prints; this module is imported earlier
+
+    return escape(printable(str(text)))

@@ -310,3 +310,34 @@ def test_a_pattern_that_ran_out_of_time_once_is_refused_at_once_after(monkeypatc
     assert time.perf_counter() - started < 0.5
     targets.reset_budget()
     assert Targets(["re:(a|aa)+$"], "--ignore").matches("aaaa")
+
+
+# --- rich markup in names, targets and paths is text -----------------------------------------------
+
+
+def test_markup_in_tensor_names_targets_and_paths_is_printed_as_text(sandbox: Sandbox, capsys, monkeypatch) -> None:
+    """`[/]` read as markup raised rich's MarkupError (a traceback after the output was written); `[bold]`
+    would restyle what follows. Every such string is printed as it is."""
+    tensors = llama_tensors(TINY_LLAMA)
+    tensors["model.layers.0.mlp.x[/]y.weight"] = np.ones((64, 64), ml_dtypes.bfloat16)
+    tensors["model.layers.0.[bold]z[/].weight"] = np.ones((64, 64), ml_dtypes.bfloat16)
+    src = write_checkpoint(sandbox.root / "s[" / "]rc", tensors, TINY_LLAMA)
+    recipe = sandbox.root / "recipe.toml"
+    recipe.write_text('[[rule]]\ntargets = ["re:.*_proj", "model.q[/]"]\nscheme = "w4a16"\ngroup_size = 32\n')
+    sandbox.freeze()
+
+    dry = run_inprocess(capsys, monkeypatch, "quantize", src, sandbox.root / "o", "--recipe", recipe, "--dry-run")
+    assert dry.code == 0 and "Traceback" not in dry.err, dry.err
+    assert "target 'model.q[/]' matches no Linear-like weight" in dry.err
+    assert "model.layers.0.[bold]z[/]" in dry.out  # the ignore list, as the names are
+    out = sandbox.root / "o[" / "]ut"
+    r = run_inprocess(capsys, monkeypatch, "quantize", src, out, "--recipe", recipe)
+    assert r.code == 0 and "Traceback" not in r.err, r.err
+    assert f"wrote {out}" in r.out
+    for command in ("inspect", "verify"):
+        r = run_inprocess(capsys, monkeypatch, command, out)
+        assert r.code == 0 and "Traceback" not in r.err, r.err
+    no_recipe = sandbox.root / "r[/]"
+    missing = run_inprocess(capsys, monkeypatch, "quantize", src, sandbox.root / "o2", "--recipe", no_recipe)
+    assert missing.code == 2 and "r[/]: cannot read recipe file" in missing.error_line
+    sandbox.assert_untouched("o[")

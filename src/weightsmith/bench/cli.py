@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from weightsmith.errors import OutputError
+from weightsmith.terminal import markup_safe
 
 if TYPE_CHECKING:
     from weightsmith.bench.results import BenchResults
@@ -103,12 +104,12 @@ def run_command(
             word = c.verdict
             if c.verdict == SHOWN:
                 word = "better" if c.arm_better else "worse"
-            err.print(f"{c.arm} vs {c.baseline}, {c.metric}: {c.effect:+.1%} ({word})")
+            err.print(markup_safe(f"{c.arm} vs {c.baseline}, {c.metric}: {c.effect:+.1%} ({word})"))
         for q in analysis.quality.comparisons if analysis.quality else []:
             err.print(f"quality, {q.words}", markup=False)
-        err.print(f"report: {files['report']}")
+        err.print(f"report: {markup_safe(files['report'])}")
         for name in failed:
-            err.print(f"[red]arm '{name}' failed[/]: {results.arm(name).failure}")
+            err.print(f"[red]arm '{markup_safe(name)}' failed[/]: {markup_safe(results.arm(name).failure)}")
     if failed or results.interrupted:
         raise typer.Exit(1)
 

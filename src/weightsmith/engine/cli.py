@@ -19,6 +19,7 @@ from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.texts import BUILTINS
 from weightsmith.errors import OutputError, WeightsmithError
 from weightsmith.manifest import measured_activations, source_fingerprint
+from weightsmith.terminal import markup_safe
 
 err_console = Console(stderr=True, highlight=False)
 DEFAULT_TOKENS = 65536
@@ -80,7 +81,7 @@ def calibrate_command(
         src,
         sequences,
         trust_remote_code=trust_remote_code,
-        progress=(lambda line: err_console.print(f"calibrate: {line}", end="\r")) if show else None,
+        progress=(lambda line: err_console.print(f"calibrate: {markup_safe(line)}", end="\r")) if show else None,
     )
     seconds = time.perf_counter() - started
     provenance = calibration.Provenance.of_run(
@@ -88,8 +89,8 @@ def calibrate_command(
     )
     calibration.write(out, calibration.CalibrationStats(provenance, kv, inputs), replace=force)
     err_console.print(
-        f"{out}: {len(kv)} attention modules, {len(inputs)} Linear inputs; {count} tokens in {seconds:.1f} s "
-        f"({count / seconds:.1f} tokens/s), activations {provenance.activations}",
+        f"{markup_safe(out)}: {len(kv)} attention modules, {len(inputs)} Linear inputs; {count} tokens in "
+        f"{seconds:.1f} s ({count / seconds:.1f} tokens/s), activations {provenance.activations}",
         soft_wrap=True,
     )
 

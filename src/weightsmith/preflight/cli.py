@@ -13,10 +13,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, Preflight
+from weightsmith.terminal import markup_safe
 
 _HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
 
@@ -25,7 +25,7 @@ def print_preflight(result: Preflight, console: Console | None = None) -> None:
     console = console or Console(highlight=False, soft_wrap=True)
     pair = f"{result.target}" + (f" + draft {result.draft} ({result.method})" if result.draft else "")
     against = f"vLLM {result.vllm_version} ({result.vllm})"
-    console.print(f"[bold]preflight[/] {escape(pair)} against {escape(against)}")
+    console.print(f"[bold]preflight[/] {markup_safe(pair)} against {markup_safe(against)}")
     for impact in IMPACTS:
         items = [i for i in result.items if i.impact == impact]
         if not items:
@@ -33,13 +33,13 @@ def print_preflight(result: Preflight, console: Console | None = None) -> None:
         style = "dim" if impact == NOTE else "bold red" if impact != SLOW else "bold yellow"
         console.print(f"\n[{style}]{_HEADINGS[impact]}[/] ({len(items)})")
         for item in items:
-            console.print(escape(f"- [{item.check}] ") + escape(item.line()))
+            console.print(markup_safe(f"- [{item.check}] ") + markup_safe(item.line()))
             for ev in item.evidence:
-                console.print("    " + escape(ev.show()))
+                console.print("    " + markup_safe(ev.show()))
             if item.fix:
-                console.print("    fix: " + escape(item.fix))
+                console.print("    fix: " + markup_safe(item.fix))
     console.print("\n[bold]Suggested command[/]")
-    console.print(escape(result.serve))
+    console.print(markup_safe(result.serve))
     verdict = "FAIL: something would not load or would silently degrade" if result.failed else "OK"
     console.print(f"\n{verdict}")
 
