@@ -195,6 +195,20 @@ def test_a_source_nested_too_deeply_for_the_parser_is_one_line(
     sandbox.assert_untouched()
 
 
+def test_a_3_gib_card_in_the_draft_costs_only_its_head(sandbox: Sandbox, target: Path) -> None:
+    """The draft's README.md is read for its front matter (base_model): its first MiB, not 3 GiB."""
+    draft = write_demo_checkpoint(sandbox.root / "draft", config=SMALL)
+    with open(draft / "README.md", "wb") as f:
+        f.write(b"---\nbase_model: someone/else\n---\n")
+        f.truncate(3 << 30)
+    vllm = site_packages(sandbox.root / "sp", {})
+    sandbox.freeze()
+    r = limited("preflight", target, "--draft", draft, "--vllm", vllm, "--json")
+    assert r.code in (0, 1) and "Traceback" not in r.err, r.err
+    assert "someone/else" in r.out
+    sandbox.assert_untouched()
+
+
 # --- JSON files, by size ---------------------------------------------------------------------------
 
 

@@ -7,12 +7,19 @@ proposes tokens that are rejected. Where nothing records the target, that is sai
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from weightsmith.card.sources import CARD_FILE
 from weightsmith.card.target import TARGET_FIELDS, named_target
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import open_regular
 from weightsmith.manifest import MANIFEST_FILE
 from weightsmith.preflight.report import LOAD, NOTE, SLOW, Item, Side
+
+#: The front matter that records a draft's base_model sits at the top of its card: this much is read.
+CARD_HEAD_BYTES = 1 << 20
 
 
 def check_pair(tgt: Side, drf: Side, method: str) -> list[Item]:
@@ -74,6 +81,19 @@ def _aux_layers(drf: Side, method: str) -> tuple[list[object] | None, str]:
     return (ids if isinstance(ids, list) else None), "eagle_aux_hidden_state_layer_ids"
 
 
+def _card_head(card: Path) -> str | None:
+    """The first `CARD_HEAD_BYTES` of the draft's card, where its front matter is; None when it has no card.
+
+    The card is a stranger's file of any size or kind: a FIFO is never opened, and a 3 GiB card costs
+    no more than its head.
+    """
+    try:
+        with os.fdopen(open_regular(card), "rb") as f:
+            return f.read(CARD_HEAD_BYTES).decode("utf-8", errors="replace")
+    except OSError:  # none, or not a regular file: the draft's card records nothing
+        return None
+
+
 def _recorded_target(tgt: Side, drf: Side, method: str) -> Item:
     """Where the draft records its target (config fields, its card's base_model), is it this target?"""
     records: list[tuple[str, str]] = []
@@ -81,11 +101,12 @@ def _recorded_target(tgt: Side, drf: Side, method: str) -> Item:
     if named is not None:
         records.append((named.name, f"{CONFIG_FILE} {named.field}"))
     card = drf.found.root / CARD_FILE
-    if card.is_file():
+    head = _card_head(card)
+    if head is not None:
         from weightsmith.card.front import read_metadata
 
         try:
-            base = read_metadata(card.read_text(encoding="utf-8", errors="replace"), card).get("base_model")
+            base = read_metadata(head, card).get("base_model")
         except WeightsmithError:
             base = None
         for value in base if isinstance(base, list) else [base]:
