@@ -15,6 +15,7 @@ address-space limit.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -27,11 +28,15 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from rich.console import Console
 
 from audit.doctor_builders import raw_shard, tiny_moe, write
 from hostile.harness import TINY_LLAMA, Result, Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith import targets
+from weightsmith.bench.progress import RichProgress
+from weightsmith.bench.results import VISIT_FAILED, VisitResult
+from weightsmith.bench.schedule import Visit
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import MAX_JSON_BYTES
@@ -355,3 +360,16 @@ def test_markup_in_tensor_names_targets_and_paths_is_printed_as_text(sandbox: Sa
     missing = run_inprocess(capsys, monkeypatch, "quantize", src, sandbox.root / "o2", "--recipe", no_recipe)
     assert missing.code == 2 and "r[/]: cannot read recipe file" in missing.error_line
     sandbox.assert_untouched("o[")
+
+
+def test_markup_in_an_arm_name_or_a_servers_failure_is_printed_as_text() -> None:
+    """Bench's progress prints arm names (the user's arms file) and failures (a server's words) through rich."""
+    out = io.StringIO()
+    with RichProgress(Console(file=out, width=200, color_system=None)) as progress:
+        progress.run_started(1, 1)
+        progress.visit_started(Visit("a[/]b", 0, 0), 0)
+        progress.phase("starting [/]")
+        progress.visit_finished(VisitResult("a[/]b", 0, 0, status=VISIT_FAILED, failure="died [bold]x[/]"))
+        progress.message("arm 'a[/]b': [link=file:///etc]x[/link]")
+    text = out.getvalue()
+    assert "a[/]b repeat 1:" in text and "(died [bold]x[/])" in text and "[link=file:///etc]x[/link]" in text

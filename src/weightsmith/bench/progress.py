@@ -22,6 +22,7 @@ from rich.progress import (
 
 from weightsmith.bench.results import VISIT_OK, RequestRecord, VisitResult
 from weightsmith.bench.schedule import Visit
+from weightsmith.terminal import markup_safe
 
 
 class RichProgress:
@@ -62,14 +63,15 @@ class RichProgress:
         """Name the visit and reset the request bar."""
         self._arm = visit.arm
         if self._visits is not None:
-            self.progress.update(self._visits, description=f"[bold]{visit.arm}[/] repeat {visit.repeat + 1}")
+            description = f"[bold]{markup_safe(visit.arm)}[/] repeat {visit.repeat + 1}"
+            self.progress.update(self._visits, description=description)
         if self._requests is not None:
             self.progress.reset(self._requests, description="starting")
 
     def phase(self, text: str) -> None:
         """Show what the visit is doing now."""
         if self._requests is not None:
-            self.progress.update(self._requests, description=text)
+            self.progress.update(self._requests, description=markup_safe(text))
 
     def request_done(self, record: RequestRecord) -> None:
         """Advance, showing the latest request's numbers."""
@@ -80,7 +82,7 @@ class RichProgress:
             ttft = f"{record.ttft_s * 1000:.0f} ms" if record.ttft_s is not None else "–"
             text = f"measuring · last {record.target_tokens}-token prompt: TTFT {ttft}, {rate}"
         else:
-            text = f"measuring · last request failed: {record.error}"
+            text = f"measuring · last request failed: {markup_safe(record.error)}"
         self.progress.update(self._requests, advance=1, description=text)
 
     def visit_finished(self, result: VisitResult) -> None:
@@ -88,9 +90,9 @@ class RichProgress:
         if self._visits is not None:
             self.progress.advance(self._visits)
         ok = [r for r in result.requests if r.ok]
-        parts = [f"{result.arm} repeat {result.repeat + 1}:"]
+        parts = [f"{markup_safe(result.arm)} repeat {result.repeat + 1}:"]
         if result.status != VISIT_OK:
-            parts.append(f"[red]{result.status}[/]" + (f" ({result.failure})" if result.failure else ""))
+            parts.append(f"[red]{result.status}[/]" + (f" ({markup_safe(result.failure)})" if result.failure else ""))
         decode = [r.decode_tok_s for r in ok if r.decode_tok_s]
         ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
         if decode:
@@ -107,4 +109,4 @@ class RichProgress:
 
     def message(self, text: str) -> None:
         """A warning line above the bars."""
-        self.console.print(f"[yellow]{text}[/]", highlight=False, soft_wrap=True)
+        self.console.print(f"[yellow]{markup_safe(text)}[/]", highlight=False, soft_wrap=True)
