@@ -133,6 +133,7 @@ def test_a_member_declaring_3_gib_is_refused_before_it_is_inflated(sandbox: Sand
     ("damage", "says"),
     [
         ("crc", "Bad CRC-32"),
+        ("longer than declared", "Bad CRC-32"),  # zipfile stops at the declared size; the check then fails
         ("method", "compression method is not supported"),
         ("encrypted", "encrypted"),
     ],
@@ -143,6 +144,8 @@ def test_a_damaged_member_is_one_line_naming_the_wheel_and_member(
     path = wheel(sandbox.root / "vllm.whl", {METADATA: b"Version: 0.1\n"})
     if damage == "crc":
         path.write_bytes(path.read_bytes().replace(b"Version: 0.1", b"Version: 9.9"))
+    elif damage == "longer than declared":
+        patch_member(path, METADATA, size=4)
     else:
         patch_member(path, METADATA, flags=1 if damage == "encrypted" else 0, method=99 if damage == "method" else None)
     sandbox.freeze()

@@ -5,8 +5,8 @@ members are the package's files, so both forms answer the same question: the tex
 `vllm/<path>`, or None when this installation has no such file.
 
 The wheel or folder is named by the user but made by anyone, so it is read like a checkpoint: a
-member or file is refused past `MAX_SOURCE_BYTES` (a wheel's member by its declared size, then by
-what it actually inflates to), a FIFO or device is never opened, a damaged, encrypted or oddly
+member or file is refused past `MAX_SOURCE_BYTES` (a wheel's member by its declared size, which
+zipfile never inflates past), a FIFO or device is never opened, a damaged, encrypted or oddly
 compressed member is one line naming the wheel and the member, and so is a file nested too deeply
 for Python's parser.
 """
@@ -31,7 +31,8 @@ _VERSION = re.compile(r"^Version:\s*(\S+)", re.MULTILINE)
 MAX_SOURCE_BYTES = 1 << 20
 #: What `zipfile` raises for a member it cannot give back: a bad CRC or a damaged stream
 #: (BadZipFile, zlib.error, EOFError), an unknown compression method (NotImplementedError), an
-#: encrypted member (RuntimeError), sizes past what it can handle (OverflowError, ValueError).
+#: encrypted member (RuntimeError), a member's offset that `seek` refuses (OverflowError past 2**63,
+#: ValueError below 0, OSError).
 _MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OverflowError,
                   ValueError, OSError)  # fmt: skip
 
@@ -123,14 +124,11 @@ class VllmSource:
             return None
         if info.file_size > MAX_SOURCE_BYTES:
             raise self._error(rel, f"declares {info.file_size:,} bytes inflated (limit {MAX_SOURCE_BYTES:,})")
-        try:
+        try:  # inflated as it streams, cut at the declared size (a stream that would go on fails its CRC check)
             with self._zip.open(info) as member:
-                data = member.read(MAX_SOURCE_BYTES + 1)
+                return member.read(info.file_size)
         except _MEMBER_ERRORS as exc:
             raise self._error(rel, f"cannot be read ({exc})") from None
-        if len(data) > MAX_SOURCE_BYTES:
-            raise self._error(rel, f"inflates past {MAX_SOURCE_BYTES:,} bytes")
-        return data
 
     def _error(self, rel: str, why: str) -> VllmSourceError:
         """One line naming the wheel (or folder) and the member."""
