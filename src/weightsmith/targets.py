@@ -118,8 +118,8 @@ class Pattern:
                     )
                 else:  # the combined alternation may have spent it: this one is where the run stopped
                     self._slow = (
-                        f"was stopped: supplied patterns took {MATCH_BUDGET_S:g} s in all to match "
-                        "(one backtracks catastrophically; simplify it)"
+                        f"was stopped: supplied patterns had spent {MATCH_BUDGET_S:g} s matching, beyond "
+                        f"{MATCH_ALLOWANCE_S * 1000:g} ms a name (one backtracks catastrophically; simplify it)"
                     )
         raise WeightsmithError(f"{self.what} {self._slow}", file=self.file, code="usage")
 
