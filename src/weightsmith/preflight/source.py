@@ -30,11 +30,9 @@ _VERSION = re.compile(r"^Version:\s*(\S+)", re.MULTILINE)
 #: most (`x = (a, a, ...)`) parses into 700 times its size, so the cap is what bounds that.
 MAX_SOURCE_BYTES = 1 << 20
 #: What `zipfile` raises for a member it cannot give back: a bad CRC or a damaged stream
-#: (BadZipFile, zlib.error, EOFError), an unknown compression method (NotImplementedError), an
-#: encrypted member (RuntimeError), a member's offset that `seek` refuses (OverflowError past 2**63,
-#: ValueError below 0, OSError).
-_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OverflowError,
-                  ValueError, OSError)  # fmt: skip
+#: (BadZipFile, zlib.error, EOFError), an unknown compression method (NotImplementedError), a
+#: member's offset that `seek` refuses (OverflowError past 2**63, ValueError below 0, OSError).
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OverflowError, ValueError, OSError)
 
 
 class VllmSourceError(WeightsmithError):
@@ -124,6 +122,8 @@ class VllmSource:
             return None
         if info.file_size > MAX_SOURCE_BYTES:
             raise self._error(rel, f"declares {info.file_size:,} bytes inflated (limit {MAX_SOURCE_BYTES:,})")
+        if info.flag_bits & 0x1:  # zipfile would ask for a password, in words naming its own ZipInfo
+            raise self._error(rel, "is encrypted (a wheel's files never are)")
         try:  # inflated as it streams, cut at the declared size (a stream that would go on fails its CRC check)
             with self._zip.open(info) as member:
                 return member.read(info.file_size)
