@@ -158,6 +158,12 @@ def create_new(folder: Path, name: str) -> int:
     Refuses a name that is not a relative path below `folder`, an existing file, and a link (at
     the file or at any folder on the way), so nothing outside `folder` can be written through it.
     """
+    _make_folders(folder, name)
+    return os.open(folder / name, CREATE_FLAGS, 0o644)
+
+
+def _make_folders(folder: Path, name: str) -> None:
+    """Check `name` (`name_problem`) and make the folders below `folder` it needs, refusing a link among them."""
     why = name_problem(name)
     if why is not None:
         raise OutputError(f"refusing to write {name!r}: the name {why}", file=folder, code="output.unsafe-name")
@@ -169,9 +175,26 @@ def create_new(folder: Path, name: str) -> int:
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(parent).st_mode):
                 raise OutputError(
-                    f"refusing to write {name!r}: {part} is not a folder", file=folder, code="output.unsafe-name"
+                    f"refusing to write {name!r}: {part} is a link or not a folder",
+                    file=folder,
+                    code="output.unsafe-name",
                 ) from None
-    return os.open(folder / name, CREATE_FLAGS, 0o644)
+
+
+def open_append(folder: Path, name: str) -> int:
+    """A descriptor appending to the regular file `folder/name`, created when missing (a log).
+
+    The rules of `create_new`, except that an existing regular file is appended to: a link (at the
+    file or a folder on the way) is refused, and a FIFO or device is never written to or waited on.
+    """
+    _make_folders(folder, name)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(folder / name, flags, 0o644)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"is {kind(mode)}, not a regular file", str(folder / name))
+    return fd
 
 
 def write_new(folder: Path, name: str, data: bytes) -> None:

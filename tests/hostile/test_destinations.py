@@ -265,6 +265,41 @@ def test_bench_report_escapes_an_arm_name_holding_a_slash(capsys, monkeypatch, s
     sandbox.assert_untouched("out")
 
 
+def _bench_folder(sandbox: Sandbox, link: str, to: Path) -> tuple[Path, Path]:
+    """(arms file, --out): an arm whose server (kind vllm, so it has a compile cache) exits at once, and a
+    folder bench wrote in which `link` points at `to`."""
+    arms = sandbox.root / "arms.toml"
+    command = json.dumps([sys.executable, "-c", "pass", "{port}"])
+    arms.write_text(f'repeats = 1\n[determinism]\nreplicates = 0\n[[arms]]\nname = "a"\nkind = "vllm"\n'
+                    f"command = {command}\nstartup_timeout_s = 20\n")  # fmt: skip
+    out = sandbox.root / "out"
+    out.mkdir()
+    (out / MARKER).write_bytes(b"")
+    (out / link).parent.mkdir(parents=True, exist_ok=True)
+    (out / link).symlink_to(to)
+    return arms, out
+
+
+@pytest.mark.parametrize("link", ["logs", "logs/a.r1.log", "cache"])
+def test_bench_run_writes_no_log_or_cache_through_a_link(capsys, monkeypatch, sandbox: Sandbox, link: str) -> None:
+    """A server's log was appended to through a link (`logs/a.r1.log -> ~/.bashrc`), and its compile
+    cache emptied through one (`cache -> ~/work`): now the arm fails, naming the link, and nothing
+    outside --out changes."""
+    elsewhere = sandbox.root / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "a").mkdir()
+    (elsewhere / "a" / "work.txt").write_text("mine\n")
+    victim = elsewhere / "bashrc"
+    victim.write_text("mine\n")
+    arms, out = _bench_folder(sandbox, link, victim if link.endswith(".log") else elsewhere)
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "bench", "run", arms, "--out", out, "--quiet")
+    assert result.code == 1 and "arm 'a' failed" in result.err, result.err
+    assert "link" in result.err or "symbolic links" in result.err, result.err
+    _unchanged_but(sandbox, "out")
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["a", "bashrc", "work.txt"]
+
+
 @pytest.mark.parametrize(
     ("text", "part"),
     [("a", "a"), ("x/y", "x~2Fy"), ("..", "~2E."), (".", "~2E"), ("", "~"), ("~", "~7E"), ("é", "~C3~A9")],
