@@ -21,6 +21,7 @@ from weightsmith.cli import paused_gc
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
+from weightsmith.outputdir import check_destination
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
 from weightsmith.recipe import (
@@ -305,6 +306,7 @@ def _run_gptq(
     """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run."""
     import os
 
+    check_destination(plan.source.root, out, force)  # now, not after the hours the values take
     seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
     with adding(seconds, "libraries"):
         from weightsmith.engine import gptq

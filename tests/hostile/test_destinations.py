@@ -170,6 +170,22 @@ def test_force_replaces_an_empty_folder_or_our_own_output(capsys, monkeypatch, s
     assert sorted(p.name for p in sandbox.root.iterdir()) == ["out", "src"]
 
 
+def test_gptq_refuses_a_users_folder_before_its_run(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    """The GPTQ values take hours: an OUT that --force may not replace is refused before the first token."""
+    from weightsmith.engine import calibrate
+
+    def too_late(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the calibration run started before the destination was checked")
+
+    monkeypatch.setattr(calibrate, "calibration_tokens", too_late)
+    src = _source(sandbox, "src")
+    mine = sandbox.root / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work\n")
+    line = _refused(capsys, monkeypatch, sandbox, "quantize", src, mine, *QUANTIZE, "--method", "gptq", "--force")
+    assert str(mine) in line and MANIFEST_FILE in line, line
+
+
 def test_calibrate_force_refuses_a_file_that_is_not_statistics(capsys, monkeypatch, sandbox: Sandbox) -> None:
     src = _source(sandbox, "src")
     weights = _source(sandbox, "other") / "model.safetensors"
