@@ -6,8 +6,11 @@ folder, and an existing OUT is only replaced when asked, and only when weightsmi
 
 A run killed outright (`kill -9`, a power cut) cannot clean up after itself, so every partial folder
 holds a lock file that its run keeps locked (`flock`) while it works: the kernel drops that lock when
-the process dies, however it dies. To replace OUT, a run first writes a marker into it recording the
-run and the folder's own identity (device and inode), then renames it aside to `OUT.replaced-<pid>`.
+the process dies, however it dies. The folder is made and locked under a private name and only then
+renamed to its own, so under that name it holds a taken lock from the first instant its run lives.
+The same holds for a run's scratch folder (`OUT.partial-gptq-<pid>`, GPTQ's values). To replace OUT,
+a run first writes a marker into it recording the run and the folder's own identity (device and
+inode), then renames it aside to `OUT.replaced-<pid>`.
 The next run for the same OUT removes what provably came from a killed run: a partial folder holding
 our lock file that it can take, and a replaced folder carrying a marker that names that very folder
 and a process that is gone (putting it back as OUT when the new one never took its place). A name
@@ -21,6 +24,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 from collections.abc import Iterable, Iterator
@@ -70,14 +74,21 @@ def is_ours_or_empty(folder: Path) -> bool:
         return False
 
 
-def check_destination(src: Path, out: Path, force: bool, *others: Path) -> None:
+#: What `check_destination` tells a command that has a `--force` replacing its output.
+USE_FORCE = "use --force to replace it"
+#: ... and one that never replaces an existing `--out` (transplant, calibrate-kv).
+CHOOSE_ANOTHER = "choose another --out"
+
+
+def check_destination(src: Path, out: Path, force: bool, *others: Path, remedy: str = USE_FORCE) -> None:
     """Refuse an output inside a source (`src` or `others`) or containing one; an existing one without
-    force; and, even with force, one that is not a folder weightsmith wrote or an empty one."""
+    force, saying the `remedy` this command offers (not every command's `--force` replaces its output);
+    and, even with force, one that is not a folder weightsmith wrote or an empty one."""
     refuse_inside(out, src, *others)
     if not os.path.lexists(out):
         return
     if not force:
-        raise OutputError("already exists (use --force to replace it)", file=out, code="output.exists")
+        raise OutputError(f"already exists ({remedy})", file=out, code="output.exists")
     if not out.is_dir() or out.is_symlink():
         raise OutputError("exists and is not a folder", file=out, code="output.not-dir")
     if not is_ours_or_empty(out):
@@ -164,29 +175,46 @@ def _is_or_holds(entry: Path, keep: list[Path]) -> bool:
 def remove_stale(out: Path, keep: Iterable[Path] = ()) -> list[str]:
     """Remove what killed runs for `out` provably left beside it; returns one sentence per folder dealt with.
 
-    Only real folders (not links) named `OUT.partial-<pid>` / `OUT.replaced-<pid>` are looked at,
-    and never one that is or holds a path in `keep` (the run's sources). A partial folder is stale
-    when it holds our lock file and the lock can be taken. A replaced folder is stale when it carries
-    our marker naming itself, from a process that is gone; if OUT itself is missing, it is the
-    previous OUT and is put back (its marker removed). A marker left in OUT itself by a run killed
-    before renaming it aside is removed too.
+    Only real folders (not links) named `OUT.partial-<pid>`, `OUT.partial-<purpose>-<pid>` (a scratch
+    folder), `.OUT.partial-[<purpose>-]<pid>.new-<random>` (the private name one is made under) and
+    `OUT.replaced-<pid>` are looked at, and never one that is or holds a path in `keep` (the run's
+    sources). A partial or scratch folder is stale when it holds our lock file and the lock can be taken;
+    a private one only once its process is gone (a live run's holds its lock file unlocked for an
+    instant), and then also when it is empty (the run was killed before making its lock file; removing
+    an empty folder loses nothing). A replaced folder is stale when it carries our marker naming
+    itself, from a process that is gone; if OUT itself is missing, it is the previous OUT and is put back
+    (its marker removed). A marker left in OUT itself by a run killed before renaming it aside is removed too.
     """
     out = out.resolve()  # as `staged` names its folders
     parent = out.parent
     if not parent.is_dir():
         return []
     kept = [Path(k).resolve() for k in keep]
-    pattern = re.compile(re.escape(out.name) + r"\.(partial|replaced)-([0-9]{1,10})")
+    name = re.escape(out.name)
+    pattern = re.compile(
+        rf"{name}\.(partial(?:-[a-z]+)?|replaced)-([0-9]{{1,10}})"
+        rf"|\.{name}\.partial(?:-[a-z]+)?-([0-9]{{1,10}})\.new-\w+"
+    )
     said: list[str] = []
     for entry in sorted(parent.iterdir()):
         match = pattern.fullmatch(entry.name)
         if match is None or entry.is_symlink() or not entry.is_dir() or _is_or_holds(entry, kept):
             continue
-        kind, pid = match.group(1), int(match.group(2))
-        if kind == "partial":
+        private = match.group(3) is not None
+        pid = int(match.group(3) if private else match.group(2))
+        if private and _pid_alive(pid):
+            continue
+        if private or match.group(1).startswith("partial"):
             if _lock_is_free(entry):
                 shutil.rmtree(entry, ignore_errors=True)
-                said.append(f"removed {entry.name}, left by an interrupted run (process {pid} is gone)")
+            elif not private:
+                continue
+            else:
+                try:
+                    os.rmdir(entry)  # fails unless empty: a run killed before making its lock file
+                except OSError:
+                    continue
+            said.append(f"removed {entry.name}, left by an interrupted run (process {pid} is gone)")
             continue
         if _marked_pid(entry) != pid or _pid_alive(pid):
             continue
@@ -203,6 +231,46 @@ def remove_stale(out: Path, keep: Iterable[Path] = ()) -> list[str]:
     return said
 
 
+def _in_the_way(path: Path) -> OutputError:
+    return OutputError(
+        f"{path.name} is in the way, and is not a leftover of ours; move it elsewhere",
+        file=path,
+        code="output.in-the-way",
+    )
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Create `folder` holding our lock file, taken until the block ends; remove the folder if the block fails.
+
+    The folder is made and locked under a private name beside it and then renamed to `folder`, the
+    lock going with the open file: a folder under its own name is never without a taken lock while its
+    run lives, so one whose lock is free (or that has none) is never a live run's. The rename replaces
+    at most an empty folder that appeared in the meantime, never anyone's files.
+    """
+    if os.path.lexists(folder):
+        raise _in_the_way(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.with_name(f".{folder.name}.new-{secrets.token_hex(8)}")
+    os.mkdir(staging)  # as `mkdir` would make it (the umask's mode): it becomes OUT
+    lock, placed = -1, False
+    try:
+        lock = os.open(staging / LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            os.rename(staging, folder)
+        except OSError:
+            raise _in_the_way(folder) from None
+        placed = True
+        yield
+    except BaseException:
+        shutil.rmtree(folder if placed else staging, ignore_errors=True)
+        raise
+    finally:
+        if lock >= 0:
+            os.close(lock)
+
+
 @contextmanager
 def staged(out: Path, force: bool) -> Iterator[Path]:
     """Yield a fresh partial folder; on success rename it to `out`, on any failure remove it.
@@ -214,41 +282,31 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
     out = out.resolve()
     partial = out.with_name(f"{out.name}.partial-{os.getpid()}")
     old = out.with_name(f"{out.name}.replaced-{os.getpid()}")
-    for path in (partial, old):
-        if os.path.lexists(path):
-            raise OutputError(
-                f"{path.name} is in the way, and is not a leftover of ours; move it elsewhere",
-                file=path,
-                code="output.in-the-way",
-            )
-    try:  # an interrupt landing between creating the folder and locking it must not leave it behind
-        partial.mkdir(parents=True)
-        lock = os.open(partial / LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except FileExistsError:
-        raise OutputError("appeared while we started; not ours", file=partial, code="output.in-the-way") from None
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    try:
+    if os.path.lexists(old):
+        raise _in_the_way(old)
+    with _locked(partial):
+        yield partial
+        os.unlink(partial / LOCK_FILE)  # the finished folder carries no lock; ours is held until we return
+        if os.path.lexists(out):
+            if not force:
+                raise OutputError("appeared while we were writing; not replaced", file=out, code="output.exists")
+            _replace(out, partial, old)
+        else:
+            os.rename(partial, out)
+
+
+@contextmanager
+def scratch(out: Path, purpose: str) -> Iterator[Path]:
+    """Yield a folder beside `out` for what a run computes before writing `out` (`OUT.partial-PURPOSE-<pid>`,
+    PURPOSE in lower-case letters), removed however the run ends: locked as a partial folder is, so if
+    the run is killed the next run for `out` removes it (`remove_stale`)."""
+    out = out.resolve()
+    folder = out.with_name(f"{out.name}.partial-{purpose}-{os.getpid()}")
+    with _locked(folder):
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield partial
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
-        try:
-            os.unlink(partial / LOCK_FILE)  # the finished folder carries no lock; ours is held until we return
-            if os.path.lexists(out):
-                if not force:
-                    raise OutputError("appeared while we were writing; not replaced", file=out, code="output.exists")
-                _replace(out, partial, old)
-            else:
-                os.rename(partial, out)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
-    finally:
-        os.close(lock)
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _replace(out: Path, partial: Path, old: Path) -> None:

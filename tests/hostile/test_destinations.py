@@ -360,3 +360,141 @@ def test_bench_report_on_a_full_disk_is_one_line(capsys, monkeypatch, sandbox: S
     _full_disk_for(monkeypatch, lambda name: True)
     line = _refused(capsys, monkeypatch, sandbox, "bench", "report", path)
     assert str(path) in line and "disk is full" in line, line
+
+
+# --- a refusal names a remedy the command has -----------------------------------------------------------
+
+
+def test_transplant_and_calibrate_kv_name_a_remedy_they_have(capsys, monkeypatch, sandbox: Sandbox, pair) -> None:
+    """An existing --out was refused with "use --force to replace it": transplant has no --force, and
+    calibrate-kv's replaces KV-cache scales, never the --out folder."""
+    orig, quant = copies(sandbox, pair)
+    taken = sandbox.root / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine\n")
+    for args in (
+        ("transplant", orig, quant, "--select", "re:.*norm.*", "--replace", "--out", taken),
+        ("calibrate-kv", quant, "--out", taken),
+    ):
+        line = _refused(capsys, monkeypatch, sandbox, *args)
+        assert str(taken) in line and "already exists (choose another --out)" in line, line
+        assert "--force" not in line, line
+
+
+# --- a run killed at any instant leaves only what the next run provably removes -------------------------
+
+
+def _killed(script: str, *args: object) -> None:
+    """Run `script` (Python, `sys.argv[1:]` = ARGS) in a process of its own that kills itself (`os._exit(9)`,
+    as `kill -9` would: nothing cleans up) at the instant it chooses."""
+    src = Path(files.__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr.decode()
+
+
+_KILL_WHILE_STAGING = """
+import fcntl, os, sys
+from pathlib import Path
+from weightsmith import outputdir
+
+def die(*args, **kwargs):
+    os._exit(9)
+
+point, real_open = sys.argv[2], os.open
+if point == "lock-file":  # the folder exists, its lock file not yet
+    os.open = lambda path, *a, **k: die() if str(path).endswith(outputdir.LOCK_FILE) else real_open(path, *a, **k)
+elif point == "lock":  # the lock file exists, not yet locked
+    fcntl.flock = die
+elif point == "rename":  # locked, not yet under its own name
+    os.rename = die
+with outputdir.staged(Path(sys.argv[1]), force=False):
+    die()  # at work: locked, under its own name
+"""
+
+
+@pytest.mark.parametrize("point", ["lock-file", "lock", "rename", "work"])
+def test_a_run_killed_while_making_its_partial_folder_leaves_nothing_for_good(sandbox: Sandbox, point: str) -> None:
+    """A run killed between creating `OUT.partial-<pid>` and locking it left a folder without a lock,
+    which no later run could prove its own, so it stayed forever. The folder now appears under that
+    name already locked; whatever instant the run dies at, the next run for OUT removes what it left."""
+    from weightsmith.outputdir import remove_stale
+
+    out = sandbox.root / "out"
+    sandbox.freeze()
+    _killed(_KILL_WHILE_STAGING, out, point)
+    left = [p.name for p in sandbox.root.iterdir()]
+    assert len(left) == 1 and ".partial-" in left[0], left  # the kill came after the folder was made
+    said = remove_stale(out)
+    assert len(said) == 1 and left[0] in said[0], said
+    sandbox.assert_untouched()
+
+
+def test_a_partial_folder_made_under_a_private_name_keeps_the_usual_mode(sandbox: Sandbox) -> None:
+    """The folder becomes OUT: it has the mode `mkdir` gives (the umask's), not a private 0700."""
+    from weightsmith.outputdir import staged
+
+    with staged(sandbox.root / "out", force=False) as folder:
+        (folder / "a.txt").write_text("a\n")
+    (sandbox.root / "plain").mkdir()
+    assert (sandbox.root / "out").stat().st_mode == (sandbox.root / "plain").stat().st_mode
+
+
+_KILL_IN_GPTQ = """
+import os, sys
+from pathlib import Path
+from types import SimpleNamespace
+from weightsmith.engine import gptq
+
+def die(root, tokens, targets, work, **kwargs):
+    (work / "model.layers.0.mlp.down_proj.npy").write_bytes(b"codes")  # GPTQ's values, hours of them
+    os._exit(9)
+
+gptq.run = die
+plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=Path(sys.argv[2])))
+gptq.quantize(plan, Path(sys.argv[1]), [], None)
+"""
+
+
+def test_a_killed_gptq_runs_scratch_folder_is_removed_by_the_next_run(sandbox: Sandbox) -> None:
+    """GPTQ's values waited in a temporary `OUT.partial-gptq-*` folder without a lock: a killed run's
+    stayed forever. It is now a scratch folder locked as a partial folder is, which the next run removes."""
+    from weightsmith.outputdir import remove_stale
+
+    src = _source(sandbox, "src")
+    out = sandbox.root / "out"
+    sandbox.freeze()
+    _killed(_KILL_IN_GPTQ, out, src)
+    left = sorted(p.name for p in sandbox.root.iterdir() if p.name.startswith("out.partial-gptq-"))
+    assert len(left) == 1, left
+    said = remove_stale(out, keep=[src])
+    assert len(said) == 1 and left[0] in said[0], said
+    sandbox.assert_untouched()
+
+
+def test_a_gptq_scratch_folder_is_locked_while_its_run_lives(monkeypatch, sandbox: Sandbox) -> None:
+    """While GPTQ works, its scratch folder holds our taken lock under a name of this run, so another
+    run for the same OUT leaves it alone; it is gone once the run ends, however it ends."""
+    from types import SimpleNamespace
+
+    from weightsmith.engine import gptq
+    from weightsmith.outputdir import remove_stale
+
+    out = sandbox.root / "out"
+    seen: dict[str, object] = {}
+
+    def stopped(root: Path, tokens: object, targets: object, work: Path, **kwargs: object) -> None:
+        (work / "codes.npy").write_bytes(b"codes")
+        seen["name"] = work.name
+        seen["lock"] = (work / LOCK_FILE).is_file()
+        seen["stale"] = remove_stale(out)  # what another run for OUT would do
+        seen["kept"] = (work / "codes.npy").is_file()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gptq, "run", stopped)
+    plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=sandbox.root / "src"))
+    sandbox.freeze()
+    with pytest.raises(KeyboardInterrupt):
+        gptq.quantize(plan, out, [], None)
+    assert seen == {"name": f"out.partial-gptq-{os.getpid()}", "lock": True, "stale": [], "kept": True}
+    sandbox.assert_untouched()

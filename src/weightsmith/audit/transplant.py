@@ -34,7 +34,7 @@ from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import copy_new, name_problem, write_json_new
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
-from weightsmith.outputdir import check_destination, remove_stale, staged
+from weightsmith.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale, staged
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
@@ -156,7 +156,7 @@ def _apply(
     """
     dest = Path(out) if out is not None else target_ck.root
     if out is not None:
-        check_destination(target_ck.root, dest, False, *sources)
+        check_destination(target_ck.root, dest, False, *sources, remedy=CHOOSE_ANOTHER)
     rewritten = sorted(s for s in plan.removals if s != shard)
     try:
         with staged(dest, force=out is None) as folder:
