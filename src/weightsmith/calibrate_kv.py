@@ -27,7 +27,7 @@ from weightsmith.checkpoint import DEFAULT_SHARD, Checkpoint, read_json
 from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint
-from weightsmith.outputdir import remove_stale
+from weightsmith.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale
 from weightsmith.terminal import markup_safe
 
 KV_CACHE = "fp8"
@@ -58,7 +58,10 @@ def calibrate_kv(
     from weightsmith.engine.calibrate import calibration_tokens, measure
     from weightsmith.fidelity.logits import missing_library
 
-    remove_stale(out if out is not None else quant)
+    sources = (quant,) if source is None else (quant, source)
+    remove_stale(out if out is not None else quant, keep=sources)
+    if out is not None:  # before the measurement, which may take an hour
+        check_destination(quant, out, False, *sources, remedy=CHOOSE_ANOTHER)
     target = Checkpoint.open(quant)
     attention = calibrated.attention_modules(list(target.tensors))
     if not attention:
@@ -118,6 +121,7 @@ def calibrate_kv(
         out=out,
         replace=force,
         documents=documents,
+        sources=() if source is None else (source,),
     )
     return result.output, entry
 

@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 import re
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -119,14 +120,39 @@ def fingerprint(ckpt: Checkpoint) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def is_calibration_file(path: Path) -> bool:
+    """Whether `path` is a statistics file `write` made: a regular file (not a link) whose header
+    declares our format. Nothing else is ours to replace: it may be a model's weights."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        return (read_header(path).metadata or {}).get("format") == FORMAT
+    except (OSError, CheckpointError):
+        return False
+
+
+def check_replaceable(path: Path, replace: bool) -> None:
+    """Refuse to write the statistics file `path` over anything, unless `replace` and it is one of ours."""
+    if not os.path.lexists(path):
+        return
+    if not replace:
+        raise OutputError("already exists (pass --force to replace it)", file=path, code="output.exists")
+    if not is_calibration_file(path):
+        raise OutputError(
+            "is not a weightsmith statistics file; --force replaces only one of those",
+            file=path,
+            code="output.not-ours",
+        )
+
+
 def write(path: str | os.PathLike[str], stats: CalibrationStats, *, replace: bool = False) -> None:
     """Write `stats` to `path` whole or not at all: a new file beside it, synced, then renamed.
 
-    An existing file is refused unless `replace`: it may be another model's statistics.
+    An existing file is refused unless `replace`, and even then unless it is a statistics file
+    (`check_replaceable`): it may be another model's statistics, or a model's weights.
     """
     path = Path(path)
-    if os.path.lexists(path) and not replace:
-        raise OutputError("already exists (pass --force to replace it)", file=path, code="output.exists")
+    check_replaceable(path, replace)
     values: dict[str, float] = {}
     for module, (k, v) in stats.kv.items():
         values[f"{module}.{KEY_ABSMAX}"] = k

@@ -20,6 +20,7 @@ from weightsmith.cli import paused_gc
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
+from weightsmith.outputdir import check_destination, remove_stale
 from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
 from weightsmith.recipe import (
@@ -315,6 +316,10 @@ def _run_gptq(
     """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run."""
     import os
 
+    # now, not after the hours the values take; what a killed run left goes first (a killed GPTQ run's
+    # scratch folder frees its disk, a previous OUT it had set aside is back before OUT is judged)
+    stale = remove_stale(out, keep=[plan.source.root])
+    check_destination(plan.source.root, out, force)
     seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
     with adding(seconds, "libraries"):
         from weightsmith.engine import gptq
@@ -367,6 +372,7 @@ def _run_gptq(
         progress=(lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if show else None,
     )
     result.engine = {**seconds, **result.engine}
+    result.notes[:0] = stale
     method = result.manifest.method
     for module, why in (method.rtn_fallback if method else {}).items():
         err.print(f"[yellow]warning:[/] {markup_safe(module)}: round-to-nearest, {markup_safe(why)}", soft_wrap=True)

@@ -14,6 +14,7 @@ the source or a neighbour, and a FIFO named like a shard makes every reader hang
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -176,6 +177,12 @@ def create_new(folder: Path, name: str) -> int:
     Refuses a name that is not a relative path below `folder`, an existing file, and a link (at
     the file or at any folder on the way), so nothing outside `folder` can be written through it.
     """
+    _make_folders(folder, name)
+    return os.open(folder / name, CREATE_FLAGS, 0o644)
+
+
+def _make_folders(folder: Path, name: str) -> None:
+    """Check `name` (`name_problem`) and make the folders below `folder` it needs, refusing a link among them."""
     why = name_problem(name)
     if why is not None:
         raise OutputError(f"refusing to write {name!r}: the name {why}", file=folder, code="output.unsafe-name")
@@ -187,9 +194,26 @@ def create_new(folder: Path, name: str) -> int:
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(parent).st_mode):
                 raise OutputError(
-                    f"refusing to write {name!r}: {part} is not a folder", file=folder, code="output.unsafe-name"
+                    f"refusing to write {name!r}: {part} is a link or not a folder",
+                    file=folder,
+                    code="output.unsafe-name",
                 ) from None
-    return os.open(folder / name, CREATE_FLAGS, 0o644)
+
+
+def open_append(folder: Path, name: str) -> int:
+    """A descriptor appending to the regular file `folder/name`, created when missing (a log).
+
+    The rules of `create_new`, except that an existing regular file is appended to: a link (at the
+    file or a folder on the way) is refused, and a FIFO or device is never written to or waited on.
+    """
+    _make_folders(folder, name)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(folder / name, flags, 0o644)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"is {kind(mode)}, not a regular file", str(folder / name))
+    return fd
 
 
 def write_new(folder: Path, name: str, data: bytes) -> None:
@@ -213,12 +237,40 @@ def replace_file(path: Path, data: bytes) -> None:
     """Write `data` to `path` whole or not at all: into a new file beside it, then renamed over it.
 
     A reader (or a crash) never sees half a file, and a link at `path` is replaced rather than
-    followed, so nothing outside the folder is written through it.
+    followed, so nothing outside the folder is written through it. A failure (a full disk, a
+    read-only folder) is one line naming `path`, with the previous file, if any, left as it was.
     """
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    partial.unlink(missing_ok=True)  # left by a killed run that had our pid
     try:
-        write_new(path.parent, partial.name, data)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)  # left by a killed run that had our pid
+        try:
+            write_new(path.parent, partial.name, data)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise OutputError(
+                "could not be written: the disk is full; the previous file, if any, is as it was",
+                file=path,
+                code="output.no-space",
+            ) from None
+        raise OutputError(f"could not be written ({exc.strerror or exc})", file=path, code="output.io") from None
+
+
+#: Bytes kept as they are in a file-name part made from a name (`file_part`); every other is `~XX`.
+_PLAIN = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-.")
+
+
+def file_part(text: str) -> str:
+    """`text` (an arm name, a sweep value: anything from an input) as one safe file-name part.
+
+    Letters, digits and `_+-.` stay; every other UTF-8 byte, `~` itself and a leading `.` become
+    `~XX`, so the part never holds `/`, is never `.`, `..` or hidden, and distinct texts give distinct
+    parts. One too long for a file name is cut and ends in a digest of the whole text.
+    """
+    raw = text.encode("utf-8", "surrogatepass")
+    part = "".join(chr(b) if b in _PLAIN and not (i == 0 and b == ord(".")) else f"~{b:02X}" for i, b in enumerate(raw))
+    if len(part) > 200:
+        part = part[:180] + "~" + hashlib.sha256(raw).hexdigest()[:16]
+    return part or "~"

@@ -439,7 +439,7 @@ def execute(
     scheme computes from the same rows; `method` and `calibrated_from` record it in the manifest.
     """
     src = plan.source
-    notes = remove_stale(out)
+    notes = remove_stale(out, keep=[src.root])
     check_destination(src.root, out, force)
     other = src.other_files()
     other_bytes = sum((src.root / rel).stat().st_size for rel in other.files)

@@ -33,11 +33,16 @@ def test_round_trip(tmp_path: Path) -> None:
 
 
 def test_existing_file_is_refused_unless_replaced(tmp_path: Path) -> None:
+    """Replaced only when asked, and only a statistics file: anything else may be a model's weights."""
     path = tmp_path / "stats.safetensors"
     path.write_bytes(b"mine")
     with pytest.raises(OutputError, match="already exists"):
         calibration.write(path, _stats())
+    with pytest.raises(OutputError, match="not a weightsmith statistics file"):
+        calibration.write(path, _stats(), replace=True)
     assert path.read_bytes() == b"mine"
+    path.unlink()
+    calibration.write(path, _stats())
     calibration.write(path, _stats(), replace=True)
     assert calibration.read(path).inputs["model.layers.0.mlp.down_proj"] == 80.5
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 
 from hostile.harness import Sandbox, run_inprocess, snapshot
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.outputdir import LOCK_FILE, remove_stale
+from weightsmith.outputdir import LOCK_FILE, REPLACED_MARKER, remove_stale
 
 
 def _dead_pid() -> int:
@@ -71,27 +72,37 @@ def test_a_live_runs_partial_folder_is_left_alone(tmp_path: Path) -> None:
     assert not partial.exists()
 
 
-def test_a_partial_folder_without_lock_is_removed_only_when_its_process_is_gone(tmp_path: Path) -> None:
-    live = tmp_path / f"out.partial-{os.getppid()}"  # a process that is certainly running
+def test_a_partial_folder_without_our_lock_file_is_never_removed(tmp_path: Path) -> None:
+    """Its name and a dead pid prove nothing: without our lock file it may be anyone's folder."""
     dead = tmp_path / f"out.partial-{_dead_pid()}"
-    for folder in (live, dead):
-        folder.mkdir()
-    said = remove_stale(tmp_path / "out")
-    assert len(said) == 1 and dead.name in said[0]
-    assert live.is_dir() and not dead.exists()
+    dead.mkdir()
+    (dead / "notes.txt").write_text("mine")
+    assert remove_stale(tmp_path / "out") == []
+    assert (dead / "notes.txt").read_text() == "mine"
+
+
+def _set_aside(out: Path, pid: int) -> Path:
+    """What a run with `pid` replacing `out` leaves when killed between the renames: `out`, marked, renamed aside."""
+    record = {"pid": pid, "device": out.stat().st_dev, "inode": out.stat().st_ino}
+    (out / REPLACED_MARKER).write_text(json.dumps(record))
+    aside = out.with_name(f"{out.name}.replaced-{pid}")
+    out.rename(aside)
+    return aside
 
 
 def test_a_run_that_died_mid_replace_gets_the_previous_output_back(tmp_path: Path) -> None:
     """Killed between renaming OUT aside and renaming the new one in: OUT is missing, so it is restored."""
     out = tmp_path / "out"
-    old = tmp_path / f"out.replaced-{_dead_pid()}"
-    old.mkdir()
-    (old / "config.json").write_text("{}")
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    old = _set_aside(out, _dead_pid())
     said = remove_stale(out)
     assert said == [f"restored out from {old.name}: a run replacing it died before finishing"]
     assert (out / "config.json").read_text() == "{}" and not old.exists()
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # the marker is gone with it
 
-    old.mkdir()  # and when the new OUT did take its place, the previous one is what is left over
+    old = _set_aside(out, _dead_pid())  # and when the new OUT did take its place, the previous one is left over
+    out.mkdir()
     said = remove_stale(out)
     assert said == [f"removed {old.name}, the previous out left by a run that died replacing it"]
     assert out.is_dir() and not old.exists()
@@ -152,8 +163,7 @@ def test_transplant_puts_back_a_target_a_killed_in_place_run_had_renamed_aside(t
 
     donor = write(tiny_moe(kv_scales=True, seed=1), tmp_path / "donor")
     target = write(tiny_moe(kv_scales=False, seed=2), tmp_path / "target")
-    aside = tmp_path / f"target.replaced-{_dead_pid()}"
-    target.rename(aside)
+    aside = _set_aside(target, _dead_pid())
     result = transplant(donor, target, [r"re:.*\.(k|v)_scale$"])
     assert result.notes[0] == f"restored target from {aside.name}: a run replacing it died before finishing"
     assert not aside.exists() and result.verify_errors == 0

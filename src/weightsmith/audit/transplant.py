@@ -34,7 +34,7 @@ from weightsmith.errors import CheckpointError, OutputError
 from weightsmith.files import copy_new, name_problem, write_json_new
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
-from weightsmith.outputdir import check_destination, remove_stale, staged
+from weightsmith.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale, staged
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
@@ -103,7 +103,7 @@ def transplant(
             f"shard name {shard!r} must be a plain file name ending in {SHARD_SUFFIX}", code="transplant.shard-name"
         )
     # first, so that a target a killed in-place run had renamed aside is back before it is opened
-    stale = remove_stale(Path(out) if out is not None else Path(target))
+    stale = remove_stale(Path(out) if out is not None else Path(target), keep=[Path(donor), Path(target)])
     donor_ck = Checkpoint.open(donor, require_config=False)
     target_ck = Checkpoint.open(target, require_config=False)
     chosen = select(sorted(donor_ck.tensors), patterns)
@@ -113,7 +113,12 @@ def transplant(
         )
     plan = _plan(donor_ck, target_ck, chosen, shard, replace)
     dest, report, rewritten = _apply(
-        target_ck, out, shard, plan, lambda folder: _write_new_shard(donor_ck, folder, shard, plan.copies)
+        target_ck,
+        out,
+        shard,
+        plan,
+        lambda folder: _write_new_shard(donor_ck, folder, shard, plan.copies),
+        sources=(donor_ck.root,),
     )
     replaced = sum(1 for c in plan.copies if c.replaces)
     notes = [*stale, f"{len(plan.copies) - replaced} new, {replaced} replaced"]
@@ -135,16 +140,23 @@ def transplant(
 
 
 def _apply(
-    target_ck: Checkpoint, out: str | Path | None, shard: str, plan: _Plan, write_shard: Callable[[Path], None]
+    target_ck: Checkpoint,
+    out: str | Path | None,
+    shard: str,
+    plan: _Plan,
+    write_shard: Callable[[Path], None],
+    *,
+    sources: tuple[Path, ...] = (),
 ) -> tuple[Path, VerifyReport, list[str]]:
     """Stage the target with the new shard (`write_shard(folder)`), the index and config changes, verify, rename.
 
     In place (`out` None) the target folder is replaced whole by the rename; otherwise `out` must
-    not exist and the target is only read. Returns (destination, its verify report, rewritten shards).
+    not exist, nor lie inside the target or the other `sources` read, and those are only read.
+    Returns (destination, its verify report, rewritten shards).
     """
     dest = Path(out) if out is not None else target_ck.root
     if out is not None:
-        check_destination(target_ck.root, dest, force=False)
+        check_destination(target_ck.root, dest, False, *sources, remedy=CHOOSE_ANOTHER)
     rewritten = sorted(s for s in plan.removals if s != shard)
     try:
         with staged(dest, force=out is None) as folder:
@@ -254,13 +266,15 @@ def add_tensors(
     out: str | Path | None = None,
     replace: bool = False,
     documents: dict[str, dict[str, Any]] | None = None,
+    sources: tuple[Path, ...] = (),
 ) -> AddResult:
     """Add tensors computed here (measured KV-cache scales) to the target as one new shard, as `transplant` does.
 
     Same staging, index re-resolution, KV-cache declaration (`kv_scheme` for compressed-tensors)
     and verification; `metadata` goes into the new shard's `__metadata__` and `documents` (file
     name -> JSON) are written in place of those files. Tensors the target already has under the
-    same name or another spelling of the same KV scale are refused unless `replace`.
+    same name or another spelling of the same KV scale are refused unless `replace`. `out` may not
+    lie inside the target or the other `sources` the values were measured on.
     """
     target_ck = Checkpoint.open(target, require_config=False)
     homes = _module_prefixes(target_ck.tensors)
@@ -292,7 +306,7 @@ def add_tensors(
             for c in copies:
                 writer.write(c.name, np.ascontiguousarray(values[c.name]))
 
-    dest, report, _ = _apply(target_ck, out, shard, plan, write)
+    dest, report, _ = _apply(target_ck, out, shard, plan, write, sources=sources)
     return AddResult(dest, shard, declared, sorted(n for c in copies for n in c.replaces), report)
 
 

@@ -29,9 +29,7 @@ bench_app = typer.Typer(
 def run_command(
     arms: Path = typer.Argument(..., help="Arms file (TOML); see docs/bench.md."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Output folder."),
-    force: bool = typer.Option(
-        False, "--force", help="Write into --out even if it holds results, or files bench did not write."
-    ),
+    force: bool = typer.Option(False, "--force", help="Replace the results a previous run left in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress display."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
     allow_unsandboxed: bool = typer.Option(
@@ -44,7 +42,7 @@ def run_command(
 
     Exit status 0 when every arm was measured, 1 when an arm failed or the run was interrupted
     (Ctrl-C or SIGTERM; whatever was measured is still written), 2 for a bad arms file or an --out
-    that is not bench's to write.
+    that is not bench's to write (not empty and not written by bench; `--force` does not change that).
     """
     from weightsmith.bench.config import load_config
     from weightsmith.bench.outdir import claim
@@ -60,7 +58,7 @@ def run_command(
     plan = prepare(config, allow_unsandboxed)
     if (out / RESULTS_FILE).exists() and not force:
         raise OutputError(f"{out / RESULTS_FILE} exists; choose another --out or pass --force")
-    claim(out, force)
+    claim(out)
     err = Console(stderr=True, highlight=False)
 
     def save(results: BenchResults) -> None:
@@ -118,7 +116,6 @@ def run_command(
 def report_command(
     results_file: Path = typer.Argument(..., help="results.json from `weightsmith bench run`."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder (default: beside the file)."),
-    force: bool = typer.Option(False, "--force", help="Write into a folder that holds files bench did not write."),
 ) -> None:
     """Recompute the analysis and rewrite report.md and the plots from a results file.
 
@@ -132,7 +129,7 @@ def report_command(
 
     results = make_portable(load_results(results_file), None, results_file.resolve().parent)
     target = out or results_file.parent
-    claim(target, force)
+    claim(target)
     _, files = write_all(results, target)
     print(files["report"])
 

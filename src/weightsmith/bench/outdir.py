@@ -1,8 +1,9 @@
-"""Whose folder `--out` is: bench writes only into a folder it made, unless told `--force`.
+"""Whose folder `--out` is: bench writes only into a folder it made, or an empty one.
 
 A run empties `cache/<arm>/`, appends to `logs/` and replaces `report.md` and the plots; in a
 folder someone else filled, that would destroy their files. So bench marks every folder it writes
-into, and treats a non-empty folder without the mark (or a results file of its own) as not its own.
+into, and treats a non-empty folder without the mark (or a results file of its own) as not its own,
+`--force` or not: `--force` only lets `run` replace results bench wrote.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from weightsmith.bench.report import RESULTS_FILE
 from weightsmith.bench.results import SCHEMA
 from weightsmith.errors import OutputError
-from weightsmith.files import MAX_JSON_BYTES, read_regular
+from weightsmith.files import MAX_JSON_BYTES, read_regular, write_new
 
 #: Written into every output folder before anything else.
 MARKER = ".weightsmith-bench"
@@ -33,23 +34,26 @@ def written_by_bench(out: Path) -> bool:
     return (out / MARKER).is_file() or _has_bench_results(out)
 
 
-def claim(out: Path, force: bool) -> None:
+def claim(out: Path) -> None:
     """Make `out` ours to write, or refuse with one line before anything is written.
 
     A missing or empty folder is created and marked; a folder bench wrote is kept as it is; any
-    other folder is refused unless `force`.
+    other folder (or a link to one) is refused.
     """
-    if out.exists() and not out.is_dir():
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise OutputError("--out exists and is not a folder", file=out)
-    if out.is_dir() and not force and not written_by_bench(out):
+    if out.is_dir() and not written_by_bench(out):
         try:
             used = next(out.iterdir(), None) is not None
         except OSError as exc:
             raise OutputError(f"cannot read --out: {exc.strerror}", file=out) from None
         if used:
-            raise OutputError("--out holds files bench did not write; choose another --out or pass --force", file=out)
+            raise OutputError(
+                "--out holds files bench did not write; choose an empty folder or one bench wrote", file=out
+            )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / MARKER).touch()
+        if not (out / MARKER).is_file():
+            write_new(out, MARKER, b"")
     except OSError as exc:
         raise OutputError(f"cannot write into --out: {exc.strerror}", file=out) from None

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -23,12 +24,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from weightsmith.bench.analysis import Analysis
 from weightsmith.bench.results import BenchResults
+from weightsmith.files import file_part, replace_file
 
 _DPI = 110
 _COLOURS = cast("tuple[tuple[float, float, float], ...]", cast(ListedColormap, plt.get_cmap("tab10")).colors)
@@ -45,6 +48,16 @@ def _label(name: str, limit: int = 22) -> str:
         base, param = name.split("@", 1)
         return f"{cut(base)}\n{cut(param)}"
     return cut(name)
+
+
+def _save(fig: Figure, path: Path) -> None:
+    """Render `fig` as PNG and write it whole to `path`, never through a link there (`replace_file`)."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=_DPI)
+    finally:
+        plt.close(fig)
+    replace_file(path, buffer.getvalue())
 
 
 def _jitter(n: int, width: float, seed: int) -> np.ndarray:
@@ -114,8 +127,7 @@ def plot_ttft(results: BenchResults, analysis: Analysis, path: Path) -> Path | N
     axes[0][0].set_ylabel(f"time to first token ({unit})")
     fig.suptitle("TTFT, every request (line: median, box: 10th-90th percentile)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
@@ -161,8 +173,7 @@ def plot_decode(results: BenchResults, analysis: Analysis, path: Path) -> Path |
     ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(lengths), frameon=False)
     ax.set_title("Decode rate per request; median with 95% bootstrap interval", fontsize=11, pad=24)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
@@ -200,14 +211,18 @@ def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
     ax.legend(fontsize=8, loc="upper right")
     ax.set_title("Acceptance per draft position (from /metrics deltas)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
-def plot_sweeps(analysis: Analysis, out_dir: Path) -> list[Path]:
-    """Decode rate against each swept parameter, with the best value marked."""
-    paths = []
+def sweep_key(base: str) -> str:
+    """The name a sweep's plot goes by in the report (its file is that name made safe: `file_part`)."""
+    return f"sweep-{base}"
+
+
+def plot_sweeps(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
+    """Decode rate against each swept parameter, with the best value marked; by `sweep_key`."""
+    paths = {}
     for sweep in analysis.sweeps:
         points = [p for p in sweep.points if p.decode_geomean is not None]
         if not points:
@@ -267,10 +282,9 @@ def plot_sweeps(analysis: Analysis, out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.set_title(f"{sweep.base}: decode rate against {sweep.param}", fontsize=11)
         fig.tight_layout()
-        path = out_dir / f"sweep-{sweep.base}.png"
-        fig.savefig(path, dpi=_DPI)
-        plt.close(fig)
-        paths.append(path)
+        path = out_dir / f"{file_part(sweep_key(sweep.base))}.png"
+        _save(fig, path)
+        paths[sweep_key(sweep.base)] = path
     return paths
 
 
@@ -328,8 +342,7 @@ def plot_quality(analysis: Analysis, path: Path) -> Path | None:
     )
     fig.suptitle(f"Scenarios passed per run, per arm (dashed: the maximum){shown}", fontsize=11, x=0.02, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
@@ -347,6 +360,5 @@ def write_plots(results: BenchResults, analysis: Analysis, out_dir: Path) -> dic
         path = fn(out_dir / f"{name}.png")
         if path is not None:
             made[name] = path
-    for path in plot_sweeps(analysis, out_dir):
-        made[path.stem] = path
+    made.update(plot_sweeps(analysis, out_dir))
     return made

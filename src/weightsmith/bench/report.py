@@ -14,7 +14,7 @@ from weightsmith.bench import logcheck
 from weightsmith.bench.analysis import METRICS, Analysis, analyse
 from weightsmith.bench.determinism import ArmDeterminism
 from weightsmith.bench.paths import served_model
-from weightsmith.bench.plots import write_plots
+from weightsmith.bench.plots import sweep_key, write_plots
 from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
 from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
@@ -280,7 +280,7 @@ def _sweeps(analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> list[s
             lines += ["", f"Best by decode rate: `{s.param}={s.best_value}`."]
             if s.best_note:
                 lines[-1] += f" {s.best_note[0].upper()}{s.best_note[1:]}."
-        key = f"sweep-{s.base}"
+        key = sweep_key(s.base)
         if key in plots:
             lines += ["", f"![decode against {s.param}]({_rel(plots[key], out_dir)})"]
         lines.append("")

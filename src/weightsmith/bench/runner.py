@@ -58,6 +58,7 @@ from weightsmith.bench.workloads import (
     stdlib_corpus,
     unique_prefix,
 )
+from weightsmith.files import outside
 
 #: Consecutive connection failures or timeouts after which a server counts as gone (alive or not):
 #: without it, a hung server would cost `request_timeout_s` for every remaining request.
@@ -320,7 +321,10 @@ def _cache_root(state: _RunState, arm: ArmSpec) -> Path | None:
     """A fresh compile cache per arm whose kind has one (cleared once per run, shared by its visits)."""
     if arm.server_kind.cache_env is None or not arm.fresh_cache:
         return None
-    root = state.out_dir / "cache" / slug(arm.name)
+    name = f"cache/{slug(arm.name)}"
+    root = state.out_dir / name
+    if outside(state.out_dir, name) is not None or root.is_symlink():  # rmtree would reach beyond --out
+        raise ServerError(f"{root} is, or lies in, a link; not used as a compile cache")
     if arm.name not in state.caches_cleared:
         shutil.rmtree(root, ignore_errors=True)
         state.caches_cleared.add(arm.name)
@@ -334,13 +338,14 @@ def serving(state: _RunState, arm: ArmSpec, vr: VisitResult) -> Iterator[Running
 
     A server that does not start raises `ServerError` from the `with` (its log kept all the same).
     """
-    log_path = state.out_dir / "logs" / f"{slug(arm.name)}.r{vr.repeat + 1}.log"
+    log_name = f"logs/{slug(arm.name)}.r{vr.repeat + 1}.log"
+    log_path = state.out_dir / log_name
     info = state.arm_infos[arm.name]
     state.observer.phase("starting server")
     try:
-        server = start_server(arm, state.client, log_path, _cache_root(state, arm))
+        server = start_server(arm, state.client, state.out_dir, log_name, _cache_root(state, arm))
     except ServerError:
-        if log_path.exists():
+        if log_path.is_file() and not log_path.is_symlink():
             _keep_log(info, vr, log_path)
         raise
     vr.startup_s = server.startup_s

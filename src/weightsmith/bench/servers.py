@@ -24,6 +24,8 @@ import httpx
 from weightsmith.bench import kinds
 from weightsmith.bench.config import PORT_PLACEHOLDER, ArmSpec
 from weightsmith.bench.logcheck import COMMAND_LINE_PREFIX
+from weightsmith.errors import WeightsmithError
+from weightsmith.files import open_append
 
 
 class ServerError(Exception):
@@ -154,11 +156,14 @@ def wait_ready(client: httpx.Client, server: RunningServer, timeout_s: float, po
         time.sleep(poll_s)
 
 
-def start_server(arm: ArmSpec, client: httpx.Client, log_path: Path, cache_root: Path | None) -> RunningServer:
+def start_server(
+    arm: ArmSpec, client: httpx.Client, out_dir: Path, log_name: str, cache_root: Path | None
+) -> RunningServer:
     """Start the arm's command (or find its url) and wait until it serves.
 
-    `{port}` in the command, url and env becomes a free loopback port; the command's output goes
-    to `log_path`; `cache_root`, when given, becomes the kind's cache variable unless the arm sets it.
+    `{port}` in the command, url and env becomes a free loopback port; the command's output is
+    appended to `out_dir/log_name` (never through a link: `open_append`); `cache_root`, when given,
+    becomes the kind's cache variable unless the arm sets it.
     """
     if arm.command is None:
         assert arm.url is not None
@@ -175,8 +180,14 @@ def start_server(arm: ArmSpec, client: httpx.Client, log_path: Path, cache_root:
     if cache_root is not None and cache_env is not None and cache_env not in arm.env:
         cache_root.mkdir(parents=True, exist_ok=True)
         env[cache_env] = str(cache_root)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    log_path = out_dir / log_name
+    try:
+        log = os.fdopen(open_append(out_dir, log_name), "ab")
+    except OSError as exc:
+        raise ServerError(f"cannot write its log {log_path}: {exc.strerror or exc}") from None
+    except WeightsmithError as exc:
+        raise ServerError(f"cannot write its log {log_path}: {exc.message}") from None
+    with log:
         log.write(f"{COMMAND_LINE_PREFIX}{' '.join(command)}\n".encode())
         log.flush()
         try:

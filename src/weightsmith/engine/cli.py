@@ -19,6 +19,7 @@ from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.texts import BUILTINS
 from weightsmith.errors import OutputError, WeightsmithError
 from weightsmith.manifest import measured_activations, source_fingerprint
+from weightsmith.outputdir import refuse_inside
 from weightsmith.terminal import markup_safe
 
 err_console = Console(stderr=True, highlight=False)
@@ -26,12 +27,12 @@ DEFAULT_TOKENS = 65536
 DEFAULT_SEQ_LEN = 2048
 
 
-def _check_out(out: Path, force: bool) -> None:
-    """Refuse an output the run could not write, before the run: it may take hours."""
-    if os.path.lexists(out) and not force:
-        raise OutputError("already exists (pass --force to replace it)", file=out, code="output.exists")
+def _check_out(src: Path, out: Path, force: bool) -> None:
+    """Refuse an output the run could not or must not write, before the run: it may take hours."""
+    refuse_inside(out, src)
     if out.is_dir():
         raise OutputError("is a folder; --out names the statistics file", file=out, code="output.folder")
+    calibration.check_replaceable(out, force)
     if not out.parent.is_dir():
         raise OutputError("is in a folder that does not exist", file=out, code="output.parent")
 
@@ -53,7 +54,7 @@ def calibrate_command(
     """Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by layer."""
     from weightsmith.fidelity.logits import missing_library
 
-    _check_out(out, force)
+    _check_out(src, out, force)
     ckpt = Checkpoint.open(src)
     missing = missing_library()
     if missing is not None:

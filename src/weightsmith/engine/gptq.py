@@ -27,7 +27,6 @@ freed activations reused rather than faulted in again (`heap`).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -48,6 +47,7 @@ from weightsmith.engine.matmul import PRODUCT_BYTES, add_gram, linear, onednn_li
 from weightsmith.engine.stream import layer_arguments
 from weightsmith.errors import WeightsmithError
 from weightsmith.manifest import MethodRecord
+from weightsmith.outputdir import scratch
 from weightsmith.pipeline import QuantizeResult, execute, kernel_dtype
 from weightsmith.plan import QUANTIZE, Plan
 from weightsmith.quant.floatbits import round_to
@@ -458,20 +458,20 @@ def quantize(
 ) -> QuantizeResult:
     """`plan` written to `out` with GPTQ's values for every quantized Linear the engine runs.
 
-    The values wait in a folder beside `out` named as a partial output, removed however the run ends.
+    The values wait in a scratch folder beside `out` (`outputdir.scratch`), removed however the run
+    ends, and by the next run for `out` if this one is killed.
     """
     targets = {
         d.module: Target(d.rule.scheme, kernel_dtype(plan, d))
         for d in plan.decisions
         if d.action == QUANTIZE and d.rule is not None
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{out.name}.partial-gptq-", dir=out.parent) as work:
+    with scratch(out, "gptq") as work:
         found = run(
             plan.source.root,
             token_ids,
             targets,
-            Path(work),
+            work,
             dampening=dampening,
             actorder=actorder,
             trust_remote_code=trust_remote_code,
