@@ -100,7 +100,7 @@ def calibrate_kv(
     documents = {}
     manifest_path = target.root / MANIFEST_FILE
     if manifest_path.is_file():  # a weightsmith checkpoint: its card reads where measured scales came from
-        manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE), manifest_path)
+        manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE, finite=False), manifest_path)
         # a record already there is the quantize run's (its activation scales, or an earlier
         # calibrate-kv's): it stays, and these scales' provenance is their own record
         if manifest.calibration is None:

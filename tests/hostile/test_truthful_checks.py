@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from audit.doctor_builders import write_shard
-from hostile.harness import Result, Sandbox, copies, run_inprocess, tiny_pair
+from hostile.harness import TINY_LLAMA, Result, Sandbox, copies, run_inprocess, tiny_pair
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith.api import quantize
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 
@@ -153,3 +154,53 @@ def test_an_unknown_architecture_says_what_was_not_checked(
     (note,) = findings
     assert result.code == 0 and note["severity"] == "info" and note["check"] == "arch.not-checked"
     assert said in note["message"] and "not checked" in note["message"]
+
+
+# --- 2. scales must be positive; config.json numbers must be finite ---
+
+
+@pytest.mark.parametrize("value", [-1.0, 0.0])
+def test_scan_values_refuses_a_scale_that_is_not_positive(value, capsys, monkeypatch, sandbox: Sandbox) -> None:
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY_LLAMA), TINY_LLAMA)
+    quant = quantize(src, sandbox.root / "fp8", "fp8-dynamic", workers=1).output
+    name = "model.layers.0.mlp.down_proj.weight_scale"
+    shard = _edit(quant, name, lambda a: np.where(np.arange(a.size).reshape(a.shape) == 3, value, a).astype(a.dtype))
+    result, findings = _verify(capsys, monkeypatch, sandbox, quant)
+    assert result.code == 0  # without --scan-values the values are not read, and the summary says so
+    result, findings = _verify(capsys, monkeypatch, sandbox, quant, "--scan-values")
+    (bad,) = _errors(findings)
+    assert result.code == 1 and (bad["check"], bad["file"], bad["tensor"]) == (
+        "values.scale-not-positive",
+        shard.name,
+        name,
+    )
+    assert "holds 1 zero or negative values" in bad["message"]
+
+
+@pytest.mark.parametrize(("raw", "shown"), [("NaN", "'NaN'"), ("1e400", "'1e400'"), ("-Infinity", "'-Infinity'")])
+def test_non_finite_numbers_in_config(raw, shown, capsys, monkeypatch, sandbox: Sandbox) -> None:
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY_LLAMA), TINY_LLAMA)
+    config = src / "config.json"
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', f'"rms_norm_eps": {raw}'))
+    assert raw in config.read_text()
+    result, findings = _verify(capsys, monkeypatch, sandbox, src)
+    (bad,) = _errors(findings)
+    assert result.code == 1 and (bad["check"], bad["file"]) == ("json.non-finite", "config.json")
+    assert f"holds {shown} at rms_norm_eps, not a finite number" in bad["message"]
+
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "quantize", src, sandbox.root / "out", "--workers", "1")
+    line = result.error_line
+    assert result.code == 2 and str(config) in line and "rms_norm_eps" in line and "not a finite number" in line
+    assert not (sandbox.root / "out").exists()
+    sandbox.assert_untouched()
+
+
+def test_a_nested_non_finite_number_is_named_by_its_path(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY_LLAMA), TINY_LLAMA)
+    config = src / "config.json"
+    config.write_text(config.read_text()[:-2] + ', "rope_scaling": {"factors": [1.0, Infinity]}\n}')
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "quantize", src, sandbox.root / "out", "--workers", "1")
+    assert result.code == 2 and "at rope_scaling.factors[1]" in result.error_line
+    sandbox.assert_untouched()
