@@ -11,6 +11,7 @@ that nothing outside the destination changed.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,70 @@ def test_a_nested_non_finite_number_is_named_by_its_path(capsys, monkeypatch, sa
     result = run_inprocess(capsys, monkeypatch, "quantize", src, sandbox.root / "out", "--workers", "1")
     assert result.code == 2 and "at rope_scaling.factors[1]" in result.error_line
     sandbox.assert_untouched()
+
+
+# --- 3. calibrate-kv: refuses a source that fails verify; its output passes verify ---
+
+
+def _fake_measurement(monkeypatch, maxima: tuple[float, float]) -> None:
+    """Calibration tokens and KV maxima without a tokenizer or a model run: the command around them is tested."""
+    from weightsmith.engine import calibrate
+    from weightsmith.fidelity import logits
+
+    def measure(folder, sequences, **_):
+        names = read_header(Path(folder) / "model.safetensors").tensors
+        attention = sorted({n.rsplit(".", 2)[0] for n in names if ".k_proj.weight" in n})
+        return {a: maxima for a in attention}, None
+
+    monkeypatch.setattr(logits, "missing_library", lambda: None)
+    monkeypatch.setattr(calibrate, "calibration_tokens", lambda *a: ([list(range(64))] * 64, "test", "0" * 64))
+    monkeypatch.setattr(calibrate, "measure", measure)
+
+
+def _calibrate_kv(capsys, monkeypatch, sandbox: Sandbox, *args: object) -> Result:
+    sandbox.freeze()
+    return run_inprocess(capsys, monkeypatch, "calibrate-kv", *args, "--tokens", "4096", "--seq-len", "64")
+
+
+def test_calibrate_kv_refuses_a_target_that_fails_verify(tiny, capsys, monkeypatch, sandbox: Sandbox) -> None:
+    _, quant = copies(sandbox, tiny)
+    config = json.loads((quant / "config.json").read_text())
+    (quant / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=2)))
+    _fake_measurement(monkeypatch, (4.0, 2.0))
+    result = _calibrate_kv(capsys, monkeypatch, sandbox, quant)
+    line = result.error_line
+    assert result.code == 2 and str(quant) in line and "fails verify" in line and "layer 1 of the 2" in line, line
+    sandbox.assert_untouched()
+
+
+def test_calibrate_kv_refuses_a_from_source_that_fails_verify(tiny, capsys, monkeypatch, sandbox: Sandbox) -> None:
+    orig, quant = copies(sandbox, tiny)
+    _edit(orig, "model.layers.0.mlp.up_proj.weight", lambda a: a[:, :32])
+    _fake_measurement(monkeypatch, (4.0, 2.0))
+    result = _calibrate_kv(capsys, monkeypatch, sandbox, quant, "--from", orig)
+    line = result.error_line
+    assert result.code == 2 and str(orig) in line and "up_proj.weight" in line and "[128, 32]" in line, line
+    sandbox.assert_untouched()
+
+
+@pytest.mark.parametrize("maxima", [(math.nan, 1.0), (1.0, math.inf), (1e39, 1.0)])
+def test_calibrate_kv_refuses_a_maximum_that_gives_no_scale(
+    maxima, tiny, capsys, monkeypatch, sandbox: Sandbox
+) -> None:
+    """A NaN or infinite activation maximum used to be written as a NaN or Inf scale, and exit 0."""
+    _, quant = copies(sandbox, tiny)
+    _fake_measurement(monkeypatch, maxima)
+    result = _calibrate_kv(capsys, monkeypatch, sandbox, quant)
+    line = result.error_line
+    assert result.code == 2 and "model.layers.0.self_attn" in line and "no usable FP8 scale" in line, line
+    sandbox.assert_untouched()
+
+
+def test_calibrate_kv_output_passes_verify(tiny, capsys, monkeypatch, sandbox: Sandbox) -> None:
+    _, quant = copies(sandbox, tiny)
+    _fake_measurement(monkeypatch, (4.0, 2.0))
+    result = _calibrate_kv(capsys, monkeypatch, sandbox, quant, "--out", sandbox.root / "kv")
+    assert result.code == 0, result.err
+    sandbox.assert_untouched("kv")
+    result, findings = _verify(capsys, monkeypatch, sandbox, sandbox.root / "kv")
+    assert result.code == 0 and findings == [], findings
