@@ -175,19 +175,22 @@ def check_architecture(
     # the expectation is built for the layers present only: num_hidden_layers is a stranger's number
     expected = expected_tensors(family, values, tied, present)
     found = [
-        Finding("arch.missing-tensor", ERROR, "is missing: the runtime needs it", None, name)
+        Finding(
+            "arch.missing-tensor", ERROR, f"is missing: {arch_name} loads it, and nothing else holds it", None, name
+        )
         for name in expected
         if name not in tensors and not _stored_quantized(name, tensors) and not unreadable
     ]
     missing = _gaps(present, count) if not unreadable else []
     if missing:
+        layers = _plural(missing, "layer")
         found.append(
             Finding(
                 "arch.missing-layer",
                 ERROR,
-                f"{_plural(missing, 'layer')} {_ranges(missing)} of the {count:,} that num_hidden_layers declares "
-                f"{'hold' if _plural(missing, 'layer').endswith('s') else 'holds'} no tensors; "
-                "the runtime would have nothing to load into them",
+                f"{layers} {_ranges(missing)} of the {count:,} that num_hidden_layers declares "
+                f"{'hold' if layers == 'layers' else 'holds'} no tensors; the runtime would have nothing to load "
+                "into them",
                 "config.json",
             )
         )
