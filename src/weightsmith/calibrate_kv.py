@@ -28,9 +28,12 @@ from weightsmith.engine.cli import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.errors import CheckpointError, WeightsmithError
 from weightsmith.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint
 from weightsmith.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale
+from weightsmith.severity import ERROR
 from weightsmith.terminal import markup_safe
 
 KV_CACHE = "fp8"
+#: The verify family whose findings on the target this command mends (missing or unusable KV scales).
+KV_FAMILY = "kv-cache"
 SHARD = DEFAULT_SHARD
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -63,6 +66,7 @@ def calibrate_kv(
     if out is not None:  # before the measurement, which may take an hour
         check_destination(quant, out, False, *sources, remedy=CHOOSE_ANOTHER)
     target = Checkpoint.open(quant)
+    refuse_unverified(target.root, KV_FAMILY)
     attention = calibrated.attention_modules(list(target.tensors))
     if not attention:
         raise CheckpointError(
@@ -85,6 +89,7 @@ def calibrate_kv(
     measured_on = source if source is not None else quant
     ckpt = Checkpoint.open(measured_on) if source is not None else target
     if source is not None:
+        refuse_unverified(ckpt.root)
         _same_architecture(ckpt, target)
     sequences, label, sha = calibration_tokens(measured_on, text, builtin, tokens, seq_len)
     if sum(map(len, sequences)) < calibration.MIN_TOKENS:
@@ -104,7 +109,7 @@ def calibrate_kv(
     documents = {}
     manifest_path = target.root / MANIFEST_FILE
     if manifest_path.is_file():  # a weightsmith checkpoint: its card reads where measured scales came from
-        manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE), manifest_path)
+        manifest = Manifest.from_json(read_json(manifest_path, MANIFEST_FILE, finite=False), manifest_path)
         # a record already there is the quantize run's (its activation scales, or an earlier
         # calibrate-kv's): it stays, and these scales' provenance is their own record
         if manifest.calibration is None:
@@ -124,6 +129,27 @@ def calibrate_kv(
         sources=() if source is None else (source,),
     )
     return result.output, entry
+
+
+def refuse_unverified(folder: Path, *tolerated: str) -> None:
+    """Refuse a checkpoint `verify` finds errors in, naming the first: scales measured on it, or added
+    to it, would ship beside them, and the output would fail `verify` too.
+
+    Findings of the `tolerated` families are left out: in the target, missing or unusable KV-cache
+    scales are what this command measures and writes.
+    """
+    from weightsmith.audit.verify import FAMILIES, verify
+
+    skip = [fam for fam in FAMILIES if fam.id in tolerated]
+    report = verify(folder)
+    errors = [f for f in report.findings if f.severity == ERROR and not any(fam.owns(f.check) for fam in skip)]
+    if errors:
+        more = f" (and {len(errors) - 1:,} more)" if len(errors) > 1 else ""
+        raise CheckpointError(
+            f"fails verify: {errors[0].line()}{more}; fix it first (`weightsmith verify {folder}` lists them)",
+            file=folder,
+            code="kv.source-invalid",
+        )
 
 
 def _same_architecture(src: Checkpoint, target: Checkpoint) -> None:

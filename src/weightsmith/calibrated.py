@@ -11,6 +11,7 @@ declares them. The plan asks this module; it knows no scheme by name.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from weightsmith.quant import eightbit
 
 #: `--kv-cache` values: the KV-cache formats whose scales we can write.
 KV_CACHE_FORMATS = ("fp8",)
+#: The largest activation maximum an FP32 scale can be computed from.
+FP32_MAX = float(np.finfo(np.float32).max)
 #: How a user makes a statistics file, quoted where one is missing.
 HOW = "measure one with `weightsmith calibrate SRC --out STATS`"
 
@@ -100,9 +103,17 @@ def kv_scales(kv: dict[str, tuple[float, float]], attention: list[str], where: P
                 code="calibration.missing",
             )
         for kind, amax in zip(("k", "v"), pair, strict=True):
-            out[names.kv_scale_name(module, kind)] = np.array(
-                [eightbit.static_scale(amax, np.dtype(np.float32))], np.float32
-            )
+            name = names.kv_scale_name(module, kind)
+            # NaN, Inf or beyond FP32 makes no finite positive scale (vLLM would use 1.0 for it)
+            if not (math.isfinite(amax) and 0 <= amax <= FP32_MAX):
+                raise CheckpointError(
+                    f"gave |{kind.upper()}| maximum {amax} for attention layer {module}, so no usable FP8 scale "
+                    "(finite and positive); are its weights finite? (`weightsmith verify --scan-values`)",
+                    file=where,
+                    tensor=name,
+                    code="calibration.non-finite",
+                )
+            out[name] = np.array([eightbit.static_scale(amax, np.dtype(np.float32))], np.float32)
     return out
 
 

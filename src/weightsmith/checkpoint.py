@@ -11,6 +11,7 @@ index is a stranger's text: its shard names must be relative names inside the fo
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Callable
@@ -52,7 +53,7 @@ class TensorRef:
     info: TensorInfo
 
 
-def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False) -> dict[str, Any]:
+def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False, finite: bool = True) -> dict[str, Any]:
     """A JSON object file, with every way it can be wrong reported as one line.
 
     Only a regular file of at most `MAX_JSON_BYTES` is read: its size is a stranger's to choose.
@@ -60,6 +61,9 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
     `what` names a file every checkpoint needs (config.json, the index), for the missing-file line.
     `unique_keys` refuses a key given twice in one object: in an index that is one tensor listed
     under two shards, which JSON readers settle silently by keeping the last.
+    `finite` refuses NaN, Infinity and numbers beyond a float's range (`1e400`): Python's reader
+    accepts them, JSON does not, and a config holding one would be copied on as if it were valid.
+    A reader with its own wording for them (the manifest's) passes False.
     """
     try:
         data = read_regular(path, MAX_JSON_BYTES)
@@ -80,8 +84,21 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
     except UnicodeDecodeError:
         raise CheckpointError("cannot be read (not UTF-8)", file=path, code="file.unreadable") from None
     duplicates: list[tuple[dict[str, Any], str, object, object]] = []
+    not_finite: list[str] = []  # each NaN, Infinity or out-of-range number, as written
+
+    def number(written: str) -> float:
+        value = float(written)
+        if not math.isfinite(value):
+            not_finite.append(written)
+        return value
+
     try:
-        doc = json.loads(text, object_pairs_hook=_recording_duplicates(duplicates) if unique_keys else None)
+        doc = json.loads(
+            text,
+            object_pairs_hook=_recording_duplicates(duplicates) if unique_keys else None,
+            parse_float=number,
+            parse_constant=number,
+        )
     except json.JSONDecodeError as exc:
         raise CheckpointError(
             f"is not valid JSON ({exc.msg}, line {exc.lineno})", file=path, code="json.invalid"
@@ -96,7 +113,29 @@ def read_json(path: Path, what: str | None = None, *, unique_keys: bool = False)
         raise CheckpointError("is not a JSON object", file=path, code="json.invalid")
     if duplicates:
         raise _duplicate_key_error(path, doc, duplicates)
+    if finite and not_finite:
+        raise CheckpointError(
+            f"holds {short_repr(not_finite[0], 40)} at {_first_non_finite(doc)}, not a finite number "
+            "(JSON has no NaN or Infinity); write the real value",
+            file=path,
+            code="json.non-finite",
+        )
     return doc
+
+
+def _first_non_finite(doc: dict[str, Any]) -> str:
+    """Where the first non-finite float in a parsed document lies, as `a.b[2].c`."""
+    stack: list[tuple[str, object]] = [("", doc)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where or "the top level"
+        children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, child in reversed(list(children)):
+            stack.append(
+                (f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key), child)
+            )
+    return "the top level"
 
 
 def _recording_duplicates(

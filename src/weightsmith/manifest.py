@@ -196,7 +196,7 @@ class Manifest:
 
 def load_manifest(path: str | Path) -> Manifest:
     """Read and check a `weightsmith.json` file."""
-    return Manifest.from_json(read_json(Path(path)), path)
+    return Manifest.from_json(read_json(Path(path), finite=False), path)  # from_json names a non-finite field
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

@@ -44,6 +44,11 @@ QUANT_PARAMS = frozenset(
     }
 )
 KV_SCALES = frozenset({K_SCALE, V_SCALE, Q_SCALE, KV_SCALE})
+#: Parameters that hold a weight or activation scale: every value finite and positive, or the
+#: dequantized weights flip sign or vanish (`verify --scan-values`; KV-cache scales are the kv check's).
+WEIGHT_SCALES = frozenset(
+    {WEIGHT_SCALE, WEIGHT_GLOBAL_SCALE, INPUT_GLOBAL_SCALE, WEIGHT_SCALE_INV, WEIGHT_SCALE_2, INPUT_SCALE}
+)
 #: Parameters whose presence marks a module as stored quantized.
 QUANTIZED_MARKERS = frozenset(
     {

@@ -1,4 +1,5 @@
-"""`verify --scan-values`: NaN/Inf and all-zero tensors, reading every byte once, in chunks.
+"""`verify --scan-values`: NaN/Inf and all-zero tensors, and scales that are not positive,
+reading every byte once, in chunks.
 
 Memory stays at one chunk buffer per worker whatever the tensor sizes; reads are positional and
 release the GIL, so a few threads keep the disk busy.
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from weightsmith import names
 from weightsmith.audit.findings import ERROR, WARNING, Finding
 from weightsmith.audit.modules import Located
 from weightsmith.audit.survey import Survey
-from weightsmith.audit.values import CHUNK_BYTES, chunks, non_finite_count
+from weightsmith.audit.values import CHUNK_BYTES, chunks, non_finite_count, non_positive_count
 from weightsmith.safetensors.reader import ShardReader
 
 
@@ -27,6 +29,8 @@ class _Scan:
     numel: int
     non_finite: int
     all_zero: bool
+    #: Zero or negative values in a weight or activation scale (0 for any other tensor).
+    non_positive: int
 
 
 def scan_values(found: Survey, workers: int | None = None) -> tuple[list[Finding], str]:
@@ -38,11 +42,15 @@ def scan_values(found: Survey, workers: int | None = None) -> tuple[list[Finding
         buffer = getattr(local, "buffer", None)
         if buffer is None:
             buffer = local.buffer = np.empty(CHUNK_BYTES, dtype=np.uint8)
-        bad, nonzero = 0, False
+        code = located.info.dtype.code
+        is_scale = names.split(name)[1] in names.WEIGHT_SCALES
+        bad, nonzero, non_positive = 0, False, 0
         for chunk in chunks(readers[located.shard], located.info, buffer):
-            bad += non_finite_count(located.info.dtype.code, chunk)
+            bad += non_finite_count(code, chunk)
             nonzero = nonzero or bool(chunk.any())
-        return _Scan(name, located.shard, located.info.numel, bad, not nonzero)
+            if is_scale:
+                non_positive += non_positive_count(code, chunk)
+        return _Scan(name, located.shard, located.info.numel, bad, not nonzero, non_positive)
 
     items = sorted(found.tensors.items(), key=lambda kv: (kv[1].shard, kv[1].info.begin))
     total = sum(loc.info.nbytes for _, loc in items)
@@ -65,7 +73,18 @@ def scan_values(found: Survey, workers: int | None = None) -> tuple[list[Finding
                     r.name,
                 )
             )
-        elif r.all_zero:
+        if r.non_positive:
+            found_list.append(
+                Finding(
+                    "values.scale-not-positive",
+                    ERROR,
+                    f"holds {r.non_positive:,} zero or negative values among {r.numel:,}; a scale must be "
+                    "positive (the dequantized weights would vanish or flip sign)",
+                    r.shard,
+                    r.name,
+                )
+            )
+        elif r.all_zero and not r.non_finite:
             found_list.append(
                 Finding(
                     "values.all-zero",

@@ -147,12 +147,14 @@ def _apply(
     write_shard: Callable[[Path], None],
     *,
     sources: tuple[Path, ...] = (),
+    clean: bool = False,
 ) -> tuple[Path, VerifyReport, list[str]]:
     """Stage the target with the new shard (`write_shard(folder)`), the index and config changes, verify, rename.
 
     In place (`out` None) the target folder is replaced whole by the rename; otherwise `out` must
     not exist, nor lie inside the target or the other `sources` read, and those are only read.
     Returns (destination, its verify report, rewritten shards).
+    `clean`: any verify error in the staged result refuses it, not only a structural one (`_check_result`).
     """
     dest = Path(out) if out is not None else target_ck.root
     if out is not None:
@@ -168,7 +170,7 @@ def _apply(
             _write_index(target_ck, folder, shard, plan)
             for file, doc in plan.config_changes.items():
                 write_json_new(folder, file, doc)
-            report = _check_result(folder, shard, plan.copies)
+            report = _check_result(folder, shard, plan.copies, clean)
     except OSError as exc:
         raise OutputError(
             f"could not be written ({exc.strerror or exc})", file=exc.filename or dest, code="output.io"
@@ -306,7 +308,7 @@ def add_tensors(
             for c in copies:
                 writer.write(c.name, np.ascontiguousarray(values[c.name]))
 
-    dest, report, _ = _apply(target_ck, out, shard, plan, write, sources=sources)
+    dest, report, _ = _apply(target_ck, out, shard, plan, write, sources=sources, clean=True)
     return AddResult(dest, shard, declared, sorted(n for c in copies for n in c.replaces), report)
 
 
@@ -481,15 +483,18 @@ def _write_index(target: Checkpoint, folder: Path, shard: str, plan: _Plan) -> N
     write_json_new(folder, INDEX_FILE, index)
 
 
-def _check_result(folder: Path, shard: str, copies: list[CopiedTensor]) -> VerifyReport:
+def _check_result(folder: Path, shard: str, copies: list[CopiedTensor], clean: bool) -> VerifyReport:
     """Verify the staged checkpoint: its structure must be clean and the copies must hash as recorded.
 
     Other findings (a layer the selection did not cover, defects the target already had) are
-    reported, not fatal: the transplant did not cause them.
+    reported, not fatal: the transplant did not cause them. With `clean` every error is fatal: the
+    caller verified the target first (`calibrate-kv`), so any error is one the new tensors made.
     """
     report = verify(folder)
     structural = [fam for fam in FAMILIES if fam.structural]
-    broken = [f for f in report.findings if f.severity == ERROR and any(fam.owns(f.check) for fam in structural)]
+    broken = [
+        f for f in report.findings if f.severity == ERROR and (clean or any(fam.owns(f.check) for fam in structural))
+    ]
     if broken:
         raise OutputError(
             f"the staged result failed verification ({broken[0].line()}); nothing was replaced",

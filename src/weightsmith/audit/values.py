@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from weightsmith.dtypes import DTYPES
 from weightsmith.safetensors.header import Header, TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 
@@ -52,6 +53,18 @@ def non_finite_count(code: str, chunk: np.ndarray) -> int:
     view_type, mask, value = rule
     bits = chunk.view(view_type)
     return int(np.count_nonzero((bits & view_type(mask)) == view_type(value)))
+
+
+def non_positive_count(code: str, chunk: np.ndarray) -> int:
+    """How many elements of a byte chunk of float dtype `code` are zero or negative (NaN not counted).
+
+    0 for a code that is not a float of 8 bits or more; `non_finite_count` covers NaN and Inf.
+    """
+    dtype = DTYPES.get(code)
+    if dtype is None or not dtype.is_float or dtype.storage is None:
+        return 0
+    values = chunk.view(dtype.element).astype(np.float32)
+    return int(np.count_nonzero(values <= 0))
 
 
 class SmallReads:

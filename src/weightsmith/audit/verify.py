@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+from weightsmith.audit.check_arch import check_architecture
 from weightsmith.audit.check_kv import check_kv_scales
 from weightsmith.audit.check_names import check_runtime_names
 from weightsmith.audit.check_quant import check_quantization
@@ -117,6 +118,20 @@ FAMILIES = (
         _safetensors,
     ),
     Family("index", "index resolves both ways (entries, shards, total_size)", ("index.", "shard."), _index),
+    Family(
+        "architecture",
+        "tensors against config.json's architecture (every layer, embedding and head; shapes)",
+        ("arch.",),
+        lambda ctx: check_architecture(
+            ctx.survey.config,
+            ctx.declaration,
+            ctx.modules,
+            ctx.survey.tensors,
+            ctx.reads,
+            len(ctx.survey.unreadable_shards),
+        ),
+        frozenset({CONFIG}),
+    ),
     Family(
         "quantization",
         "quantization config against the tensors",

@@ -22,6 +22,7 @@ from weightsmith.card.sources import (
     INSPECT_FILE,
     PREFLIGHT_FILE,
     VERIFY_FILE,
+    disagreements,
     reload,
 )
 from weightsmith.errors import WeightsmithError
@@ -107,9 +108,15 @@ def check_card(folder: Path) -> CheckResult:
     markdown, now = render_card(
         src, base if isinstance(base, str) else None, license_id if isinstance(license_id, str) else None, repo
     )
+    result.mismatches += disagreements(src)
     for item in cited:
         expected = now.by_source.get(item.source)
-        if expected is None:
+        if item.glued:
+            result.mismatches.append(
+                f"{CARD_FILE}:{item.line}: {item.value} citing {item.source} is followed by {item.glued!r}, "
+                "so a reader sees another value than the one cited"
+            )
+        elif expected is None:
             result.mismatches.append(
                 f"{CARD_FILE}:{item.line}: {item.value} cites {item.source}, which no longer gives a value"
             )

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 #: 200,000-character line take minutes. Each remaining part is bounded by a character it cannot
 #: contain (a backtick, `:`, `<`, `>`), so finding every anchor is linear in the line's length.
 _TOKEN = r"[\w.,+%-]"
-_ANCHOR = re.compile(rf"(`[^`\n]+`|(?<!{_TOKEN}){_TOKEN}+)<!-- ([^:<>]+?): ([^<>]+?) -->")
+#: What, right after an anchor, a reader would read as part of the number: `14<!-- ... -->0` shows
+#: as 140. Captured (without consuming it, so a next anchor is still found) for `card --check`.
+_GLUED = r"(?=(\w|[.,]\d)?)"
+_ANCHOR = re.compile(rf"(`[^`\n]+`|(?<!{_TOKEN}){_TOKEN}+)<!-- ([^:<>]+?): ([^<>]+?) -->{_GLUED}")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class Cited:
     file: str
     field: str
     line: int = 0
+    #: A character after the anchor that a reader takes as part of the value ("" when none).
+    glued: str = ""
 
     @property
     def source(self) -> str:
@@ -62,5 +67,5 @@ def find_cited(markdown: str) -> list[Cited]:
     found = []
     for number, line in enumerate(markdown.splitlines(), start=1):
         for m in _ANCHOR.finditer(line):
-            found.append(Cited(m.group(1), m.group(2), m.group(3), number))
+            found.append(Cited(m.group(1), m.group(2), m.group(3), number, m.group(4) or ""))
     return found

@@ -9,16 +9,19 @@ record, and reading one checks it with the same wording.
 
 A spec is a type or tuple of types (`int` never accepts a bool, `float` also takes an int, `None`
 allows null), a `dict` of field specs (a key ending in `?` may be absent), `[spec]` for a list of
-one kind, or `Each(spec)` for an object whose keys are free and whose values share one spec.
+one kind, `Each(spec)` for an object whose keys are free and whose values share one spec, or
+`Bounded(low, high)` for a number that must lie in a range.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from weightsmith.errors import WeightsmithError
+from weightsmith.terminal import short_repr
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,29 @@ class Each:
     """An object with free keys (shard names, categories) whose values all match `spec`."""
 
     spec: Any
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """A number (an integer when `integer`) from `low` to `high`: what a measurement can be at all.
+
+    A KL of -5 or a top-1 agreement of 1.7 is not a measurement, and a card must not publish one.
+    """
+
+    low: float
+    high: float = math.inf
+    integer: bool = False
+
+    @property
+    def kinds(self) -> tuple[type, ...]:
+        return (int,) if self.integer else (int, float)
+
+    def holds(self, value: float) -> bool:
+        finite = isinstance(value, int) or math.isfinite(value)  # an int of 5,000 digits has no float
+        return finite and self.low <= value <= self.high
+
+    def words(self) -> str:
+        return f"at least {self.low:g}" if self.high == math.inf else f"from {self.low:g} to {self.high:g}"
 
 
 NUM = (int, float)
@@ -55,23 +81,26 @@ PREFLIGHT = {
 }
 PREFLIGHT_KEPT = {"runs": [{"vllm": str, "method": OPT_STR, "passed": bool, "counts": Each(int)}]}
 
-_SUMMARY = {"name": str, "layers": int, "numel": NUM, "rel_mse": OPT_NUM, "sqnr_db": OPT_NUM}
+COUNT = Bounded(0, integer=True)
+_SUMMARY = {"name": str, "layers": COUNT, "numel": Bounded(0), "rel_mse": (Bounded(0), None), "sqnr_db": OPT_NUM}
 EVAL = {
     "weights": {
         "categories": [_SUMMARY],
         "overall": _SUMMARY,
-        "original_grid?": {"blocks": int, "on_4bit_grid": int},
+        "original_grid?": {"blocks": COUNT, "on_4bit_grid": COUNT},
     },
     "logits": {"status": str, "reason?": OPT_STR},
 }
 #: Read only when `logits.status` is "ok".
 EVAL_LOGITS_OK = {
-    "tokens": int,
+    "tokens": COUNT,
     "text_source": str,
-    "kl": NUM,
-    "top1_agreement": NUM,
-    "ppl_orig": NUM,
-    "ppl_quant": NUM,
+    # KL is never negative; a float64 sum of terms that cancel may round a hair below 0
+    "kl": Bounded(-1e-9),
+    "top1_agreement": Bounded(0, 1),
+    # exp of a cross-entropy, itself never negative
+    "ppl_orig": Bounded(1),
+    "ppl_quant": Bounded(1),
 }
 
 _BITS = {"bits_per_param": OPT_NUM, "bits_with_overhead": OPT_NUM}
@@ -142,6 +171,15 @@ def check(value: Any, spec: Any, file: str | Path, path: str = "") -> None:
             return
     if _matches_type(value, tuple(o for o in options if o is None or isinstance(o, type))):
         return
+    for option in options:
+        if isinstance(option, Bounded) and _matches_type(value, option.kinds):
+            if option.holds(value):
+                return
+            raise WeightsmithError(
+                f"{where} is {short_repr(value, 40)}, out of range: it must be {option.words()}",
+                file=file,
+                code="card.field",
+            )
     raise WeightsmithError(f"{where} is {_kind(value)}, not {_expected(options)}", file=file, code="card.field")
 
 
@@ -158,6 +196,8 @@ def _expected(options: tuple[Any, ...]) -> str:
             words.append("an object")
         elif isinstance(o, list):
             words.append("a list")
+        elif isinstance(o, Bounded):
+            words.append(_expected(o.kinds))
         else:
             words.append(_WORDS.get(o.__name__, o.__name__))
     return " or ".join(dict.fromkeys(words))
@@ -168,3 +208,11 @@ def check_eval(doc: dict[str, Any], file: str | Path) -> None:
     check(doc, EVAL, file)
     if doc["logits"]["status"] == "ok":
         check(doc["logits"], EVAL_LOGITS_OK, file, "logits")
+    grid = doc["weights"].get("original_grid")
+    if grid and grid["on_4bit_grid"] > grid["blocks"]:
+        raise WeightsmithError(
+            f"weights.original_grid.on_4bit_grid is {grid['on_4bit_grid']}, more than the "
+            f"{grid['blocks']} blocks sampled",
+            file=file,
+            code="card.field",
+        )

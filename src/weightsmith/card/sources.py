@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightsmith.audit.coverage import QUANTIZED
 from weightsmith.audit.inspect import inspect
 from weightsmith.audit.verify import verify
 from weightsmith.bench.analysis import Analysis, analyse
@@ -99,6 +100,31 @@ def _load_common(folder: Path) -> tuple[Manifest, dict[str, Any]]:
     return load_manifest(folder / MANIFEST_FILE), _read_checked(folder / CONFIG_FILE, schema.CONFIG)
 
 
+def disagreements(src: CardSources) -> list[str]:
+    """Where two sources state the same fact differently, each as `FILE: what`: a card citing both
+    would contradict itself, so `card` refuses to write it and `card --check` reports it.
+
+    The count of quantized weights is stated by the manifest (the run's plan, in total and per
+    recipe rule) and by inspect (the modules stored quantized now); an edit to one shows here.
+    """
+    m = src.manifest
+    found = []
+    rules = m.recipe.rules or []
+    if rules and sum(r.quantized for r in rules) != m.tensors.quantize:
+        found.append(
+            f"{MANIFEST_FILE}: tensors.quantize is {m.tensors.quantize:,}, but its recipe rules quantized "
+            f"{sum(r.quantized for r in rules):,} (recipe.rules[].quantized)"
+        )
+    statuses = (src.inspect.get("quantization") or {}).get("statuses")
+    stored = sum(s["modules"] for s in statuses or [] if s["status"] == QUANTIZED)
+    if statuses is not None and stored != m.tensors.quantize:
+        found.append(
+            f"{MANIFEST_FILE}: tensors.quantize is {m.tensors.quantize:,}, but {INSPECT_FILE} counts {stored:,} "
+            "modules stored quantized (quantization.statuses)"
+        )
+    return found
+
+
 def _bench(path: Path | None) -> tuple[BenchResults | None, Analysis | None]:
     if path is None:
         return None, None
@@ -132,7 +158,11 @@ def gather(
     bench, analysis = _bench(bench_path)
     preflight = _preflight_runs(preflight_paths)
     inspected, verified = _measure(folder)
-    return CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis, preflight)
+    src = CardSources(folder, manifest, config, inspected, verified, evaluated, bench, analysis, preflight)
+    problems = disagreements(src)
+    if problems:
+        raise WeightsmithError(f"{problems[0]}; nothing written", file=folder, code="card.disagree")
+    return src
 
 
 def keep(src: CardSources, card: str) -> None:

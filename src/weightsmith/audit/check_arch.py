@@ -1,0 +1,268 @@
+"""The tensors against what config.json's architecture implies: every layer there, every shape right.
+
+A checkpoint missing a layer, its embedding or its head, or holding a projection of the wrong size,
+passes every file-level check; vLLM then fails to load it, or (a missing tensor it does not
+check for) serves weights that were never loaded. For the architectures whose tensors follow from
+config fields alone (the Llama family: Llama, Mistral, Qwen2, Qwen3) the expected tensors are
+stated here and compared; any other architecture (MoE, multimodal wrappers, speculative drafts
+with their own names) gets one info finding saying so, rather than a silent pass.
+
+Quantized modules are compared by their logical shape (`weight_shape`, or what the declared
+format's packing implies), not the packed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from weightsmith import names
+from weightsmith.audit.findings import ERROR, INFO, Finding
+from weightsmith.audit.modules import Located, Module, layer_of
+from weightsmith.audit.quant_config import QuantDeclaration
+from weightsmith.audit.values import SmallReads
+
+#: A config field an expectation needs, and the value it takes when absent (None: required).
+_FIELDS: dict[str, Callable[[dict[str, int]], int] | None] = {
+    "hidden_size": None,
+    "num_hidden_layers": None,
+    "num_attention_heads": None,
+    "num_key_value_heads": lambda c: c["num_attention_heads"],
+    "head_dim": lambda c: c["hidden_size"] // c["num_attention_heads"],
+    "intermediate_size": None,
+    "vocab_size": None,
+}
+
+
+@dataclass(frozen=True)
+class _Family:
+    """An architecture whose tensors follow from the config: its extra per-layer tensors."""
+
+    #: Per-layer 1-D tensors beyond the two norms, with the config field that sizes them.
+    layer_vectors: tuple[tuple[str, str], ...] = ()
+
+
+_LLAMA = _Family()
+#: `architectures[0]` -> its family. Only classes whose checkpoints are named `model.layers.N...`
+#: with one dense MLP per layer; anything else is not checked (and says so).
+ARCHITECTURES: dict[str, _Family] = {
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": _LLAMA,
+    "Qwen3ForCausalLM": _Family((("self_attn.q_norm.weight", "head_dim"), ("self_attn.k_norm.weight", "head_dim"))),
+}
+
+
+def expected_tensors(arch: _Family, c: dict[str, int], tied: bool, layers: list[int]) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> logical shape, for `layers` (and the embedding, norm and head) of `arch` with config `c`."""
+    h, q, kv = c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    i = c["intermediate_size"]
+    out = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
+    if not tied:
+        out["lm_head.weight"] = (c["vocab_size"], h)
+    for layer in layers:
+        p = f"model.layers.{layer}."
+        out |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
+        out |= {p + name: (c[field],) for name, field in arch.layer_vectors}
+    return out
+
+
+def _config_values(config: dict[str, Any]) -> tuple[dict[str, int], str | None]:
+    """The fields `expected_tensors` needs, or the first one that is absent or not a positive integer."""
+    values: dict[str, int] = {}
+    for key, default in _FIELDS.items():
+        value = config.get(key)
+        if value is None and default is not None:
+            value = default(values)
+        if type(value) is not int or value <= 0:
+            return values, key
+        values[key] = value
+    return values, None
+
+
+def _logical_shape(module: Module, decl: QuantDeclaration | None, reads: SmallReads) -> tuple[int, ...] | None:
+    """The shape the module's weight has as a model parameter; None where the stored form does not say.
+
+    A quantized weight's packing is the quantization family's to check: here only the shape it stands for.
+    """
+    params = module.params
+    shape_ref = params.get(names.WEIGHT_SHAPE)
+    if shape_ref is not None:
+        if shape_ref.info.dtype.code != "I64" or shape_ref.info.shape != (2,):
+            return None
+        return tuple(int(v) for v in reads.array(shape_ref.shard, f"{module.name}.{names.WEIGHT_SHAPE}"))
+    if not module.quantized:
+        weight = params.get(names.WEIGHT)
+        return weight.info.shape if weight is not None else None
+    if decl is None:
+        return None
+    scheme, _ = decl.resolve(module)
+    layout = decl.layout(scheme) if scheme is not None else None
+    codes = params.get(layout.codes) if layout is not None else None
+    if layout is None or codes is None or len(codes.info.shape) != 2:
+        return None
+    rows, cols = codes.info.shape
+    in_features = layout.in_features(cols)
+    return None if in_features is None else (rows, in_features)
+
+
+def check_architecture(
+    config: dict[str, Any] | None,
+    decl: QuantDeclaration | None,
+    modules: dict[str, Module],
+    tensors: dict[str, Located],
+    reads: SmallReads,
+    unreadable: int = 0,
+) -> tuple[list[Finding], str]:
+    """Missing layers and tensors, layers beyond the config, and shapes the config contradicts.
+
+    With `unreadable` shards (their headers already an error) a tensor not seen may lie in one of
+    them: nothing is called missing then, and the scope says so.
+    """
+    config = config or {}
+    archs = config.get("architectures")
+    arch_name = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    family = ARCHITECTURES.get(arch_name or "")
+    if family is None:
+        what = f"architecture {arch_name}" if arch_name else "no architectures in config.json"
+        return [
+            Finding(
+                "arch.not-checked",
+                INFO,
+                f"{what}: no expectations for its tensors, so missing layers and shapes were not checked "
+                f"(checked for {', '.join(ARCHITECTURES)})",
+                "config.json",
+            )
+        ], f"{what}: not checked"
+    values, bad = _config_values(config)
+    if bad is not None and config.get(bad) is None:
+        return [
+            Finding(
+                "arch.not-checked",
+                INFO,
+                f"has no {bad}, so the layers and shapes of {arch_name} were not checked against it",
+                "config.json",
+            )
+        ], f"{arch_name}: config.json has no {bad}, not checked"
+    if bad is not None:
+        return [
+            Finding(
+                "arch.config",
+                ERROR,
+                f"{bad} is {config.get(bad)!r}, not a positive integer; the runtime sizes {arch_name} by it",
+                "config.json",
+            )
+        ], f"{arch_name}: config.json's {bad} is not a size"
+    tied = config.get("tie_word_embeddings") is True
+    count = values["num_hidden_layers"]
+    by_layer: dict[int, str] = {}  # each layer's first tensor
+    for name in tensors:
+        layer = layer_of(name)
+        if layer is not None:
+            by_layer.setdefault(layer, name)
+    present = sorted(n for n in by_layer if n < count)
+    # the expectation is built for the layers present only: num_hidden_layers is a stranger's number
+    expected = expected_tensors(family, values, tied, present)
+    found = [
+        Finding(
+            "arch.missing-tensor", ERROR, f"is missing: {arch_name} loads it, and nothing else holds it", None, name
+        )
+        for name in expected
+        if name not in tensors and not _stored_quantized(name, tensors) and not unreadable
+    ]
+    missing = _gaps(present, count) if not unreadable else []
+    if missing:
+        layers = _plural(missing, "layer")
+        found.append(
+            Finding(
+                "arch.missing-layer",
+                ERROR,
+                f"{layers} {_ranges(missing)} of the {count:,} that num_hidden_layers declares "
+                f"{'hold' if layers == 'layers' else 'holds'} no tensors; the runtime would have nothing to load "
+                "into them",
+                "config.json",
+            )
+        )
+    beyond = _spans(sorted(n for n in by_layer if n >= count))
+    if beyond:
+        first = by_layer[beyond[0][0]]
+        found.append(
+            Finding(
+                "arch.extra-layer",
+                ERROR,
+                f"belongs to {_plural(beyond, 'layer')} {_ranges(beyond)} beyond the {count:,} that "
+                "num_hidden_layers declares; the runtime has no such layer",
+                tensors[first].shard,
+                first,
+            )
+        )
+    for name, shape in expected.items():
+        module = modules.get(names.split(name)[0])
+        if module is None or not ({names.split(name)[1], names.WEIGHT_PACKED} & module.params.keys()):
+            continue
+        actual = _logical_shape(module, decl, reads)
+        if actual is not None and actual != shape:
+            main = module.params.get(names.WEIGHT) or module.params[names.WEIGHT_PACKED]
+            found.append(
+                Finding(
+                    "arch.shape",
+                    ERROR,
+                    f"is {list(actual)} but config.json implies {list(shape)} for {arch_name}",
+                    main.shard,
+                    name,
+                )
+            )
+    head = "head tied to the embedding" if tied else "lm_head"
+    scope = f"{arch_name}: {count:,} layers, embedding, norm and {head} against config.json's sizes"
+    if unreadable:
+        scope += f" (shapes only: {unreadable} shard(s) unreadable, so missing tensors were not looked for)"
+    return found, scope
+
+
+def _gaps(present: list[int], count: int) -> list[tuple[int, int]]:
+    """The ranges (first, last) of 0..count-1 that `present` (sorted, all below count) leaves out."""
+    gaps: list[tuple[int, int]] = []
+    expect = 0
+    for layer in [*present, count]:
+        if layer > expect:
+            gaps.append((expect, layer - 1))
+        expect = layer + 1
+    return gaps
+
+
+def _spans(layers: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct numbers as runs (first, last)."""
+    spans: list[tuple[int, int]] = []
+    for n in layers:
+        if spans and spans[-1][1] == n - 1:
+            spans[-1] = (spans[-1][0], n)
+        else:
+            spans.append((n, n))
+    return spans
+
+
+def _ranges(spans: list[tuple[int, int]], shown: int = 8) -> str:
+    """`1, 3-5, 9` (at most `shown` spans, then how many more)."""
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans[:shown])
+    return text + (f" and {len(spans) - shown:,} more ranges" if len(spans) > shown else "")
+
+
+def _plural(spans: list[tuple[int, int]], word: str) -> str:
+    return word if len(spans) == 1 and spans[0][0] == spans[0][1] else word + "s"
+
+
+def _stored_quantized(name: str, tensors: dict[str, Located]) -> bool:
+    """A weight stored in a quantized form under another parameter name (`weight_packed`)."""
+    module, param = names.split(name)
+    return param == names.WEIGHT and f"{module}.{names.WEIGHT_PACKED}" in tensors
