@@ -8,6 +8,9 @@ through `printable`; JSON output keeps the real strings.
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterable
+
 
 def printable(text: str) -> str:
     """`text` with each character a terminal would act on or not show written as its escape.
@@ -26,3 +29,37 @@ def short_repr(value: object, limit: int = 40) -> str:
     stranger's file may be of any length, and a message quoting it must stay one readable line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shell_line(words: Iterable[str]) -> str:
+    """`words` as one command line that, pasted into bash, runs exactly that argv: the one spelling
+    of every command line we print (preflight's and the card's `vllm serve`, bench's report).
+
+    A path or a JSON value is a stranger's text: `$(...)`, backquotes, quotes, `;` and spaces in it
+    must stay text. Each word is quoted as `shlex.join` quotes it; a word holding a character a
+    terminal would act on or hide (a newline, an escape sequence) is written in bash's `$'...'`
+    form instead, those characters as escapes, so the line stays one printable line and still
+    pastes exactly. A file name's undecodable byte (a lone surrogate from `os.fsdecode`) is
+    written as that byte.
+    """
+    return " ".join(shlex.quote(w) if w.isprintable() else _ansi_c_word(w) for w in words)
+
+
+def _ansi_c_word(word: str) -> str:
+    """`word` in bash's `$'...'` quoting, every character `str.isprintable` refuses as an escape."""
+    out = []
+    for ch in word:
+        code = ord(ch)
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif 0xDC80 <= code <= 0xDCFF:  # surrogateescape: the byte the file name holds
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "$'" + "".join(out) + "'"
