@@ -82,7 +82,9 @@ def calibrate_kv(
     ckpt = Checkpoint.open(measured_on) if source is not None else target
     if source is not None:
         _same_architecture(ckpt, target)
-    sequences, label, sha = calibration_tokens(measured_on, text, builtin, tokens, seq_len)
+    sequences, label, sha = calibration_tokens(
+        measured_on, text, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
+    )
     if sum(map(len, sequences)) < calibration.MIN_TOKENS:
         err.print(
             f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "

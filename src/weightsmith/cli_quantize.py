@@ -323,7 +323,9 @@ def _run_gptq(
         os.environ.setdefault("TQDM_DISABLE", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         text = str(opts.text) if opts.text else None
-        sequences, label, sha = calibration_tokens(src, text, opts.builtin, opts.tokens, opts.seq_len)
+        sequences, label, sha = calibration_tokens(
+            src, text, opts.builtin, opts.tokens, opts.seq_len, trust_remote_code=opts.trust_remote_code
+        )
     count = sum(map(len, sequences))
     largest = max(max(ids) for ids in sequences)
     if largest >= vocab:

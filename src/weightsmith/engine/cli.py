@@ -66,7 +66,9 @@ def calibrate_command(
     source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    sequences, label, sha = calibration_tokens(src, str(text) if text else None, builtin, tokens, seq_len)
+    sequences, label, sha = calibration_tokens(
+        src, str(text) if text else None, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
+    )
     count = sum(map(len, sequences))
     if count < calibration.MIN_TOKENS:
         err_console.print(

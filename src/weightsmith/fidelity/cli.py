@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from weightsmith.checkpoint import refuse_remote_code
 from weightsmith.fidelity import logits as logits_mod
 from weightsmith.fidelity.report import EvalReport, print_report, to_json
 from weightsmith.fidelity.weights import WeightReport, weight_error
@@ -61,9 +62,16 @@ def eval_command(
         bool,
         typer.Option("--stream", help="Run both models one decoder layer at a time (for models larger than memory)."),
     ] = False,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option("--trust-remote-code", help="Let transformers run the checkpoints' own code (on this machine)."),
+    ] = False,
 ) -> None:
     """How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity."""
     sample = logits_mod.read_text(text) if text is not None else None  # a bad --text fails before any work
+    if not no_logits:  # as early: code a checkpoint ships is refused before the weight pass, not after
+        for folder in (orig, quant):
+            refuse_remote_code(folder, trust_remote_code)
     if as_json or not err_console.is_terminal:
         weights = weight_error(orig, quant)
     else:
@@ -77,9 +85,13 @@ def eval_command(
         if stream:
             from weightsmith.engine import logits as streamed
 
-            logits = streamed.compare(orig, quant, sample.text, tokens, sample.source)
+            logits = streamed.compare(
+                orig, quant, sample.text, tokens, sample.source, trust_remote_code=trust_remote_code
+            )
         else:
-            logits = logits_mod.compare(orig, quant, sample.text, tokens, text_source=sample.source)
+            logits = logits_mod.compare(
+                orig, quant, sample.text, tokens, text_source=sample.source, trust_remote_code=trust_remote_code
+            )
     report = EvalReport(str(orig), str(quant), weights, logits)
     if as_json:
         print(to_json(report))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, read_json
+from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, read_json, refuse_remote_code
 from weightsmith.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 
@@ -192,11 +192,12 @@ def dequantize_on_load(folder: str | Path) -> Any:
     return None
 
 
-def load_model(folder: str | Path) -> Any:
+def load_model(folder: str | Path, *, trust_remote_code: bool = False) -> Any:
     """A causal LM in float32 on CPU, in eval mode. Raises ValueError if any weight did not load."""
     import torch
     import transformers
 
+    refuse_remote_code(Path(folder), trust_remote_code)
     extra = {}
     loading = dequantize_on_load(folder)
     if loading is not None:
@@ -205,7 +206,12 @@ def load_model(folder: str | Path) -> Any:
         warnings.filterwarnings("ignore", message=".*loading attributes.*", category=UserWarning)
         # with output_loading_info the result is a (model, info) pair, which transformers' annotation omits
         loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
-            str(folder), dtype=torch.float32, local_files_only=True, output_loading_info=True, **extra
+            str(folder),
+            dtype=torch.float32,
+            local_files_only=True,
+            output_loading_info=True,
+            trust_remote_code=trust_remote_code,
+            **extra,
         )
         model, info = loaded
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
@@ -214,14 +220,18 @@ def load_model(folder: str | Path) -> Any:
     return model.to(torch.float32).eval()
 
 
-def load_tokenizer(*folders: str | Path) -> Any:
-    """The tokenizer of the first folder that has one. Raises OSError (or the loader's error) if none."""
+def load_tokenizer(*folders: str | Path, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of the first folder that has one. Raises OSError (or the loader's error) if none,
+    and `refuse_remote_code`'s error for a folder that ships its own code untrusted."""
     import transformers
 
     problem: Exception | None = None
     for folder in folders:
+        refuse_remote_code(Path(folder), trust_remote_code)
         try:
-            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            return transformers.AutoTokenizer.from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=trust_remote_code
+            )
         except Exception as exc:  # transformers raises many types for a folder without a tokenizer
             problem = exc
     assert problem is not None
@@ -242,6 +252,8 @@ def compare(
     text: str | None = None,
     tokens: int = DEFAULT_TOKENS,
     text_source: str | None = None,
+    *,
+    trust_remote_code: bool = False,
 ) -> LogitsReport:
     """KL, top-1 agreement and perplexities of QUANT against ORIG on `text` (default: stdlib code).
 
@@ -262,7 +274,9 @@ def compare(
     if reason is not None:
         return finish(UNAVAILABLE, reason)
     try:
-        tokenizer = load_tokenizer(orig_dir, quant_dir)
+        tokenizer = load_tokenizer(orig_dir, quant_dir, trust_remote_code=trust_remote_code)
+    except WeightsmithError:
+        raise
     except Exception as exc:
         return finish(UNAVAILABLE, f"no tokenizer transformers can load in ORIG or QUANT ({_first_line(exc)})")
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
@@ -271,7 +285,7 @@ def compare(
         raise WeightsmithError(f"gives {report.tokens} token(s); at least 2 are needed", file=report.text_source)
 
     try:
-        model = load_model(orig_dir)
+        model = load_model(orig_dir, trust_remote_code=trust_remote_code)
     except Exception as exc:  # whatever transformers raises, it means this machine cannot run ORIG
         return finish(UNAVAILABLE, f"transformers cannot build ORIG on CPU ({_first_line(exc)})")
     try:
@@ -285,7 +299,7 @@ def compare(
 
     quantizers = input_quantizers(Checkpoint.open(quant_dir))  # stored activation scales, applied as served
     try:
-        model = load_model(quant_dir)
+        model = load_model(quant_dir, trust_remote_code=trust_remote_code)
     except Exception as exc:  # the checkpoint itself is at fault: report it as a finding
         return finish(FAILED, f"transformers cannot load QUANT through compressed-tensors ({_first_line(exc)})")
     try:
