@@ -142,9 +142,16 @@ def command(
         "--from",
         help="Measure on this original checkpoint's activations (default: on QUANT's own, dequantized).",
     ),
-    text: str | None = typer.Option(None, "--text", help="Calibration text file (default: --builtin code)."),
+    text: str | None = typer.Option(
+        None, "--text", help=f"Calibration text file ({calibration.TEXT_HELP}; default: --builtin code)."
+    ),
     builtin: str | None = typer.Option(None, "--builtin", help="Built-in calibration text: code or prose."),
-    tokens: int = typer.Option(DEFAULT_TOKENS, "--tokens", help="Calibration tokens to run."),
+    tokens: int = typer.Option(
+        DEFAULT_TOKENS,
+        "--tokens",
+        parser=calibration.tokens_option(),
+        help=f"Calibration tokens to run (at most {calibration.MAX_TOKENS:,}).",
+    ),
     seq_len: int = typer.Option(DEFAULT_SEQ_LEN, "--seq-len", help="Tokens per sequence."),
     out: Path | None = typer.Option(None, "--out", help="Write the result here instead of replacing QUANT."),
     force: bool = typer.Option(False, "--force", help="Replace KV-cache scales QUANT already has."),

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from weightsmith.api import plan_quantize
-from weightsmith.calibration import MIN_TOKENS, Provenance, fingerprint
+from weightsmith.calibration import MAX_TOKENS, MIN_TOKENS, TEXT_HELP, Provenance, fingerprint, tokens_option
 from weightsmith.cli import paused_gc
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
@@ -425,11 +425,18 @@ def quantize(
         "--method",
         help="rtn (round-to-nearest, data-free) or gptq (GPTQ on calibration text, one decoder layer at a time).",
     ),
-    text: Path | None = typer.Option(None, "--text", help="--method gptq: UTF-8 calibration text."),
+    text: Path | None = typer.Option(
+        None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."
+    ),
     builtin: str | None = typer.Option(
         None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
     ),
-    tokens: int = typer.Option(2048, "--tokens", min=1, help="--method gptq: calibration tokens, at most."),
+    tokens: int = typer.Option(
+        2048,
+        "--tokens",
+        parser=tokens_option(),
+        help=f"--method gptq: calibration tokens, at most (at most {MAX_TOKENS:,}).",
+    ),
     seq_len: int = typer.Option(256, "--seq-len", min=1, help="--method gptq: tokens per sequence."),
     dampening: float = typer.Option(
         GPTQ_DAMPENING,

@@ -38,11 +38,20 @@ def _check_out(out: Path, force: bool) -> None:
 def calibrate_command(
     src: Annotated[Path, typer.Argument(help="The checkpoint folder to run (original, FP8 or quantized).")],
     out: Annotated[Path, typer.Option("--out", help="The statistics file to write (.safetensors).")],
-    text: Annotated[Path | None, typer.Option("--text", help="UTF-8 calibration text.")] = None,
+    text: Annotated[
+        Path | None, typer.Option("--text", help=f"UTF-8 calibration text ({calibration.TEXT_HELP}).")
+    ] = None,
     builtin: Annotated[
         str | None, typer.Option("--builtin", help=f"Built-in text: {', '.join(BUILTINS)} (default code).")
     ] = None,
-    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Calibration tokens, at most.")] = DEFAULT_TOKENS,
+    tokens: Annotated[
+        int,
+        typer.Option(
+            "--tokens",
+            parser=calibration.tokens_option(),
+            help=f"Calibration tokens, at most (at most {calibration.MAX_TOKENS:,}).",
+        ),
+    ] = DEFAULT_TOKENS,
     seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per sequence.")] = DEFAULT_SEQ_LEN,
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from weightsmith.calibration import MAX_TOKENS, TEXT_HELP, tokens_option
 from weightsmith.checkpoint import refuse_remote_code
 from weightsmith.fidelity import logits as logits_mod
 from weightsmith.fidelity.report import EvalReport, print_report, to_json
@@ -46,11 +47,17 @@ def eval_command(
     quant: Annotated[Path, typer.Argument(help="The quantized compressed-tensors checkpoint folder.")],
     text: Annotated[
         Path | None,
-        typer.Option("--text", help="UTF-8 text the models read (default: Python's json/decoder.py source)."),
+        typer.Option(
+            "--text",
+            help=f"UTF-8 text the models read ({TEXT_HELP}; default: Python's json/decoder.py source).",
+        ),
     ] = None,
-    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Tokens of the text used, at most.")] = (
-        logits_mod.DEFAULT_TOKENS
-    ),
+    tokens: Annotated[
+        int,
+        typer.Option(
+            "--tokens", parser=tokens_option(least=2), help=f"Tokens of the text used, at most (2 to {MAX_TOKENS:,})."
+        ),
+    ] = logits_mod.DEFAULT_TOKENS,
     layers: Annotated[
         int, typer.Option("--layers", min=0, help="Per-layer rows in the table, worst first (0: all).")
     ] = 20,

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weightsmith.calibration import TEXT_LIMIT
 from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, read_json, refuse_remote_code
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import read_text_file
 from weightsmith.formats import compressed_tensors as ct
 
 REQUIRED_LIBRARIES = ("torch", "transformers", "compressed_tensors")
@@ -76,18 +78,10 @@ def default_text() -> TextSample:
 
 
 def read_text(path: str | Path) -> TextSample:
-    """A user's text file, or a one-line error naming it."""
+    """A user's `--text` file, or a one-line error naming it: a FIFO or device (`/dev/zero`) is
+    refused before it is opened, and no more than TEXT_LIMIT bytes are ever read."""
     path = Path(path)
-    try:
-        return TextSample(path.read_text(encoding="utf-8"), str(path))
-    except FileNotFoundError:
-        raise WeightsmithError("does not exist (--text needs a UTF-8 text file)", file=path, code="usage") from None
-    except IsADirectoryError:
-        raise WeightsmithError("is a folder (--text needs a UTF-8 text file)", file=path, code="usage") from None
-    except UnicodeDecodeError:
-        raise WeightsmithError("is not UTF-8 text", file=path, code="usage") from None
-    except OSError as exc:
-        raise WeightsmithError(f"cannot be read ({exc.strerror})", file=path, code="usage") from None
+    return TextSample(read_text_file(path, TEXT_LIMIT, "--text file", code="usage"), str(path))
 
 
 def missing_library(libraries: tuple[str, ...] = REQUIRED_LIBRARIES) -> str | None:
