@@ -8,8 +8,9 @@ through `printable`; JSON output keeps the real strings.
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 
 def printable(text: str) -> str:
@@ -31,18 +32,30 @@ def short_repr(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def shell_line(words: Iterable[str]) -> str:
+def shell_line(words: Iterable[str], variables: Collection[str] = ()) -> str:
     """`words` as one command line that, pasted into bash, runs exactly that argv: the one spelling
-    of every command line we print (preflight's and the card's `vllm serve`, bench's report).
+    of every command line we print (preflight's and the card's `vllm serve`, bench's commands).
 
     A path or a JSON value is a stranger's text: `$(...)`, backquotes, quotes, `;` and spaces in it
     must stay text. Each word is quoted as `shlex.join` quotes it; a word holding a character a
     terminal would act on or hide (a newline, an escape sequence) is written in bash's `$'...'`
     form instead, those characters as escapes, so the line stays one printable line and still
     pastes exactly. A file name's undecodable byte (a lone surrogate from `os.fsdecode`) is
-    written as that byte.
+    written as that byte. `$NAME` for a NAME in `variables` (bench's `$MODEL`, which a reader
+    sets) is left for the shell to expand, in double quotes; nothing else is.
     """
-    return " ".join(shlex.quote(w) if w.isprintable() else _ansi_c_word(w) for w in words)
+    if not variables:
+        return " ".join(_quoted(w) for w in words)
+    names = re.compile(r"\$(" + "|".join(map(re.escape, variables)) + r")(?!\w)")
+    line = []
+    for word in words:
+        parts = names.split(word)  # text, name, text, name, ..., text
+        line.append("".join(f'"${part}"' if i % 2 else _quoted(part) for i, part in enumerate(parts) if part) or "''")
+    return " ".join(line)
+
+
+def _quoted(word: str) -> str:
+    return shlex.quote(word) if word.isprintable() else _ansi_c_word(word)
 
 
 def _ansi_c_word(word: str) -> str:

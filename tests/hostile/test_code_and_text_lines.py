@@ -55,6 +55,16 @@ def test_shell_line_pastes_as_exactly_its_words() -> None:
     assert _bash_argv(line) == [os.fsencode(w) for w in words]
 
 
+def test_shell_line_leaves_only_the_named_variables_to_the_shell() -> None:
+    """bench's `$MODEL` is for the reader to set; every other `$` stays text."""
+    words = ["$MODEL", '{"model": "$DRAFT/x", "y": "$(touch pwned)"}', "$MODELS", "$HOME", "a$MODEL"]
+    line = shell_line(words, ["MODEL", "DRAFT"])
+    assert shlex.split(line) == words
+    script = "MODEL=m DRAFT=d; " + shell_line(["printf", "%s\\0"]) + " " + line
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout.split(b"\0")[:-1]
+    assert out == [b"m", b'{"model": "d/x", "y": "$(touch pwned)"}', b"$MODELS", b"$HOME", b"am"]
+
+
 def _serve_argv(line: str) -> list[str]:
     words = shlex.split(line)
     assert words[:2] == ["vllm", "serve"], line
@@ -112,3 +122,25 @@ def test_bench_report_quotes_each_arm_command(sandbox: Sandbox, capsys, monkeypa
     assert shlex.split(spans[0][1]) == command
     assert shlex.split(spans[1][1]) == ["V=$(x) y"]
     sandbox.assert_untouched("run")
+
+
+def test_card_bench_section_quotes_each_arm_command(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
+    """The card's serving benchmark lists each arm's command as bench ran it: pasted, the same argv.
+    (A cited code span cannot hold a backquote: the card writes `'` for one, so no word here has one.)"""
+    words = [w for w in HOSTILE if "`" not in w]
+    command = ["vllm", "serve", "./model it's", "--port", "{port}", *words]
+    config = parse_config({"repeats": 1, "arms": [{"name": "a", "command": command, "env": {"V": "$(x) y"}}]})
+    results = new_results(config)
+    record = RequestRecord("p80.0", 80, 0, ttft_s=0.1, decode_tok_s=50.0, e2e_s=0.5, completion_tokens=16)
+    results.visits.append(VisitResult(arm="a", repeat=0, position=0, requests=[record]))
+    bench = write_results_file(results, None, sandbox.root / "run")
+    quant = sandbox.root / "quant"
+    shutil.copytree(tiny[1], quant)
+    sandbox.freeze()
+    result = run_inprocess(capsys, monkeypatch, "card", quant, "--bench", bench)
+    assert result.code == 0, result.err
+    card = (quant / "README.md").read_text()
+    shown = {m[1]: m[0] for m in re.findall(r"`([^`\n]+)`<!-- [^:<>]+: arms\[a\]\.(command|env) -->", card)}
+    assert shlex.split(shown["command"]) == command
+    assert shlex.split(shown["env"]) == ["V=$(x) y"]
+    sandbox.assert_untouched("quant")

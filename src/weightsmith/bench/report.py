@@ -14,7 +14,7 @@ from pathlib import Path
 from weightsmith.bench import logcheck
 from weightsmith.bench.analysis import METRICS, Analysis, analyse
 from weightsmith.bench.determinism import ArmDeterminism
-from weightsmith.bench.paths import served_model
+from weightsmith.bench.paths import PLACEHOLDERS, served_model
 from weightsmith.bench.plots import write_plots
 from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
 from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
@@ -572,7 +572,7 @@ def _setup(results: BenchResults) -> list[str]:
     ]
     rows = []
     for a in results.arms:
-        what = _code(shell_line(a.command)) if a.command else (a.url or "")
+        what = _code(shell_line(a.command, PLACEHOLDERS)) if a.command else (a.url or "")
         env = ", ".join(_code(f"{k}={shell_line([v])}") for k, v in a.env.items())
         model = served_model(a)
         rows.append([f"`{a.name}`", a.kind, model or "–", what + (f" (env: {env})" if env else ""), a.status])
