@@ -91,7 +91,9 @@ def calibrate_kv(
     if source is not None:
         refuse_unverified(ckpt.root)
         _same_architecture(ckpt, target)
-    sequences, label, sha = calibration_tokens(measured_on, text, builtin, tokens, seq_len)
+    sequences, label, sha = calibration_tokens(
+        measured_on, text, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
+    )
     if sum(map(len, sequences)) < calibration.MIN_TOKENS:
         err.print(
             f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "
@@ -171,9 +173,16 @@ def command(
         "--from",
         help="Measure on this original checkpoint's activations (default: on QUANT's own, dequantized).",
     ),
-    text: str | None = typer.Option(None, "--text", help="Calibration text file (default: --builtin code)."),
+    text: str | None = typer.Option(
+        None, "--text", help=f"Calibration text file ({calibration.TEXT_HELP}; default: --builtin code)."
+    ),
     builtin: str | None = typer.Option(None, "--builtin", help="Built-in calibration text: code or prose."),
-    tokens: int = typer.Option(DEFAULT_TOKENS, "--tokens", help="Calibration tokens to run."),
+    tokens: int = typer.Option(
+        DEFAULT_TOKENS,
+        "--tokens",
+        parser=calibration.tokens_option(),
+        help=f"Calibration tokens to run (at most {calibration.MAX_TOKENS:,}).",
+    ),
     seq_len: int = typer.Option(DEFAULT_SEQ_LEN, "--seq-len", help="Tokens per sequence."),
     out: Path | None = typer.Option(None, "--out", help="Write the result here instead of replacing QUANT."),
     force: bool = typer.Option(False, "--force", help="Replace KV-cache scales QUANT already has."),

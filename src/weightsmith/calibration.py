@@ -20,16 +20,18 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from weightsmith.checkpoint import Checkpoint
-from weightsmith.errors import CheckpointError, OutputError
+from weightsmith.errors import CheckpointError, OutputError, WeightsmithError
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
+from weightsmith.terminal import short_repr
 
 #: The `format` metadata value; a reader refuses any other.
 FORMAT = "weightsmith.calibration/1"
@@ -39,6 +41,15 @@ INPUT_ABSMAX = "input_absmax"
 SUFFIXES = (KEY_ABSMAX, VALUE_ABSMAX, INPUT_ABSMAX)
 #: Below this many calibration tokens a maximum is not stable enough to publish: warn with the count.
 MIN_TOKENS = 4096
+#: The most tokens `--tokens` takes (calibrate, calibrate-kv, quantize --method gptq, eval): 16,777,216,
+#: 16 times llm-compressor's usual GPTQ calibration (512 sequences of 2,048). A bound on what a typo
+#: (`--tokens 1000000000000`) can ask for.
+MAX_TOKENS = 1 << 24
+#: The most bytes of a `--text` file read: far more than the text of MAX_TOKENS tokens (about 64 MiB
+#: at 4 bytes a token), far less than a machine's memory.
+TEXT_LIMIT = 256 * 2**20
+#: What `--text` takes, in the commands' help.
+TEXT_HELP = f"a regular file of at most {TEXT_LIMIT // 2**20} MiB"
 #: Where activations were taken: on the original model, or on the quantized model as it is served.
 ACTIVATIONS = ("original", "quantized")
 #: Bytes read from each end of each shard's data for the fingerprint (beside its whole header).
@@ -94,6 +105,26 @@ class CalibrationStats:
     provenance: Provenance
     kv: dict[str, tuple[float, float]] = field(default_factory=dict)  # attention module -> (|K| max, |V| max)
     inputs: dict[str, float] = field(default_factory=dict)  # Linear module -> |x| max
+
+
+def tokens_option(least: int = 1) -> Callable[[str | int], int]:
+    """The parser of a `--tokens` option: a whole number from `least` to MAX_TOKENS, else one line.
+
+    Parsed here, not by click, so that `--tokens 1e12` or `--tokens 10000000000000` is one line
+    saying the limit (click's own refusal is several lines of usage).
+    """
+
+    def parse(value: str | int) -> int:
+        text = str(value).strip()
+        count = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else -1
+        if not least <= count <= MAX_TOKENS:
+            raise WeightsmithError(
+                f"--tokens {short_repr(str(value))}: give a whole number of tokens from {least:,} to {MAX_TOKENS:,}",
+                code="usage",
+            )
+        return count
+
+    return parse
 
 
 def fingerprint(ckpt: Checkpoint) -> str:
@@ -257,7 +288,7 @@ def _provenance(path: Path, meta: dict[str, str]) -> Provenance:
         if text is None:
             raise CheckpointError(f"metadata lacks {name!r}", file=path, code="calibration.metadata")
         if kind == "int":
-            if not text.isdigit() or len(text) > 18:
+            if not (text.isascii() and text.isdigit()) or len(text) > 18:  # '²' is a digit to isdigit
                 raise CheckpointError(
                     f"metadata {name!r} is {text[:40]!r}, not a count", file=path, code="calibration.metadata"
                 )

@@ -138,6 +138,34 @@ def _first_non_finite(doc: dict[str, Any]) -> str:
     return "the top level"
 
 
+#: The files whose `auto_map` makes transformers import Python files shipped in the checkpoint's folder.
+REMOTE_CODE_FILES = (CONFIG_FILE, "tokenizer_config.json")
+
+
+def refuse_remote_code(folder: Path, trusted: bool) -> None:
+    """Refuse a checkpoint whose config or tokenizer config names its own code, unless `trusted`.
+
+    transformers imports the modules an `auto_map` names from the folder, running whatever they
+    hold; left to decide (trust_remote_code unset) it asks `[y/N]` on stdin and runs it on `y`.
+    So every load through transformers passes trust_remote_code explicitly and calls this first:
+    without `--trust-remote-code` nothing from the checkpoint runs and nothing asks, and the line
+    names the file and the key. A tokenizer config is optional; config.json is not.
+    """
+    if trusted:
+        return
+    for name in REMOTE_CODE_FILES:
+        path = Path(folder) / name
+        if name != CONFIG_FILE and not exists(path):
+            continue
+        if read_json(path, name).get("auto_map"):
+            raise CheckpointError(
+                "'auto_map' names Python code shipped with the checkpoint, which transformers would run; "
+                "pass --trust-remote-code to allow it",
+                file=path,
+                code="remote-code",
+            )
+
+
 def _recording_duplicates(
     found: list[tuple[dict[str, Any], str, object, object]],
 ) -> Callable[[list[tuple[str, object]]], dict[str, Any]]:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from weightsmith.api import plan_quantize
-from weightsmith.calibration import MIN_TOKENS, Provenance, fingerprint
+from weightsmith.calibration import MAX_TOKENS, MIN_TOKENS, TEXT_HELP, Provenance, fingerprint, tokens_option
 from weightsmith.cli import paused_gc
 from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
@@ -338,7 +338,9 @@ def _run_gptq(
         os.environ.setdefault("TQDM_DISABLE", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         text = str(opts.text) if opts.text else None
-        sequences, label, sha = calibration_tokens(src, text, opts.builtin, opts.tokens, opts.seq_len)
+        sequences, label, sha = calibration_tokens(
+            src, text, opts.builtin, opts.tokens, opts.seq_len, trust_remote_code=opts.trust_remote_code
+        )
     count = sum(map(len, sequences))
     largest = max(max(ids) for ids in sequences)
     if largest >= vocab:
@@ -439,11 +441,18 @@ def quantize(
         "--method",
         help="rtn (round-to-nearest, data-free) or gptq (GPTQ on calibration text, one decoder layer at a time).",
     ),
-    text: Path | None = typer.Option(None, "--text", help="--method gptq: UTF-8 calibration text."),
+    text: Path | None = typer.Option(
+        None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."
+    ),
     builtin: str | None = typer.Option(
         None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
     ),
-    tokens: int = typer.Option(2048, "--tokens", min=1, help="--method gptq: calibration tokens, at most."),
+    tokens: int = typer.Option(
+        2048,
+        "--tokens",
+        parser=tokens_option(),
+        help=f"--method gptq: calibration tokens, at most (at most {MAX_TOKENS:,}).",
+    ),
     seq_len: int = typer.Option(256, "--seq-len", min=1, help="--method gptq: tokens per sequence."),
     dampening: float = typer.Option(
         GPTQ_DAMPENING,

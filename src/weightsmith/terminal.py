@@ -8,6 +8,10 @@ through `printable`; JSON output keeps the real strings.
 
 from __future__ import annotations
 
+import re
+import shlex
+from collections.abc import Collection, Iterable
+
 
 def printable(text: str) -> str:
     """`text` with each character a terminal would act on or not show written as its escape.
@@ -48,3 +52,49 @@ def markup_safe(text: object) -> str:
     from rich.markup import escape  # rich is loaded by every command that prints; this module is imported earlier
 
     return escape(printable(str(text)))
+
+
+def shell_line(words: Iterable[str], variables: Collection[str] = ()) -> str:
+    """`words` as one command line that, pasted into bash, runs exactly that argv: the one spelling
+    of every command line we print (preflight's and the card's `vllm serve`, bench's commands).
+
+    A path or a JSON value is a stranger's text: `$(...)`, backquotes, quotes, `;` and spaces in it
+    must stay text. Each word is quoted as `shlex.join` quotes it; a word holding a character a
+    terminal would act on or hide (a newline, an escape sequence) is written in bash's `$'...'`
+    form instead, those characters as escapes, so the line stays one printable line and still
+    pastes exactly. A file name's undecodable byte (a lone surrogate from `os.fsdecode`) is
+    written as that byte. `$NAME` for a NAME in `variables` (bench's `$MODEL`, which a reader
+    sets) is left for the shell to expand, in double quotes; nothing else is.
+    """
+    if not variables:
+        return " ".join(_quoted(w) for w in words)
+    names = re.compile(r"\$(" + "|".join(map(re.escape, variables)) + r")(?!\w)")
+    line = []
+    for word in words:
+        parts = names.split(word)  # text, name, text, name, ..., text
+        line.append("".join(f'"${part}"' if i % 2 else _quoted(part) for i, part in enumerate(parts) if part) or "''")
+    return " ".join(line)
+
+
+def _quoted(word: str) -> str:
+    return shlex.quote(word) if word.isprintable() else _ansi_c_word(word)
+
+
+def _ansi_c_word(word: str) -> str:
+    """`word` in bash's `$'...'` quoting, every character `str.isprintable` refuses as an escape."""
+    out = []
+    for ch in word:
+        code = ord(ch)
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif 0xDC80 <= code <= 0xDCFF:  # surrogateescape: the byte the file name holds
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "$'" + "".join(out) + "'"

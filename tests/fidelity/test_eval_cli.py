@@ -146,7 +146,10 @@ def _bad_cases(orig: Path, quant: Path, tmp: Path) -> dict[str, tuple[list[str],
             [str(orig), str(no_scale)],
             "tensor 'model.layers.0.self_attn.k_proj.weight_scale': is missing: pack-quantized needs it",
         ),
-        "missing text": ([str(orig), str(quant), "--text", str(tmp / "none.txt")], "none.txt: does not exist"),
+        "missing text": (
+            [str(orig), str(quant), "--text", str(tmp / "none.txt")],
+            "none.txt: cannot read --text file: No such file or directory",
+        ),
     }
 
 

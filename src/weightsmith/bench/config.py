@@ -306,15 +306,20 @@ def _check_table(table: dict[str, Any], allowed: dict[str, Any], where: str, pat
 def _scalar(value: Any, where: str, key: str, path: str) -> Any:
     """A string, or a finite number within 2**63: what an env value or a sweep value may be."""
     if isinstance(value, str):
-        if "\x00" in value:
-            raise WeightsmithError(f"{where}: {key} contains a NUL character", file=path)
-        return value
+        return _no_nul(value, where, key, path)
     if isinstance(value, bool):
         return value
     if not isinstance(value, int | float):
         raise WeightsmithError(f"{where}: {key} must be a string or a number, got {_shown(value)}", file=path)
     _number(value, _SCALAR, where, key, path)
     return value
+
+
+def _no_nul(text: str, where: str, key: str, path: str) -> str:
+    """`text`, which goes into a command line: a NUL cannot (the server could not be started)."""
+    if "\x00" in text:
+        raise WeightsmithError(f"{where}: {key} contains a NUL character", file=path)
+    return text
 
 
 def _finite_json(value: Any, where: str, path: str, depth: int = 0) -> None:
@@ -382,7 +387,10 @@ def _sweep(raw: dict[str, Any], where: str, path: str) -> SweepSpec:
     if len(sraw["values"]) > MAX_ARMS:
         raise WeightsmithError(f"{where}: sweep has more than {MAX_ARMS} values", file=path)
     values = tuple(_scalar(v, f"{where}: sweep", f"values[{i}]", path) for i, v in enumerate(sraw["values"]))
-    return SweepSpec(flag=sraw["flag"], values=values, key=sraw.get("key"))
+    flag, key = sraw["flag"], sraw.get("key")
+    for what, text in (("flag", flag), ("key", key or "")):
+        _no_nul(text, f"{where}: sweep", what, path)
+    return SweepSpec(flag=flag, values=values, key=key)
 
 
 def _parse_arm(raw: dict[str, Any], index: int, path: str) -> ArmSpec:

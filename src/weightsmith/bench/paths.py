@@ -24,6 +24,8 @@ from typing import Any
 from weightsmith.bench.results import SCHEMA_VERSION, ArmInfo, BenchResults
 
 MODEL, DRAFT, ARMS_DIR = "MODEL", "DRAFT", "ARMS_DIR"
+#: The variables a recorded command may use, which a reader sets before pasting it.
+PLACEHOLDERS = (MODEL, DRAFT, ARMS_DIR)
 #: Flags whose value is the served model or the draft, in llama.cpp's and vLLM's spellings.
 ROLE_FLAGS = {"-m": MODEL, "--model": MODEL, "-md": DRAFT, "--model-draft": DRAFT}
 SPEC_CONFIG_FLAG = "--speculative-config"

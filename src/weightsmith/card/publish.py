@@ -21,6 +21,7 @@ from weightsmith.card.target import named_target
 from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.manifest import MANIFEST_FILE
 from weightsmith.preflight.report import NOTE
+from weightsmith.terminal import shell_line
 
 #: vLLM's `--speculative-config` method for each draft kind the card recognises.
 METHODS = {"DFlash": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle", "Medusa": "medusa", "MTP": "mtp"}
@@ -28,13 +29,17 @@ K_PARAM = "num_speculative_tokens"
 B, C, V, M = BENCH_FILE, CONFIG_FILE, VERIFY_FILE, MANIFEST_FILE
 
 
-def serve_command(model: str, spec: dict[str, Any] | None = None, flags: Sequence[str] = ()) -> str:
+#: The target in a served command when the draft's folder does not name it: a variable the reader sets.
+TARGET_VARIABLE = "$TARGET"
+
+
+def serve_command(model: str | None, spec: dict[str, Any] | None = None, flags: Sequence[str] = ()) -> str:
     """`vllm serve MODEL [--speculative-config 'JSON'] [FLAGS]`: the one spelling of the command, shared by
-    the card and `weightsmith preflight`."""
-    parts = [f"vllm serve {model}"]
-    if spec is not None:
-        parts.append(f"--speculative-config '{json.dumps(spec)}'")
-    return " ".join([*parts, *flags])
+    the card and `weightsmith preflight`. Every word is quoted (`shell_line`): a path or a config's name is a
+    stranger's text, and pasting the line must run exactly what it says. `model` None is `$TARGET`."""
+    words = ["--speculative-config", json.dumps(spec)] if spec is not None else []
+    served = TARGET_VARIABLE if model is None else shell_line([model])
+    return " ".join(["vllm serve", served, shell_line([*words, *flags])]).rstrip()
 
 
 def serving_it(src: CardSources, c: Citations, repo: str) -> list[str]:
@@ -43,9 +48,9 @@ def serving_it(src: CardSources, c: Citations, repo: str) -> list[str]:
     kind = draft_kind(src.config)
     facts: list[str] = []
     if kind is None:
-        kv_flag, kv_facts = _kv(src, c)
+        kv_flags, kv_facts = _kv(src, c)
         facts += kv_facts
-        command = serve_command(f"./{local}", None, [kv_flag] if kv_flag else [])
+        command = serve_command(f"./{local}", None, kv_flags)
     else:
         target = named_target(src.config)
         spec: dict[str, Any] = {"method": METHODS[kind], "model": f"./{local}"}
@@ -53,19 +58,21 @@ def serving_it(src: CardSources, c: Citations, repo: str) -> list[str]:
         if k is not None:
             spec[K_PARAM] = k
         facts += k_facts
-        command = serve_command(target.name if target else "$TARGET", spec)
+        command = serve_command(target.name if target else None, spec)
         facts.append(
             f"- `{METHODS[kind]}`: vLLM's method for {article(kind).lower()} {kind} draft "
             f"({c.text((src.config.get('architectures') or ['no architecture named'])[0], C, 'architectures[0]')})."
         )
         if target is None:
-            facts.append("- `$TARGET`: the target model, which this folder does not name (see Target assignment).")
+            facts.append(
+                f"- `{TARGET_VARIABLE}`: the target model, which this folder does not name (see Target assignment)."
+            )
     facts += _w4a4(src, c)
     facts += _calibration(src, c)
     facts += _preflight(src, c)
     return [
         "```bash",
-        f"hf download {repo} --local-dir {local}",
+        shell_line(["hf", "download", repo, "--local-dir", local]),
         command,
         "```",
         "",
@@ -108,16 +115,17 @@ def _quant_config(src: CardSources) -> dict[str, Any]:
     return src.config.get("quantization_config") or {}
 
 
-def _kv(src: CardSources, c: Citations) -> tuple[str | None, list[str]]:
-    """`--kv-cache-dtype fp8` when an FP8 KV cache is declared and `verify` found its scales."""
+def _kv(src: CardSources, c: Citations) -> tuple[list[str], list[str]]:
+    """(`--kv-cache-dtype fp8` when an FP8 KV cache is declared and `verify` found its scales, else no
+    flag; the cited lines saying why)."""
     scheme = _quant_config(src).get("kv_cache_scheme")
     if not scheme:
-        return None, ["- No `--kv-cache-dtype`: config.json declares no KV-cache scheme and ships no KV scales."]
+        return [], ["- No `--kv-cache-dtype`: config.json declares no KV-cache scheme and ships no KV scales."]
     declared = scheme.get("type") == "float" and scheme.get("num_bits") == 8
     static = scheme.get("dynamic") is False
     check = _check(src, "kv-cache")
     if not (declared and static) or check is None or not check["ran"]:
-        return None, [
+        return [], [
             "- No `--kv-cache-dtype`: config.json declares a KV-cache scheme that is not a static FP8 one, or "
             "`verify` did not check its scales."
         ]
@@ -125,11 +133,11 @@ def _kv(src: CardSources, c: Citations) -> tuple[str | None, list[str]]:
     scope = c.text(check["scope"], V, "checks[kv-cache].scope")
     bits = c.num(str(scheme["num_bits"]), C, "quantization_config.kv_cache_scheme.num_bits")
     if check["errors"]:
-        return None, [
+        return [], [
             f"- No `--kv-cache-dtype`: config.json declares a static {bits}-bit float KV cache, but `verify` found "
             f"{errors} error(s) in its KV scales ({scope}); vLLM would use a scale of 1.0 where one is missing."
         ]
-    return "--kv-cache-dtype fp8", [
+    return ["--kv-cache-dtype", "fp8"], [
         f"- `--kv-cache-dtype fp8`: config.json declares a static {bits}-bit float KV cache and `verify` found its "
         f"k and v scales with {errors} error(s) ({scope})."
     ]

@@ -7,10 +7,11 @@ card and `card --check` derive the same numbers the bench report shows.
 from __future__ import annotations
 
 from weightsmith.bench.analysis import METRICS
-from weightsmith.bench.paths import served_model
+from weightsmith.bench.paths import PLACEHOLDERS, served_model
 from weightsmith.card.cite import Citations
 from weightsmith.card.measured import table
 from weightsmith.card.sources import BENCH_FILE, CardSources
+from weightsmith.terminal import shell_line
 
 B = BENCH_FILE
 _LABEL = {m.key: m.label for m in METRICS}
@@ -42,11 +43,11 @@ def serving(src: CardSources, c: Citations) -> list[str]:
         files = f"; {files}" if files else ""
         lines.append(f"- `{arm.name}` ({arm.kind}, model `{model}`{files}, status {arm.status}):")
         if arm.command:
-            lines.append(f"  {c.text(' '.join(arm.command), B, f'arms[{arm.name}].command')}")
+            lines.append(f"  {c.text(shell_line(arm.command, PLACEHOLDERS), B, f'arms[{arm.name}].command')}")
         elif arm.url:
             lines.append(f"  already running at {c.text(arm.url, B, f'arms[{arm.name}].url')}")
         if arm.env:
-            env = " ".join(f"{k}={v}" for k, v in arm.env.items())
+            env = " ".join(f"{k}={shell_line([v])}" for k, v in arm.env.items())
             lines.append(f"  environment {c.text(env, B, f'arms[{arm.name}].env')}")
     lines += ["", *_cells(src, c), ""]
     if an.comparisons:

@@ -66,7 +66,13 @@ def measure(
 
 
 def calibration_tokens(
-    ckpt_dir: Path, text: str | None, builtin: str | None, tokens: int, seq_len: int
+    ckpt_dir: Path,
+    text: str | None,
+    builtin: str | None,
+    tokens: int,
+    seq_len: int,
+    *,
+    trust_remote_code: bool = False,
 ) -> tuple[list[list[int]], str, str]:
     """(sequences of token ids, text label, text sha256): the first `tokens` tokens of the text in
     sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer.
@@ -79,7 +85,9 @@ def calibration_tokens(
         raise WeightsmithError(f"--tokens ({tokens}) and --seq-len ({seq_len}) must be positive", code="usage")
     sample = calibration_text(text, builtin, tokens)
     try:
-        tokenizer = load_tokenizer(ckpt_dir)
+        tokenizer = load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
+    except WeightsmithError:
+        raise
     except Exception as exc:  # transformers raises many types for a folder without a tokenizer
         raise WeightsmithError(
             f"has no tokenizer transformers can load ({type(exc).__name__})", file=ckpt_dir, code="engine.tokenizer"

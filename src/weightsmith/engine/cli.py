@@ -40,11 +40,20 @@ def _check_out(src: Path, out: Path, force: bool) -> None:
 def calibrate_command(
     src: Annotated[Path, typer.Argument(help="The checkpoint folder to run (original, FP8 or quantized).")],
     out: Annotated[Path, typer.Option("--out", help="The statistics file to write (.safetensors).")],
-    text: Annotated[Path | None, typer.Option("--text", help="UTF-8 calibration text.")] = None,
+    text: Annotated[
+        Path | None, typer.Option("--text", help=f"UTF-8 calibration text ({calibration.TEXT_HELP}).")
+    ] = None,
     builtin: Annotated[
         str | None, typer.Option("--builtin", help=f"Built-in text: {', '.join(BUILTINS)} (default code).")
     ] = None,
-    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Calibration tokens, at most.")] = DEFAULT_TOKENS,
+    tokens: Annotated[
+        int,
+        typer.Option(
+            "--tokens",
+            parser=calibration.tokens_option(),
+            help=f"Calibration tokens, at most (at most {calibration.MAX_TOKENS:,}).",
+        ),
+    ] = DEFAULT_TOKENS,
     seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per sequence.")] = DEFAULT_SEQ_LEN,
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")
@@ -68,7 +77,9 @@ def calibrate_command(
     source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    sequences, label, sha = calibration_tokens(src, str(text) if text else None, builtin, tokens, seq_len)
+    sequences, label, sha = calibration_tokens(
+        src, str(text) if text else None, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
+    )
     count = sum(map(len, sequences))
     if count < calibration.MIN_TOKENS:
         err_console.print(

@@ -82,7 +82,9 @@ def compare(
     import torch
 
     try:
-        tokenizer = fl.load_tokenizer(orig_dir, quant_dir)
+        tokenizer = fl.load_tokenizer(orig_dir, quant_dir, trust_remote_code=trust_remote_code)
+    except WeightsmithError:
+        raise
     except Exception as exc:  # transformers raises many types for a folder without a tokenizer
         report.reason = f"no tokenizer transformers can load in ORIG or QUANT ({type(exc).__name__})"
         return report

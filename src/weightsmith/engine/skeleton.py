@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightsmith.checkpoint import CONFIG_FILE
+from weightsmith.checkpoint import CONFIG_FILE, refuse_remote_code
 from weightsmith.errors import CheckpointError
 
 
@@ -41,14 +41,14 @@ def build(ckpt_dir: Path, *, trust_remote_code: bool = False) -> Skeleton:
     import transformers
 
     config_path = Path(ckpt_dir) / CONFIG_FILE
+    refuse_remote_code(ckpt_dir, trust_remote_code)
     try:
         config = transformers.AutoConfig.from_pretrained(
             str(ckpt_dir), trust_remote_code=trust_remote_code, local_files_only=True
         )
     except Exception as exc:  # transformers raises ValueError, KeyError, OSError... for an unknown model_type
         raise CheckpointError(
-            f"transformers cannot read this config ({_first_line(exc)})"
-            + ("" if trust_remote_code else "; if the checkpoint ships its own code, pass --trust-remote-code"),
+            f"transformers cannot read this config ({_first_line(exc)})",
             file=config_path,
             code="engine.architecture",
         ) from None

@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from weightsmith.calibration import MAX_TOKENS, TEXT_HELP, tokens_option
+from weightsmith.checkpoint import refuse_remote_code
 from weightsmith.fidelity import logits as logits_mod
 from weightsmith.fidelity.report import EvalReport, print_report, to_json
 from weightsmith.fidelity.weights import WeightReport, weight_error
@@ -45,11 +47,17 @@ def eval_command(
     quant: Annotated[Path, typer.Argument(help="The quantized compressed-tensors checkpoint folder.")],
     text: Annotated[
         Path | None,
-        typer.Option("--text", help="UTF-8 text the models read (default: Python's json/decoder.py source)."),
+        typer.Option(
+            "--text",
+            help=f"UTF-8 text the models read ({TEXT_HELP}; default: Python's json/decoder.py source).",
+        ),
     ] = None,
-    tokens: Annotated[int, typer.Option("--tokens", min=2, help="Tokens of the text used, at most.")] = (
-        logits_mod.DEFAULT_TOKENS
-    ),
+    tokens: Annotated[
+        int,
+        typer.Option(
+            "--tokens", parser=tokens_option(least=2), help=f"Tokens of the text used, at most (2 to {MAX_TOKENS:,})."
+        ),
+    ] = logits_mod.DEFAULT_TOKENS,
     layers: Annotated[
         int, typer.Option("--layers", min=0, help="Per-layer rows in the table, worst first (0: all).")
     ] = 20,
@@ -61,9 +69,16 @@ def eval_command(
         bool,
         typer.Option("--stream", help="Run both models one decoder layer at a time (for models larger than memory)."),
     ] = False,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option("--trust-remote-code", help="Let transformers run the checkpoints' own code (on this machine)."),
+    ] = False,
 ) -> None:
     """How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity."""
     sample = logits_mod.read_text(text) if text is not None else None  # a bad --text fails before any work
+    if not no_logits:  # as early: code a checkpoint ships is refused before the weight pass, not after
+        for folder in (orig, quant):
+            refuse_remote_code(folder, trust_remote_code)
     if as_json or not err_console.is_terminal:
         weights = weight_error(orig, quant)
     else:
@@ -77,9 +92,13 @@ def eval_command(
         if stream:
             from weightsmith.engine import logits as streamed
 
-            logits = streamed.compare(orig, quant, sample.text, tokens, sample.source)
+            logits = streamed.compare(
+                orig, quant, sample.text, tokens, sample.source, trust_remote_code=trust_remote_code
+            )
         else:
-            logits = logits_mod.compare(orig, quant, sample.text, tokens, text_source=sample.source)
+            logits = logits_mod.compare(
+                orig, quant, sample.text, tokens, text_source=sample.source, trust_remote_code=trust_remote_code
+            )
     report = EvalReport(str(orig), str(quant), weights, logits)
     if as_json:
         print(to_json(report))

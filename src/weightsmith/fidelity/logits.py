@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, read_json
+from weightsmith.calibration import TEXT_LIMIT
+from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, read_json, refuse_remote_code
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import read_text_file
 from weightsmith.formats import compressed_tensors as ct
 
 REQUIRED_LIBRARIES = ("torch", "transformers", "compressed_tensors")
@@ -76,18 +78,10 @@ def default_text() -> TextSample:
 
 
 def read_text(path: str | Path) -> TextSample:
-    """A user's text file, or a one-line error naming it."""
+    """A user's `--text` file, or a one-line error naming it: a FIFO or device (`/dev/zero`) is
+    refused before it is opened, and no more than TEXT_LIMIT bytes are ever read."""
     path = Path(path)
-    try:
-        return TextSample(path.read_text(encoding="utf-8"), str(path))
-    except FileNotFoundError:
-        raise WeightsmithError("does not exist (--text needs a UTF-8 text file)", file=path, code="usage") from None
-    except IsADirectoryError:
-        raise WeightsmithError("is a folder (--text needs a UTF-8 text file)", file=path, code="usage") from None
-    except UnicodeDecodeError:
-        raise WeightsmithError("is not UTF-8 text", file=path, code="usage") from None
-    except OSError as exc:
-        raise WeightsmithError(f"cannot be read ({exc.strerror})", file=path, code="usage") from None
+    return TextSample(read_text_file(path, TEXT_LIMIT, "--text file", code="usage"), str(path))
 
 
 def missing_library(libraries: tuple[str, ...] = REQUIRED_LIBRARIES) -> str | None:
@@ -192,11 +186,12 @@ def dequantize_on_load(folder: str | Path) -> Any:
     return None
 
 
-def load_model(folder: str | Path) -> Any:
+def load_model(folder: str | Path, *, trust_remote_code: bool = False) -> Any:
     """A causal LM in float32 on CPU, in eval mode. Raises ValueError if any weight did not load."""
     import torch
     import transformers
 
+    refuse_remote_code(Path(folder), trust_remote_code)
     extra = {}
     loading = dequantize_on_load(folder)
     if loading is not None:
@@ -205,7 +200,12 @@ def load_model(folder: str | Path) -> Any:
         warnings.filterwarnings("ignore", message=".*loading attributes.*", category=UserWarning)
         # with output_loading_info the result is a (model, info) pair, which transformers' annotation omits
         loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
-            str(folder), dtype=torch.float32, local_files_only=True, output_loading_info=True, **extra
+            str(folder),
+            dtype=torch.float32,
+            local_files_only=True,
+            output_loading_info=True,
+            trust_remote_code=trust_remote_code,
+            **extra,
         )
         model, info = loaded
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
@@ -214,14 +214,18 @@ def load_model(folder: str | Path) -> Any:
     return model.to(torch.float32).eval()
 
 
-def load_tokenizer(*folders: str | Path) -> Any:
-    """The tokenizer of the first folder that has one. Raises OSError (or the loader's error) if none."""
+def load_tokenizer(*folders: str | Path, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of the first folder that has one. Raises OSError (or the loader's error) if none,
+    and `refuse_remote_code`'s error for a folder that ships its own code untrusted."""
     import transformers
 
     problem: Exception | None = None
     for folder in folders:
+        refuse_remote_code(Path(folder), trust_remote_code)
         try:
-            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            return transformers.AutoTokenizer.from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=trust_remote_code
+            )
         except Exception as exc:  # transformers raises many types for a folder without a tokenizer
             problem = exc
     assert problem is not None
@@ -242,6 +246,8 @@ def compare(
     text: str | None = None,
     tokens: int = DEFAULT_TOKENS,
     text_source: str | None = None,
+    *,
+    trust_remote_code: bool = False,
 ) -> LogitsReport:
     """KL, top-1 agreement and perplexities of QUANT against ORIG on `text` (default: stdlib code).
 
@@ -262,7 +268,9 @@ def compare(
     if reason is not None:
         return finish(UNAVAILABLE, reason)
     try:
-        tokenizer = load_tokenizer(orig_dir, quant_dir)
+        tokenizer = load_tokenizer(orig_dir, quant_dir, trust_remote_code=trust_remote_code)
+    except WeightsmithError:
+        raise
     except Exception as exc:
         return finish(UNAVAILABLE, f"no tokenizer transformers can load in ORIG or QUANT ({_first_line(exc)})")
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
@@ -271,7 +279,7 @@ def compare(
         raise WeightsmithError(f"gives {report.tokens} token(s); at least 2 are needed", file=report.text_source)
 
     try:
-        model = load_model(orig_dir)
+        model = load_model(orig_dir, trust_remote_code=trust_remote_code)
     except Exception as exc:  # whatever transformers raises, it means this machine cannot run ORIG
         return finish(UNAVAILABLE, f"transformers cannot build ORIG on CPU ({_first_line(exc)})")
     try:
@@ -285,7 +293,7 @@ def compare(
 
     quantizers = input_quantizers(Checkpoint.open(quant_dir))  # stored activation scales, applied as served
     try:
-        model = load_model(quant_dir)
+        model = load_model(quant_dir, trust_remote_code=trust_remote_code)
     except Exception as exc:  # the checkpoint itself is at fault: report it as a finding
         return finish(FAILED, f"transformers cannot load QUANT through compressed-tensors ({_first_line(exc)})")
     try:

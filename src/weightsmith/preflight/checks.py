@@ -25,6 +25,7 @@ from weightsmith.preflight.draft import check_draft_code
 from weightsmith.preflight.pair import check_pair
 from weightsmith.preflight.report import LOAD, NOTE, WRONG, Item, Preflight, Side, open_side
 from weightsmith.preflight.source import VllmSource
+from weightsmith.terminal import shell_line
 
 FRESH_CACHE = "VLLM_CACHE_ROOT=$(mktemp -d)"
 
@@ -141,7 +142,7 @@ def _w4a4(decl: QuantDeclaration, module: Module) -> bool:
     return scheme.weight_type == "float" and scheme.num_bits == 4 and scheme.input_scale is not None
 
 
-def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], str | None]:
+def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], list[str] | None]:
     """W4A4 NVFP4 experts, and the MoE backends of this vLLM that drop their activation scales."""
     decl = side.decl
     if decl is None:
@@ -163,7 +164,7 @@ def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], str | None]:
             )
         ], None
     keep = [backends.flag[b] for b in backends.keeps if b in backends.flag]
-    flag = f"--moe-backend {keep[0]}" if keep else None
+    flag = ["--moe-backend", keep[0]] if keep else None
     dropped = ", ".join(sorted(backends.drops))
     return [
         Item(
@@ -171,7 +172,7 @@ def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], str | None]:
             WRONG,
             f"{count}; under the {dropped} MoE backend(s), which vLLM picks where FP4 does not run natively, they "
             "load fine and the activation scales are dropped: W4A16 numerics, no warning",
-            (f"pass `{flag}`" if flag else "choose a fused CUTLASS MoE backend")
+            (f"pass `{shell_line(flag)}`" if flag else "choose a fused CUTLASS MoE backend")
             + f" ({', '.join(keep) or 'none found'} keep the activation scales); on GPUs without native FP4 the "
             "numbers this checkpoint was measured with cannot be reproduced",
             tuple(backends.drops[b] for b in sorted(backends.drops)),
@@ -252,7 +253,7 @@ def _serve(
     method: str | None,
     k: int | None,
     fp8_kv: bool,
-    moe_flag: str | None,
+    moe_flag: list[str] | None,
     prefix: str | None,
 ) -> str:
     spec: dict[str, Any] | None = None
@@ -262,8 +263,8 @@ def _serve(
             spec["num_speculative_tokens"] = k
     flags = []
     if fp8_kv:
-        flags.append("--kv-cache-dtype fp8")
+        flags += ["--kv-cache-dtype", "fp8"]
     if moe_flag:
-        flags.append(moe_flag)
+        flags += moe_flag
     command = serve_command(str(target), spec, flags)
     return f"{prefix} {command}" if prefix else command
