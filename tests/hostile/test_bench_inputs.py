@@ -93,6 +93,18 @@ def _refused(capsys, monkeypatch, sandbox: Sandbox, *args: object) -> str:
             "values[0]",
             "a string or a number",
         ),
+        (  # a sweep's JSON flag value nested past the parser's recursion limit
+            '[[arms]]\nname = "a"\ncommand = ["s", "{port}", "--c", "' + "[" * 100_000 + '"]\n'
+            '[arms.sweep]\nflag = "--c"\nkey = "k"\nvalues = [1]\n',
+            "--c",
+            "is not JSON",
+        ),
+        (  # ... or holding an integer beyond Python's conversion limit (a ValueError, not a JSONDecodeError)
+            '[[arms]]\nname = "a"\ncommand = ["s", "{port}", "--c", "{\\"a\\": ' + "9" * 5000 + '}"]\n'
+            '[arms.sweep]\nflag = "--c"\nkey = "k"\nvalues = [1]\n',
+            "--c",
+            "is not JSON",
+        ),
         ('arms = "x"\n', "arms", "must be list"),
         ('"[/]\\n" = 1\n' + ARM, "unknown key", "'[/]\\n'"),  # markup and a newline, shown inert
     ],

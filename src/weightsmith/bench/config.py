@@ -479,9 +479,10 @@ def expand_sweep(arm: ArmSpec, path: str = "") -> list[ArmSpec]:
             current = _flag_value(arm.command, sweep.flag)
             try:
                 obj = json.loads(current) if current is not None else {}
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:  # also nesting past the stack, a 5,000-digit integer
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply or a number too long"
                 raise WeightsmithError(
-                    f"arm '{arm.name}': the value of {sweep.flag} is not JSON ({exc.msg})", file=path
+                    f"arm '{arm.name}': the value of {sweep.flag} is not JSON ({why})", file=path
                 ) from None
             if not isinstance(obj, dict):
                 raise WeightsmithError(f"arm '{arm.name}': the value of {sweep.flag} is not a JSON object", file=path)

@@ -126,7 +126,7 @@ def _roles(command: list[str]) -> dict[str, str]:
 def _json_object(text: str) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, nested past the stack, or a 5,000-digit integer
         return None
     return value if isinstance(value, dict) else None
 
