@@ -221,7 +221,7 @@ def _fake_measurement(monkeypatch, maxima: tuple[float, float]) -> None:
         return {a: maxima for a in attention}, None
 
     monkeypatch.setattr(logits, "missing_library", lambda: None)
-    monkeypatch.setattr(calibrate, "calibration_tokens", lambda *a: ([list(range(64))] * 64, "test", "0" * 64))
+    monkeypatch.setattr(calibrate, "calibration_tokens", lambda *a, **kw: ([list(range(64))] * 64, "test", "0" * 64))
     monkeypatch.setattr(calibrate, "measure", measure)
 
 
