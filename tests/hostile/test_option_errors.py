@@ -152,14 +152,21 @@ def test_each_range_is_said_in_the_help(
         (["inspect", "x", "--by", "a\x1b[2Jb"], "\\x1b"),  # a terminal would clear the screen
         (["inspect", "x", "--\u202eevil"], "\\u202e"),  # a bidi override would reorder the line
         (["quantize", "src", "out", "--seq-len", "[bold]1"], "[bold]1"),
+        (["inspect", "x", "--by", "\udcff"], "\\udcff"),  # a byte that is not UTF-8, as Python's argv holds it
+        (["inspect", "x", "--\udcff"], "\\udcff"),
     ],
-    ids=["markup", "escape", "bidi", "markup-in-int"],
+    ids=["markup", "escape", "bidi", "markup-in-int", "not-utf8", "not-utf8-option"],
 )
 def test_the_refused_value_is_printed_as_text(
     args: list[str], shown: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     line = _refused(run_inprocess(capsys, monkeypatch, *args), shown)
     assert "\x1b" not in line and "\u202e" not in line
+
+
+def test_a_very_long_unknown_option_is_cut(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    line = _refused(run_inprocess(capsys, monkeypatch, "verify", "x", "--" + "x" * 100_000), "--xxx", "...")
+    assert len(line) < 400, len(line)
 
 
 def test_inspect_by_names_the_refused_view(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
