@@ -183,7 +183,9 @@ def command(
         parser=calibration.tokens_option(),
         help=f"Calibration tokens to run (at most {calibration.MAX_TOKENS:,}).",
     ),
-    seq_len: int = typer.Option(DEFAULT_SEQ_LEN, "--seq-len", help="Tokens per sequence."),
+    seq_len: int = typer.Option(
+        DEFAULT_SEQ_LEN, "--seq-len", min=1, max=calibration.MAX_TOKENS, help="Tokens per sequence."
+    ),
     out: Path | None = typer.Option(None, "--out", help="Write the result here instead of replacing QUANT."),
     force: bool = typer.Option(False, "--force", help="Replace KV-cache scales QUANT already has."),
     trust_remote_code: bool = typer.Option(

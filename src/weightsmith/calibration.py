@@ -110,8 +110,8 @@ class CalibrationStats:
 def tokens_option(least: int = 1) -> Callable[[str | int], int]:
     """The parser of a `--tokens` option: a whole number from `least` to MAX_TOKENS, else one line.
 
-    Parsed here, not by click, so that `--tokens 1e12` or `--tokens 10000000000000` is one line
-    saying the limit (click's own refusal is several lines of usage).
+    Parsed here, not by typer's range check, so that `--tokens 1e12` or `--tokens 10000000000000` is
+    answered with the whole range the command takes (`least` differs between commands).
     """
 
     def parse(value: str | int) -> int:

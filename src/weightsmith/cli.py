@@ -16,9 +16,11 @@ from contextlib import contextmanager
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer._click import exceptions as click_errors  # typer carries its own copy of click
 
 from weightsmith import __version__, blas_probe
 from weightsmith.errors import WeightsmithError
+from weightsmith.terminal import markup_safe, short_repr
 
 #: The module that adds each top-level command, in help order. Only the module of the command a
 #: command line names is imported: `weightsmith inspect` then starts without numba, scipy or httpx,
@@ -129,19 +131,57 @@ def _listed_only() -> None:
 
 
 def main() -> None:
-    """Entry point: usage errors, --help, exit codes and Ctrl-C are click's; ours become one line."""
+    """Entry point: --help, exit codes and Ctrl-C are click's; usage errors and ours become one line.
+
+    click runs in non-standalone mode so that a usage error (an unknown option, a missing argument,
+    a value its type or range refuses) reaches `usage_line` instead of typer's usage box of five or
+    six lines; `typer.Exit` then comes back as its exit status.
+    """
     targets = sys.modules.get("weightsmith.targets")
     if targets is not None:  # a run in a process that ran one before (tests): its own matching budget
         targets.reset_budget()
     try:
         with paused_gc():
             app = build_app(sys.argv[1:])
-        app()
+        status = typer.main.get_command(app).main(args=sys.argv[1:], standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:  # a bare group: typer printed its help making this
+        sys.exit(exc.exit_code)
+    except click_errors.ClickException as exc:
+        err_console.print(f"[bold red]error:[/] {markup_safe(usage_line(exc))}", soft_wrap=True, emoji=False)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # end of input at a prompt
+        err_console.print("[bold red]error:[/] aborted", soft_wrap=True, emoji=False)
+        sys.exit(1)
     except WeightsmithError as exc:
         # a name like `a[/]b` is text, not markup: unescaped it would be hidden or raise
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, emoji=False)
         sys.exit(2)
+    # commands return None; an int is the status of a `typer.Exit` (or click's own, for --help)
+    if isinstance(status, int) and status:
+        sys.exit(status)
 
+
+#: The longest usage error shown: the message quotes what was typed, which may be any length.
+USAGE_LINE_LIMIT = 300
+
+
+def usage_line(exc: click_errors.ClickException) -> str:
+    """click's message for a usage error as one line that names the value it refused.
+
+    click's own types quote the value they refuse, but typer's (pydantic) validation says only what
+    was wrong with it; the value is then taken from the validation error and added. The message may
+    quote a stranger's bytes of any length: it is cut, and the caller makes it printable.
+    """
+    message = " ".join(exc.format_message().split())
+    cause = exc.__cause__
+    errors = getattr(cause, "errors", None)
+    if isinstance(exc, click_errors.BadParameter) and callable(errors):
+        found = errors()
+        if found and "input" in found[0]:
+            message += f" (got {short_repr(found[0]['input'])})"
+    if len(message) > USAGE_LINE_LIMIT:
+        message = message[: USAGE_LINE_LIMIT - 3] + "..."
+    return message
 
 if __name__ == "__main__":
     from weightsmith.__main__ import ending

@@ -21,13 +21,14 @@ from weightsmith.demo import write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
 from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.outputdir import check_destination, remove_stale
-from weightsmith.pipeline import QuantizeResult, default_workers, execute, work_bytes
+from weightsmith.pipeline import MAX_WORKERS, QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.plan import PRESETS, Plan
 from weightsmith.recipe import (
     GPTQ_DAMPENING,
     GPTQ_GRID_ONLY,
     GPTQ_REFUSED_SEARCH,
     LLM_COMPRESSOR_DAMPENING,
+    MAX_GROUP_SIZE,
     Recipe,
     load_recipe,
 )
@@ -412,7 +413,11 @@ def quantize(
         help="TOML file of ordered rules (targets -> scheme), several schemes in one checkpoint; see the README.",
     ),
     group_size: int | None = typer.Option(
-        None, "--group-size", help="Input columns per scale (default 128; nvfp4a16 is fixed at 16)."
+        None,
+        "--group-size",
+        min=1,
+        max=MAX_GROUP_SIZE,
+        help="Input columns per scale (default 128; nvfp4a16 is fixed at 16).",
     ),
     scale_search: str | None = typer.Option(
         None,
@@ -453,12 +458,12 @@ def quantize(
         parser=tokens_option(),
         help=f"--method gptq: calibration tokens, at most (at most {MAX_TOKENS:,}).",
     ),
-    seq_len: int = typer.Option(256, "--seq-len", min=1, help="--method gptq: tokens per sequence."),
+    seq_len: int = typer.Option(256, "--seq-len", min=1, max=MAX_TOKENS, help="--method gptq: tokens per sequence."),
     dampening: float = typer.Option(
         GPTQ_DAMPENING,
         "--dampening",
-        help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal "
-        f"(llm-compressor's: {LLM_COMPRESSOR_DAMPENING}).",
+        help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal, "
+        f"0 to under 1 (llm-compressor's: {LLM_COMPRESSOR_DAMPENING}).",
     ),
     actorder: str = typer.Option(
         "static",
@@ -469,7 +474,7 @@ def quantize(
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."
     ),
-    workers: int = typer.Option(0, help="Worker threads (default: one per core)."),
+    workers: int = typer.Option(0, min=0, max=MAX_WORKERS, help="Worker threads (0: one per core)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
     force: bool = typer.Option(False, help="Replace an existing output folder."),
@@ -583,7 +588,7 @@ def demo(
     folder: Path = typer.Option(
         Path("weightsmith-demo"), "--dir", help="Where the demo draft and its quantized copy go."
     ),
-    workers: int = typer.Option(0, help="Worker threads (default: one per core)."),
+    workers: int = typer.Option(0, min=0, max=MAX_WORKERS, help="Worker threads (0: one per core)."),
 ) -> None:
     """Make a DFlash-like draft, quantize it with the dflash-draft preset, verify it, print sizes."""
     from weightsmith.audit.verify import verify  # here: `quantize` starts without the audit modules

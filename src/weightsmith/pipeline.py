@@ -544,5 +544,10 @@ def _batches(jobs: Iterable[_Item]) -> Iterator[list[_Item]]:
         yield batch
 
 
+#: The most worker threads `--workers` may ask for: each holds a batch of tensors in memory, so a
+#: mistyped count would run the machine out of memory (or threads) before any work is done.
+MAX_WORKERS = 256
+
+
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)

@@ -48,6 +48,9 @@ _RULE_KEYS = {"targets", "scheme", "group_size", "scale_search"}
 _TOP_KEYS = {"ignore", "rule"}
 #: A recipe is a short text; anything larger is not one.
 MAX_RECIPE_BYTES = 1 << 20
+#: The largest group size a recipe or `--group-size` may ask for: input columns per scale, and no
+#: checkpoint has a Linear wider than this.
+MAX_GROUP_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -174,9 +177,9 @@ def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
             f"{where}: scheme must be one of {', '.join(REGISTRY)}", file=path, code="recipe.invalid"
         )
     group_size = doc.get("group_size")
-    if group_size is not None and (type(group_size) is not int or not 0 < group_size <= 1 << 20):
+    if group_size is not None and (type(group_size) is not int or not 0 < group_size <= MAX_GROUP_SIZE):
         raise WeightsmithError(
-            f"{where}: group_size must be an integer from 1 to {1 << 20:,}, got {short_repr(group_size)}",
+            f"{where}: group_size must be an integer from 1 to {MAX_GROUP_SIZE:,}, got {short_repr(group_size)}",
             file=path,
             code="recipe.invalid",
         )

@@ -16,6 +16,7 @@ import typer
 from weightsmith.audit import render
 from weightsmith.audit.inspect import VIEWS, inspect
 from weightsmith.checkpoint import DEFAULT_SHARD
+from weightsmith.terminal import short_repr
 
 
 def _inspect(
@@ -25,7 +26,7 @@ def _inspect(
 ) -> None:
     """Where the bytes are: per category, dtype or layer, with bits per parameter. Reads headers only."""
     if by not in VIEWS:
-        raise typer.BadParameter(f"must be one of {', '.join(VIEWS)}", param_hint="--by")
+        raise typer.BadParameter(f"{short_repr(by)} is not one of {', '.join(VIEWS)}", param_hint="--by")
     report = inspect(checkpoint, by)
     if as_json:
         print(render.to_json(report))

@@ -54,7 +54,9 @@ def calibrate_command(
             help=f"Calibration tokens, at most (at most {calibration.MAX_TOKENS:,}).",
         ),
     ] = DEFAULT_TOKENS,
-    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per sequence.")] = DEFAULT_SEQ_LEN,
+    seq_len: Annotated[
+        int, typer.Option("--seq-len", min=1, max=calibration.MAX_TOKENS, help="Tokens per sequence.")
+    ] = DEFAULT_SEQ_LEN,
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")
     ] = False,

@@ -23,6 +23,10 @@ from weightsmith.fidelity.weights import WeightReport, weight_error
 err_console = Console(stderr=True, highlight=False)
 
 
+#: The most per-layer rows `--layers` may ask for (more than any model's layers).
+MAX_LAYERS = 100_000
+
+
 def _weights_with_progress(orig: Path, quant: Path) -> WeightReport:
     """The weight pass with a byte progress bar on stderr."""
     columns = (TextColumn("weight error"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
@@ -59,7 +63,8 @@ def eval_command(
         ),
     ] = logits_mod.DEFAULT_TOKENS,
     layers: Annotated[
-        int, typer.Option("--layers", min=0, help="Per-layer rows in the table, worst first (0: all).")
+        int,
+        typer.Option("--layers", min=0, max=MAX_LAYERS, help="Per-layer rows in the table, worst first (0: all)."),
     ] = 20,
     no_logits: Annotated[
         bool, typer.Option("--no-logits", help="Weight error only; do not run the models in transformers.")

@@ -18,6 +18,8 @@ from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, Preflight
 from weightsmith.terminal import markup_safe
 
+#: The most speculative tokens `--k` may name: no draft proposes more per step than this.
+MAX_K = 1024
 _HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
 
 
@@ -51,7 +53,10 @@ def _preflight(
         str | None,
         typer.Option("--method", help="Speculative method (dflash, eagle3, ...); read from the draft if omitted."),
     ] = None,
-    k: Annotated[int | None, typer.Option("--k", min=1, help="num_speculative_tokens for the serve line.")] = None,
+    k: Annotated[
+        int | None,
+        typer.Option("--k", min=1, max=MAX_K, help="num_speculative_tokens for the serve line."),
+    ] = None,
     vllm: Annotated[
         Path | None,
         typer.Option("--vllm", help="A vLLM wheel or site-packages folder (default: the vllm installed here)."),
