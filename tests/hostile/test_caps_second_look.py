@@ -3,7 +3,9 @@
 - `card` read README.md and the JSON files beside it whole: a 3 GiB README.md or inspect.json was
   a MemoryError traceback under `card --check`;
 - `verify --scan-values` read an MX format's E8M0 scales (stored as uint8) as plain bytes, so a
-  scale of 0xFF (NaN) passed as clean.
+  scale of 0xFF (NaN) passed as clean;
+- transformers read a tokenizer file whole, whatever its size or kind: a 2 GB tokenizer.json held
+  4.7 GB; each tokenizer file is now a regular file within a cap, checked before it is opened.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from hostile.harness import TINY_LLAMA, Result, Sandbox, copies, run_inprocess, tiny_pair
+from hostile.harness import TINY_LLAMA, Result, Sandbox, copies, run_inprocess, run_subprocess, tiny_pair
 from synth import llama_tensors, write_checkpoint
 from weightsmith.api import quantize
 from weightsmith.card.check import MAX_CARD_BYTES
+from weightsmith.checkpoint import MAX_TOKENIZER_BYTES
 from weightsmith.files import MAX_JSON_BYTES
 
 _LIMITED = """
@@ -114,3 +117,34 @@ def test_scan_values_finds_a_nan_in_every_scale_dtype(
     sandbox.assert_untouched()
     found = [(f["check"], f["tensor"]) for f in json.loads(result.out)["findings"] if f["severity"] == "error"]
     assert result.code == 1 and ("values.non-finite", name) in found, (dtype, found)
+
+
+# --- 3c. tokenizer files are checked before transformers reads them ----------------------------
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "vocab.json", "special_tokens_map.json"])
+def test_a_tokenizer_file_past_its_cap_is_refused_unread(
+    name: str, sandbox: Sandbox, tiny, capsys, monkeypatch
+) -> None:
+    """transformers reads a tokenizer file whole: a 2 GB tokenizer.json held 4.7 GB before failing."""
+    pytest.importorskip("transformers")
+    orig, _ = copies(sandbox, tiny)
+    sparse(orig / name, MAX_TOKENIZER_BYTES + 1)
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "calibrate", orig, "--out", sandbox.root / "s.safetensors")
+    assert r.code == 2, r
+    assert r.error_line == (
+        f"error: {orig / name}: is larger than {MAX_TOKENIZER_BYTES:,} bytes, the cap on a tokenizer file"
+    )
+    sandbox.assert_untouched()
+
+
+def test_a_tokenizer_file_that_is_a_fifo_is_refused_unopened(sandbox: Sandbox, tiny) -> None:
+    pytest.importorskip("transformers")
+    orig, quant = copies(sandbox, tiny)
+    os.mkfifo(orig / "tokenizer.json")
+    sandbox.freeze()
+    r = run_subprocess("eval", orig, quant, timeout=300)
+    assert r.code == 2, r
+    assert r.error_line == f"error: {orig / 'tokenizer.json'}: is a FIFO (named pipe), not a regular file"
+    sandbox.assert_untouched()
