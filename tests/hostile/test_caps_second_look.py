@@ -1,5 +1,8 @@
 """Quoting, caps and scans, the second look.
 
+- an env name in a bench arms or results file was printed unchecked before the arm's command
+  (`BAR; touch PWN6=1`), and the card wrote `'` for each backquote of a command: a name must now
+  be a variable name, and every command and env is printed to paste as exactly itself;
 - `card` read README.md and the JSON files beside it whole: a 3 GiB README.md or inspect.json was
   a MemoryError traceback under `card --check`;
 - `verify --scan-values` read an MX format's E8M0 scales (stored as uint8) as plain bytes, so a
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -22,9 +27,16 @@ import pytest
 from hostile.harness import TINY_LLAMA, Result, Sandbox, copies, run_inprocess, run_subprocess, tiny_pair
 from synth import llama_tensors, write_checkpoint
 from weightsmith.api import quantize
+from weightsmith.bench.config import parse_config
+from weightsmith.bench.report import write_results_file
+from weightsmith.bench.results import RequestRecord, VisitResult
+from weightsmith.bench.runner import new_results
 from weightsmith.card.check import MAX_CARD_BYTES
+from weightsmith.card.cite import find_cited
 from weightsmith.checkpoint import MAX_TOKENIZER_BYTES
+from weightsmith.errors import WeightsmithError
 from weightsmith.files import MAX_JSON_BYTES
+from weightsmith.terminal import env_line
 
 _LIMITED = """
 import resource, sys
@@ -148,3 +160,115 @@ def test_a_tokenizer_file_that_is_a_fifo_is_refused_unopened(sandbox: Sandbox, t
     assert r.code == 2, r
     assert r.error_line == f"error: {orig / 'tokenizer.json'}: is a FIFO (named pipe), not a regular file"
     sandbox.assert_untouched()
+
+
+# --- 2a. env names are variable names, and every printed line pastes as itself ------------------
+
+BAD_NAMES = ["BAR; touch PWN6", "X=$(touch P7)", "A B", "1X", ""]
+
+
+def _results(sandbox: Sandbox, command: list[str], env: dict[str, str]) -> Path:
+    """A bench results file of one arm running `command` under `env`, as `bench run` writes it."""
+    config = parse_config({"repeats": 1, "arms": [{"name": "a", "command": command, "env": env}]})
+    results = new_results(config)
+    record = RequestRecord("p80.0", 80, 0, ttft_s=0.1, decode_tok_s=50.0, e2e_s=0.5, completion_tokens=16)
+    results.visits.append(VisitResult(arm="a", repeat=0, position=0, requests=[record]))
+    return write_results_file(results, None, sandbox.root / "run")
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_an_env_name_that_is_not_a_variable_name_is_refused_in_an_arms_file(name: str) -> None:
+    with pytest.raises(WeightsmithError, match="is not a usable variable name"):
+        parse_config(
+            {
+                "repeats": 1,
+                "arms": [{"name": "a", "command": ["vllm", "serve", "m", "--port", "{port}"], "env": {name: "1"}}],
+            }
+        )
+
+
+def test_an_env_name_that_is_not_a_variable_name_is_refused_in_a_results_file(
+    sandbox: Sandbox, tiny, capsys, monkeypatch
+) -> None:
+    """Printed as `BAR; touch PWN6=1`, the report's and the card's environment ran commands when pasted."""
+    path = _results(sandbox, ["vllm", "serve", "m", "--port", "{port}"], {"V": "1"})
+    doc = json.loads(path.read_text())
+    doc["arms"][0]["env"] = {"BAR; touch PWN6": "1", "X=$(touch P7)": "2"}
+    path.write_text(json.dumps(doc))
+    _, quant = copies(sandbox, tiny)
+    sandbox.freeze()
+    says = f"error: {path}: results file is malformed: field arms[0].env: 'BAR; touch PWN6' is not a variable name"
+    r = run_inprocess(capsys, monkeypatch, "bench", "report", path)
+    assert r.code == 2 and r.error_line == says, r
+    r = run_inprocess(capsys, monkeypatch, "card", quant, "--bench", path)
+    assert r.code == 2 and r.error_line == says, r
+    sandbox.assert_untouched()
+
+
+def test_an_env_pastes_as_exactly_that_env() -> None:
+    env = {"V": "$(touch pwned) y", "W": "`touch pwned`", "Q": "it's", "E": "", "N": "line\nbreak"}
+    line = env_line(env)
+    for name, value in env.items():
+        shown = subprocess.run(["bash", "-c", f"{line} printenv {name}"], capture_output=True, text=True, check=True)
+        assert shown.stdout == value + "\n"
+    with pytest.raises(ValueError, match="not a variable name"):
+        env_line({"BAR; touch PWN6": "1"})
+
+
+def test_a_command_with_backquotes_is_cited_exactly_and_checks(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
+    """The card wrote `'` for each backquote, so the pasted line was not the command bench ran."""
+    command = ["vllm", "serve", "m", "--port", "{port}", "--x", "`touch pwned`", "a``b"]
+    path = _results(sandbox, command, {"V": "`id`"})
+    _, quant = copies(sandbox, tiny)
+    sandbox.freeze()
+    assert run_inprocess(capsys, monkeypatch, "card", quant, "--bench", path).code == 0
+    cited = {c.field: c.value for c in find_cited((quant / "README.md").read_text())}
+    spans = {key: re.fullmatch(r"(`+) ?(.*?) ?\1", cited[f"arms[a].{key}"]) for key in ("command", "env")}
+    assert spans["command"] and shlex.split(spans["command"][2]) == command
+    assert spans["env"] and shlex.split(spans["env"][2]) == ["V=`id`"]
+    r = run_inprocess(capsys, monkeypatch, "card", quant, "--check")
+    assert r.code == 0, r.out
+    sandbox.assert_untouched("quant")
+
+
+# --- 5b. a cited number is judged as a reader sees it ------------------------------------------
+
+MODULES = "<!-- inspect.json: quantization.statuses[0].modules -->"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        (f"7{MODULES}", f"7{MODULES}&#48;", "is followed by '0'"),
+        (f"7{MODULES}", f"7{MODULES}<!-- x -->0", "is followed by '0'"),
+        (f"7{MODULES}", f"7{MODULES}\u200b0", "is followed by '0'"),
+        (f"7{MODULES}", f"7{MODULES}**0**", "is followed by '0'"),
+        (f"7{MODULES}", f"7{MODULES}<b>.5</b>", "is followed by '.5'"),
+        (f"7{MODULES}", f"9<!-- x -->7{MODULES}", "is preceded by '9'"),
+        (f"7{MODULES}", f"9**7{MODULES}**", "is preceded by '9'"),
+        (f"7{MODULES}", f"1.<!-- x -->7{MODULES}", "is preceded by '1.'"),
+    ],
+    ids=["entity", "comment", "zero-width", "emphasis", "tag", "before-comment", "before-emphasis", "before-point"],
+)
+def test_digits_glued_on_through_markup_fail_the_check(
+    old: str, new: str, says: str, sandbox: Sandbox, tiny, capsys, monkeypatch
+) -> None:
+    """Each renders as 70, 7.5, 97 or 1.7, which `card --check` passed: markup hid the glued digit."""
+    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    card = quant / "README.md"
+    text = card.read_text()
+    assert text.count(old) == 1, old
+    card.write_text(text.replace(old, new))
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "card", quant, "--check")
+    assert r.code == 1 and f"7 citing inspect.json: quantization.statuses[0].modules {says}" in r.out, r.out
+    sandbox.assert_untouched()
+
+
+def test_markup_that_does_not_extend_a_number_still_passes(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
+    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    card = quant / "README.md"
+    text = card.read_text()
+    card.write_text(text.replace(f"7{MODULES}", f"**7{MODULES}**&nbsp;<!-- x --> (seven)"))
+    r = run_inprocess(capsys, monkeypatch, "card", quant, "--check")
+    assert r.code == 0, r.out

@@ -130,9 +130,10 @@ def check_card(folder: Path) -> CheckResult:
     result.mismatches += disagreements(src)
     for item in cited:
         expected = now.by_source.get(item.source)
-        if item.glued:
+        if item.glued or item.glued_before:
+            where = f"is followed by {item.glued!r}" if item.glued else f"is preceded by {item.glued_before!r}"
             result.mismatches.append(
-                f"{CARD_FILE}:{item.line}: {item.value} citing {item.source} is followed by {item.glued!r}, "
+                f"{CARD_FILE}:{item.line}: {item.value} citing {item.source} {where}, "
                 "so a reader sees another value than the one cited"
             )
         elif expected is None:
