@@ -7,6 +7,9 @@
   a MemoryError traceback under `card --check`;
 - `verify --scan-values` read an MX format's E8M0 scales (stored as uint8) as plain bytes, so a
   scale of 0xFF (NaN) passed as clean;
+- preflight kept every file it read and every tree it parsed from a vLLM wheel: 2,500 members of
+  1 MiB, or a chain of base classes each in a 1 MiB file, held gigabytes; one run now has a budget
+  of bytes read and syntax-tree nodes parsed per vLLM;
 - transformers read a tokenizer file whole, whatever its size or kind: a 2 GB tokenizer.json held
   4.7 GB; each tokenizer file is now a regular file within a cap, checked before it is opened.
 """
@@ -20,6 +23,7 @@ import shlex
 import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +40,7 @@ from weightsmith.card.cite import find_cited
 from weightsmith.checkpoint import MAX_TOKENIZER_BYTES
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import MAX_JSON_BYTES
+from weightsmith.preflight.source import MAX_NODES_TOTAL, MAX_READ_TOTAL, MAX_SOURCE_BYTES
 from weightsmith.terminal import env_line
 
 _LIMITED = """
@@ -272,3 +277,74 @@ def test_markup_that_does_not_extend_a_number_still_passes(sandbox: Sandbox, tin
     card.write_text(text.replace(f"7{MODULES}", f"**7{MODULES}**&nbsp;<!-- x --> (seven)"))
     r = run_inprocess(capsys, monkeypatch, "card", quant, "--check")
     assert r.code == 0, r.out
+
+
+# --- 3a/3b. what preflight reads and parses from one vLLM is bounded in all ----------------------
+
+QUANTIZATION = "vllm/model_executor/layers/quantization"
+
+
+def _vllm_wheel(path: Path, members: dict[str, str]) -> Path:
+    """A wheel whose registry sends a DFlash draft to `foo.py` and compressed-tensors to class CT, plus MEMBERS."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("vllm/__init__.py", "")
+        z.writestr("vllm-0.99.0.dist-info/METADATA", "Version: 0.99.0\n")
+        z.writestr("vllm/model_executor/models/registry.py", '_M = {"DFlashLlamaForCausalLM": ("foo", "Foo")}\n')
+        z.writestr("vllm/model_executor/models/foo.py", "def f(quant_config):\n    quant_config.get_x()\n")
+        for name, text in members.items():
+            z.writestr(name, text)
+    return path
+
+
+def test_a_wheel_of_many_large_members_is_refused_at_the_read_budget(
+    sandbox: Sandbox, tiny, capsys, monkeypatch
+) -> None:
+    """2,500 members of 1 MiB made preflight hold 2.7 GB: every member's text was kept."""
+    _, quant = copies(sandbox, tiny)
+    body = "#" + "a" * (MAX_SOURCE_BYTES - 2) + "\n"
+    members = {f"{QUANTIZATION}/__init__.py": 'method_to_config = {"compressed-tensors": CT}\n'}
+    members |= {f"{QUANTIZATION}/m{i:05d}.py": body for i in range(MAX_READ_TOTAL // MAX_SOURCE_BYTES + 8)}
+    members[f"{QUANTIZATION}/zzz.py"] = "class CT:\n    pass\n"
+    vllm = _vllm_wheel(sandbox.root / "big.whl", members)
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "preflight", quant, "--draft", quant, "--method", "dflash", "--vllm", vllm)
+    assert r.code == 2, r
+    assert r.error_line == (
+        f"error: {vllm}: needs more than the {MAX_READ_TOTAL:,} bytes of source read preflight allows one vLLM; "
+        "a real vLLM needs a fraction of that"
+    )
+    sandbox.assert_untouched()
+
+
+def test_a_chain_of_large_base_classes_is_refused_at_the_parse_budget(
+    sandbox: Sandbox, tiny, capsys, monkeypatch
+) -> None:
+    """Each base class in its own 1 MiB `x = (a, a, ...)` file: 2.3 GB of trees were parsed and kept."""
+    _, quant = copies(sandbox, tiny)
+    members = {f"{QUANTIZATION}/__init__.py": 'method_to_config = {"compressed-tensors": B0}\n'}
+    for i in range(4):
+        head = f"class B{i}(B{i + 1}):\n    pass\nx = ("
+        members[f"{QUANTIZATION}/b{i:03d}.py"] = head + "a," * (MAX_NODES_TOTAL // 3) + ")\n"
+    vllm = _vllm_wheel(sandbox.root / "chain.whl", members)
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "preflight", quant, "--draft", quant, "--method", "dflash", "--vllm", vllm)
+    assert r.code == 2, r
+    assert r.error_line == (
+        f"error: {vllm}: needs more than the {MAX_NODES_TOTAL:,} syntax-tree nodes parsed preflight allows one "
+        "vLLM; a real vLLM needs a fraction of that"
+    )
+    sandbox.assert_untouched()
+
+
+def test_running_out_of_memory_anywhere_is_one_line(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
+    """A reader without a cap of its own (a library's) can still exhaust memory: a line, not a traceback."""
+    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+
+    def exhausted(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr("weightsmith.card.check.find_cited", exhausted)
+    sandbox.freeze()
+    r = run_inprocess(capsys, monkeypatch, "card", quant, "--check")
+    assert r.code == 2 and r.error_line == "error: ran out of memory; an input is larger than this machine can hold"
+    sandbox.assert_untouched()
