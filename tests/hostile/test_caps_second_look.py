@@ -11,7 +11,10 @@
   1 MiB, or a chain of base classes each in a 1 MiB file, held gigabytes; one run now has a budget
   of bytes read and syntax-tree nodes parsed per vLLM;
 - transformers read a tokenizer file whole, whatever its size or kind: a 2 GB tokenizer.json held
-  4.7 GB; each tokenizer file is now a regular file within a cap, checked before it is opened.
+  4.7 GB; each tokenizer file is now a regular file within a cap, checked before it is opened;
+- `card --check` passed a cited number with digits glued on through markup (`7<!-- c -->&#48;`,
+  `9<!-- x -->7<!-- c -->`): a number is now judged by what a reader sees on both sides;
+- a MemoryError anywhere is one line, not a traceback.
 """
 
 from __future__ import annotations
