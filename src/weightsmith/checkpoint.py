@@ -27,6 +27,7 @@ from weightsmith.files import (
     exists,
     kind,
     name_problem,
+    open_regular,
     outside,
     read_regular,
 )
@@ -163,6 +164,50 @@ def refuse_remote_code(folder: Path, trusted: bool) -> None:
                 "pass --trust-remote-code to allow it",
                 file=path,
                 code="remote-code",
+            )
+
+
+#: The files transformers reads to build a tokenizer: JSON, vocabularies and SentencePiece models.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+#: The most bytes one tokenizer file may hold. The largest real ones (a tokenizer.json of a 256k-entry
+#: vocabulary with its merges) are about 33 MB; four times that leaves room, while a stranger's 2 GB
+#: file, which transformers would read and parse whole (4.7 GB held), is refused unread.
+MAX_TOKENIZER_BYTES = 128 * 1024 * 1024
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """Refuse, with one line naming the file, a tokenizer file that is not a regular file or is past
+    `MAX_TOKENIZER_BYTES`: checked here, before transformers opens them, since it reads each whole
+    with no cap of its own (and would block on a FIFO)."""
+    for name in TOKENIZER_FILES:
+        path = Path(folder) / name
+        if not exists(path):
+            continue
+        try:
+            fd = open_regular(path)
+            try:
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        except NotRegularFile as exc:
+            raise CheckpointError(exc.strerror or str(exc), file=path, code="file.not-regular") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot be read ({exc.strerror})", file=path, code="file.unreadable") from None
+        if size > MAX_TOKENIZER_BYTES:
+            raise CheckpointError(
+                f"is larger than {MAX_TOKENIZER_BYTES:,} bytes, the cap on a tokenizer file",
+                file=path,
+                code="file.too-large",
             )
 
 

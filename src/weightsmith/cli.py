@@ -156,6 +156,9 @@ def main() -> None:
         # a name like `a[/]b` is text, not markup: unescaped it would be hidden or raise
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, emoji=False)
         sys.exit(2)
+    except MemoryError:  # an input read whole past what this machine holds: a line, not a traceback
+        sys.stderr.write("error: ran out of memory; an input is larger than this machine can hold\n")
+        sys.exit(2)
     # commands return None; an int is the status of a `typer.Exit` (or click's own, for --help)
     if isinstance(status, int) and status:
         sys.exit(status)

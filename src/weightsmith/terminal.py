@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
+
+#: What a shell takes as a variable name in `NAME=value` before a command. Anything else (`A;B`,
+#: `X=$(cmd)`) is not an assignment there but words of a command line, so an env key must be one.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def printable(text: str) -> str:
@@ -74,6 +78,26 @@ def shell_line(words: Iterable[str], variables: Collection[str] = ()) -> str:
         parts = names.split(word)  # text, name, text, name, ..., text
         line.append("".join(f'"${part}"' if i % 2 else _quoted(part) for i, part in enumerate(parts) if part) or "''")
     return " ".join(line)
+
+
+def env_line(env: Mapping[str, str]) -> str:
+    """`env` as `NAME=value` words that, pasted before a command, set exactly that environment: each
+    value quoted as `shell_line` quotes a word. A name that is not a variable name (`ENV_NAME`) is a
+    ValueError: the readers of arms and results files refuse one, so none reaches a printer."""
+    for name in env:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"not a variable name: {name!r}")
+    return " ".join(f"{name}={_quoted(value)}" for name, value in env.items())
+
+
+def code_span(text: str) -> str:
+    """`text` as a Markdown code span that shows it exactly: fenced by one backquote more than the
+    longest run it holds, so a backquote in a stranger's path or command cannot end it early (and
+    padded with a space where it starts or ends with one, which CommonMark strips again)."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _quoted(word: str) -> str:

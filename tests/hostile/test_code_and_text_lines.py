@@ -23,6 +23,7 @@ from weightsmith.bench.config import parse_config
 from weightsmith.bench.report import write_results_file
 from weightsmith.bench.results import RequestRecord, VisitResult
 from weightsmith.bench.runner import new_results
+from weightsmith.card.cite import find_cited
 from weightsmith.card.publish import serve_command
 from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.terminal import shell_line
@@ -125,10 +126,9 @@ def test_bench_report_quotes_each_arm_command(sandbox: Sandbox, capsys, monkeypa
 
 
 def test_card_bench_section_quotes_each_arm_command(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
-    """The card's serving benchmark lists each arm's command as bench ran it: pasted, the same argv.
-    (A cited code span cannot hold a backquote: the card writes `'` for one, so no word here has one.)"""
-    words = [w for w in HOSTILE if "`" not in w]
-    command = ["vllm", "serve", "./model it's", "--port", "{port}", *words]
+    """The card's serving benchmark lists each arm's command as bench ran it: pasted, the same argv,
+    backquotes included (the code span is fenced by enough backquotes to hold them)."""
+    command = ["vllm", "serve", "./model it's", "--port", "{port}", *HOSTILE]
     config = parse_config({"repeats": 1, "arms": [{"name": "a", "command": command, "env": {"V": "$(x) y"}}]})
     results = new_results(config)
     record = RequestRecord("p80.0", 80, 0, ttft_s=0.1, decode_tok_s=50.0, e2e_s=0.5, completion_tokens=16)
@@ -140,7 +140,8 @@ def test_card_bench_section_quotes_each_arm_command(sandbox: Sandbox, tiny, caps
     result = run_inprocess(capsys, monkeypatch, "card", quant, "--bench", bench)
     assert result.code == 0, result.err
     card = (quant / "README.md").read_text()
-    shown = {m[1]: m[0] for m in re.findall(r"`([^`\n]+)`<!-- [^:<>]+: arms\[a\]\.(command|env) -->", card)}
+    spans = {c.field: re.fullmatch(r"(`+) ?(.*?) ?\1", c.value) for c in find_cited(card)}
+    shown = {key: span[2] for key in ("command", "env") if (span := spans[f"arms[a].{key}"])}
     assert shlex.split(shown["command"]) == command
     assert shlex.split(shown["env"]) == ["V=$(x) y"]
     sandbox.assert_untouched("quant")

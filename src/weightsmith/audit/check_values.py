@@ -18,7 +18,7 @@ from weightsmith import names
 from weightsmith.audit.findings import ERROR, WARNING, Finding
 from weightsmith.audit.modules import Located
 from weightsmith.audit.survey import Survey
-from weightsmith.audit.values import CHUNK_BYTES, chunks, non_finite_count, non_positive_count
+from weightsmith.audit.values import CHUNK_BYTES, chunks, non_finite_count, non_positive_count, scale_code
 from weightsmith.safetensors.reader import ShardReader
 
 
@@ -42,8 +42,8 @@ def scan_values(found: Survey, workers: int | None = None) -> tuple[list[Finding
         buffer = getattr(local, "buffer", None)
         if buffer is None:
             buffer = local.buffer = np.empty(CHUNK_BYTES, dtype=np.uint8)
-        code = located.info.dtype.code
         is_scale = names.split(name)[1] in names.WEIGHT_SCALES
+        code = scale_code(located.info.dtype.code) if is_scale else located.info.dtype.code
         bad, nonzero, non_positive = 0, False, 0
         for chunk in chunks(readers[located.shard], located.info, buffer):
             bad += non_finite_count(code, chunk)

@@ -32,6 +32,12 @@ NON_FINITE: dict[str, tuple[type[np.unsignedinteger], int, int]] = {
 }
 
 
+def scale_code(code: str) -> str:
+    """The dtype a scale's bytes hold: a U8 scale is E8M0 (compressed-tensors' MX formats store their
+    power-of-two scales as uint8), whose 0xFF is NaN. Read as plain bytes it would have no NaN at all."""
+    return "F8_E8M0" if code == "U8" else code
+
+
 def chunks(reader: ShardReader, info: TensorInfo, buffer: np.ndarray) -> Iterator[np.ndarray]:
     """The tensor's bytes, `len(buffer)` at a time, read into `buffer` (each chunk reuses it).
 

@@ -26,6 +26,7 @@ from weightsmith.bench.kinds import KIND_NAMES, ServerKind
 from weightsmith.bench.quality.scenarios import MAX_SCENARIOS
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_text_file
+from weightsmith.terminal import ENV_NAME
 
 #: Placeholder in a command (and its url/env) replaced by a free loopback port at start time.
 PORT_PLACEHOLDER = "{port}"
@@ -374,7 +375,7 @@ def _command(raw: Any, where: str, path: str) -> list[str]:
 def _env(raw: dict[str, Any], where: str, path: str) -> dict[str, str]:
     env = {}
     for key, value in raw.items():
-        if not key or "=" in key or "\x00" in key:
+        if not ENV_NAME.fullmatch(key):  # `A;B` or `X=$(cmd)` would be command words in a printed line
             raise WeightsmithError(f"{where}: env name {_q(key)} is not a usable variable name", file=path)
         env[key] = str(_scalar(value, where, f"env {_q(key)}", path))
     return env

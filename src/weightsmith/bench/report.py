@@ -8,7 +8,6 @@ what was run. Numbers that could not be measured say why instead of showing a ze
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from weightsmith.bench import logcheck
@@ -21,7 +20,7 @@ from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN
 from weightsmith.files import replace_file
-from weightsmith.terminal import shell_line
+from weightsmith.terminal import code_span, env_line, shell_line
 
 _METRIC = {m.key: m for m in METRICS}
 #: Prompt tokens per request a server may take from its cache without comment: the BOS token and
@@ -48,15 +47,6 @@ def _pct(x: float | None) -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _code(text: str) -> str:
-    """`text` as a Markdown code span: fenced by one backtick more than the longest run it holds, so a
-    backtick in a stranger's path cannot end it early (and padded where it starts or ends with one)."""
-    longest = max((len(run) for run in re.findall("`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -572,8 +562,8 @@ def _setup(results: BenchResults) -> list[str]:
     ]
     rows = []
     for a in results.arms:
-        what = _code(shell_line(a.command, PLACEHOLDERS)) if a.command else (a.url or "")
-        env = ", ".join(_code(f"{k}={shell_line([v])}") for k, v in a.env.items())
+        what = code_span(shell_line(a.command, PLACEHOLDERS)) if a.command else (a.url or "")
+        env = ", ".join(code_span(env_line({k: v})) for k, v in a.env.items())
         model = served_model(a)
         rows.append([f"`{a.name}`", a.kind, model or "–", what + (f" (env: {env})" if env else ""), a.status])
     lines += _table(["arm", "kind", "model", "server", "status"], rows)

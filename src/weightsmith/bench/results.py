@@ -21,6 +21,7 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.files import MAX_JSON_BYTES, TooLarge, read_regular, replace_file
 from weightsmith.jsonable import jsonable
 from weightsmith.severity import ERROR, WARNING, Severity
+from weightsmith.terminal import ENV_NAME, short_repr
 
 SCHEMA = "weightsmith.bench.results"
 #: Bump on any change a reader of an older file would misread. Version 2 records paths portably
@@ -281,14 +282,19 @@ def _build(tp: Any, data: Any, where: str) -> Any:
 def _check_values(results: BenchResults) -> None:
     """What the analysis and the report rely on beyond types.
 
-    Every arm a visit, a determinism run, a quality run or the baseline names is one of the file's arms; statuses
-    are known; alpha lies where a confidence level can; the workload settings are tables.
+    Every env key is a variable name; every arm a visit, a determinism run, a quality run or the baseline
+    names is one of the file's arms; statuses are known; alpha lies where a confidence level can; the workload
+    settings are tables.
     """
     if not 0 < results.alpha < 0.5:
         raise _Malformed("alpha", "must be > 0 and < 0.5")
     for key in ("workload", "determinism"):
         if not isinstance(results.config.get(key, {}), dict):
             raise _Malformed(f"config.{key}", f"must be an object, got {_kind(results.config[key])}")
+    for i, info in enumerate(results.arms):
+        for key in info.env:  # printed before the arm's command in the report and the card
+            if not ENV_NAME.fullmatch(key):
+                raise _Malformed(f"arms[{i}].env", f"{short_repr(key)} is not a variable name")
     names = {a.name for a in results.arms}
     if results.baseline not in names:
         raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")

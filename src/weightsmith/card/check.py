@@ -26,6 +26,7 @@ from weightsmith.card.sources import (
     reload,
 )
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import MAX_JSON_BYTES, TooLarge, read_regular
 
 #: The files `card` writes beside the card: published with it, so held to the same rule about paths.
 WRITTEN = (INSPECT_FILE, VERIFY_FILE, EVAL_FILE, BENCH_FILE, PREFLIGHT_FILE)
@@ -43,9 +44,26 @@ class CheckResult:
         return not self.mismatches
 
 
+#: The most bytes a card may hold. A card `card` writes is a few KB and an upstream model card rarely
+#: passes 100 KB; a README.md of gigabytes is a stranger's, read whole only to fail.
+MAX_CARD_BYTES = 16 * 1024 * 1024
+
+
+def _read_capped(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file `path`, refused with one line naming it when over `limit` or unreadable."""
+    try:
+        return read_regular(path, limit)
+    except TooLarge:
+        raise WeightsmithError(f"is larger than {limit:,} bytes, the cap on this file", file=path,
+                               code="file.too-large") from None  # fmt: skip
+    except OSError as exc:
+        raise WeightsmithError(f"cannot be read ({exc.strerror or exc})", file=path, code="file.unreadable") from None
+
+
 def read_card(card: Path, strict: bool = True) -> str:
-    """The card's Markdown; not UTF-8 is a one-line error (or, when not `strict`, replaced characters)."""
-    data = card.read_bytes()
+    """The card's Markdown, at most `MAX_CARD_BYTES`; not UTF-8 is a one-line error (or, when not
+    `strict`, replaced characters)."""
+    data = _read_capped(card, MAX_CARD_BYTES)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -83,8 +101,9 @@ def _paths(folder: Path, markdown: str) -> list[str]:
     for name in WRITTEN:
         path = folder / name
         if path.is_file():
+            text = _read_capped(path, MAX_JSON_BYTES).decode(errors="replace")
             found += [f"{name}: names the local path {p!r}; it is published with the card" for p in
-                      dict.fromkeys(local_paths(path.read_text(encoding="utf-8", errors="replace")))]  # fmt: skip
+                      dict.fromkeys(local_paths(text))]  # fmt: skip
     return found
 
 
@@ -111,9 +130,10 @@ def check_card(folder: Path) -> CheckResult:
     result.mismatches += disagreements(src)
     for item in cited:
         expected = now.by_source.get(item.source)
-        if item.glued:
+        if item.glued or item.glued_before:
+            where = f"is followed by {item.glued!r}" if item.glued else f"is preceded by {item.glued_before!r}"
             result.mismatches.append(
-                f"{CARD_FILE}:{item.line}: {item.value} citing {item.source} is followed by {item.glued!r}, "
+                f"{CARD_FILE}:{item.line}: {item.value} citing {item.source} {where}, "
                 "so a reader sees another value than the one cited"
             )
         elif expected is None:

@@ -11,7 +11,7 @@ from weightsmith.bench.paths import PLACEHOLDERS, served_model
 from weightsmith.card.cite import Citations
 from weightsmith.card.measured import table
 from weightsmith.card.sources import BENCH_FILE, CardSources
-from weightsmith.terminal import shell_line
+from weightsmith.terminal import env_line, shell_line
 
 B = BENCH_FILE
 _LABEL = {m.key: m.label for m in METRICS}
@@ -47,8 +47,7 @@ def serving(src: CardSources, c: Citations) -> list[str]:
         elif arm.url:
             lines.append(f"  already running at {c.text(arm.url, B, f'arms[{arm.name}].url')}")
         if arm.env:
-            env = " ".join(f"{k}={shell_line([v])}" for k, v in arm.env.items())
-            lines.append(f"  environment {c.text(env, B, f'arms[{arm.name}].env')}")
+            lines.append(f"  environment {c.text(env_line(arm.env), B, f'arms[{arm.name}].env')}")
     lines += ["", *_cells(src, c), ""]
     if an.comparisons:
         lines += [*_verdicts(src, c), ""]

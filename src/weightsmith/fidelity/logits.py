@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from weightsmith.calibration import TEXT_LIMIT
-from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, read_json, refuse_remote_code
+from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, check_tokenizer_files, read_json, refuse_remote_code
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import read_text_file
 from weightsmith.formats import compressed_tensors as ct
@@ -222,6 +222,7 @@ def load_tokenizer(*folders: str | Path, trust_remote_code: bool = False) -> Any
     problem: Exception | None = None
     for folder in folders:
         refuse_remote_code(Path(folder), trust_remote_code)
+        check_tokenizer_files(Path(folder))
         try:
             return transformers.AutoTokenizer.from_pretrained(
                 str(folder), local_files_only=True, trust_remote_code=trust_remote_code

@@ -29,6 +29,15 @@ _VERSION = re.compile(r"^Version:\s*(\S+)", re.MULTILINE)
 #: v1/worker/gpu_model_runner.py) is about 340 KB and parses into 15 MB; a file written to cost the
 #: most (`x = (a, a, ...)`) parses into 700 times its size, so the cap is what bounds that.
 MAX_SOURCE_BYTES = 1 << 20
+#: What one run may read from one vLLM source in all: bytes inflated (every file it reads is kept
+#: for the run) and syntax-tree nodes parsed (every tree is kept too; a node costs a few hundred
+#: bytes). Per file the caps above hold, but a wheel of 2,500 members of 1 MiB each, or a chain of
+#: base classes each a 1 MiB file, would otherwise be read, kept and parsed whole: 2.7 GB held.
+#: A real vLLM needs a fraction of each: preflight's tests over vLLM 0.25 and 0.33 read at most 113
+#: files, 1.5 MB, and parse 8 of them, 34,000 nodes; the budgets are 20 and 30 times that, and keep
+#: at most about 700 MB of trees.
+MAX_READ_TOTAL = 32 << 20
+MAX_NODES_TOTAL = 1_000_000
 #: What `zipfile` raises for a member it cannot give back: a bad CRC or a damaged stream
 #: (BadZipFile, zlib.error, EOFError), an unknown compression method (NotImplementedError), a
 #: member's offset that `seek` refuses (OverflowError past 2**63, ValueError below 0, OSError).
@@ -47,6 +56,9 @@ class VllmSource:
     _zip: zipfile.ZipFile | None = field(default=None, repr=False)
     _texts: dict[str, str | None] = field(default_factory=dict, repr=False)
     _trees: dict[str, tuple[ast.Module, list[str]] | None] = field(default_factory=dict, repr=False)
+    #: What this run has read and parsed so far, held to `MAX_READ_TOTAL` and `MAX_NODES_TOTAL`.
+    read_total: int = field(default=0, repr=False)
+    nodes_total: int = field(default=0, repr=False)
 
     @classmethod
     def open(cls, path: Path | None) -> VllmSource:
@@ -80,7 +92,11 @@ class VllmSource:
     def text(self, rel: str) -> str | None:
         """The text of `rel` (a path starting `vllm/`), or None when this installation lacks it."""
         if rel not in self._texts:
-            self._texts[rel] = self._read(rel)
+            text = self._read(rel)
+            self.read_total += len(text or "")
+            if self.read_total > MAX_READ_TOTAL:
+                raise self._over(f"{MAX_READ_TOTAL:,} bytes of source read")
+            self._texts[rel] = text
         return self._texts[rel]
 
     def parsed(self, rel: str) -> tuple[ast.Module, list[str]] | None:
@@ -91,12 +107,25 @@ class VllmSource:
         if rel not in self._trees:
             text = self.text(rel)
             try:
-                self._trees[rel] = None if text is None else (ast.parse(text), text.splitlines())
+                tree = None if text is None else ast.parse(text)
             except SyntaxError:
-                self._trees[rel] = None
+                tree = None
             except (RecursionError, MemoryError):  # the parser's own stack, not memory: the text is capped
                 raise self._error(rel, "is nested too deeply for Python's parser") from None
+            if tree is not None:
+                self.nodes_total += sum(1 for _ in ast.walk(tree))
+                if self.nodes_total > MAX_NODES_TOTAL:
+                    raise self._over(f"{MAX_NODES_TOTAL:,} syntax-tree nodes parsed")
+            self._trees[rel] = None if tree is None or text is None else (tree, text.splitlines())
         return self._trees[rel]
+
+    def _over(self, budget: str) -> VllmSourceError:
+        """One line naming the wheel (or folder) and the budget it went past: no real vLLM comes near it."""
+        return VllmSourceError(
+            f"needs more than the {budget} preflight allows one vLLM; a real vLLM needs a fraction of that",
+            file=self.where,
+            code="vllm.too-large",
+        )
 
     def _read(self, rel: str) -> str | None:
         parts = rel.split("/")
