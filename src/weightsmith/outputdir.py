@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from weightsmith.errors import OutputError
+from weightsmith.errors import OutputError, WeightsmithError
 from weightsmith.files import open_regular, replace_file
 
 #: Inside a partial folder; locked for as long as the run that made the folder is alive.
@@ -57,21 +57,50 @@ def refuse_inside(out: Path, *sources: Path) -> None:
             )
 
 
-def is_ours_or_empty(folder: Path) -> bool:
-    """Whether `--force` may replace `folder`: an empty folder, or one weightsmith wrote (its manifest,
-    a regular file rather than a link). Anything else holds someone's files."""
+#: What `card` writes beside a checkpoint (card.sources' file names; importing it here would load the card).
+CARD_FILES = ("README.md", "inspect.json", "verify.json", "eval.json", "bench.json", "preflight.json")
+
+
+def foreign_entry(folder: Path) -> str | None:
+    """The first entry of `folder` (a relative path) that a weightsmith run did not write, or None
+    when every one is accounted for: `--force` replaces only such a folder, or an empty one.
+
+    "Ours" is proved by the folder's `weightsmith.json`, read with the manifest reader (an empty or
+    copied-in `{}` proves nothing), and by every entry being one that manifest accounts for: the
+    shards (the source's shard names), the index and config, the files the run carried over, the
+    files `card` writes beside them, and our replace marker. Anything else is someone's.
+    """
+    from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE
+    from weightsmith.manifest import load_manifest
+
     try:
-        if stat.S_ISREG(os.lstat(folder / MANIFEST_FILE).st_mode):
-            return True
-    except FileNotFoundError:
-        pass
+        with os.scandir(folder) as it:
+            first = sorted(e.name for e in it)
     except OSError:
-        return False
+        return "."
+    if not first:
+        return None
     try:
-        with os.scandir(folder) as entries:
-            return next(entries, None) is None
-    except OSError:
-        return False
+        if not stat.S_ISREG(os.lstat(folder / MANIFEST_FILE).st_mode):
+            return MANIFEST_FILE
+        manifest = load_manifest(folder / MANIFEST_FILE)
+    except (OSError, WeightsmithError):
+        return MANIFEST_FILE if MANIFEST_FILE in first else first[0]
+    ours = {MANIFEST_FILE, CONFIG_FILE, INDEX_FILE, REPLACED_MARKER, *CARD_FILES, *manifest.source.files,
+            *manifest.copied_files}  # fmt: skip
+    holding = {"/".join(name.split("/")[:i]) for name in ours for i in range(1, name.count("/") + 1)}
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        with os.scandir(folder / rel) as it:
+            names = sorted(e.name for e in it)
+        for name in names:
+            key = f"{rel}/{name}" if rel else name
+            if key in holding and stat.S_ISDIR(os.lstat(folder / key).st_mode):
+                pending.append(key)
+            elif key not in ours:
+                return key
+    return None
 
 
 #: What `check_destination` tells a command that has a `--force` replacing its output.
@@ -91,10 +120,11 @@ def check_destination(src: Path, out: Path, force: bool, *others: Path, remedy: 
         raise OutputError(f"already exists ({remedy})", file=out, code="output.exists")
     if not out.is_dir() or out.is_symlink():
         raise OutputError("exists and is not a folder", file=out, code="output.not-dir")
-    if not is_ours_or_empty(out):
+    foreign = foreign_entry(out)
+    if foreign is not None:
         raise OutputError(
-            f"holds files weightsmith did not write (no {MANIFEST_FILE}); --force replaces only a weightsmith "
-            "output or an empty folder",
+            f"holds {foreign!r}, which weightsmith did not write (its {MANIFEST_FILE} does not account for it); "
+            "--force replaces only a weightsmith output or an empty folder",
             file=out,
             code="output.not-ours",
         )
