@@ -58,7 +58,8 @@ def refuse_inside(out: Path, *sources: Path) -> None:
 
 
 #: What `card` writes beside a checkpoint (card.sources' file names; importing it here would load the card).
-CARD_FILES = ("README.md", "inspect.json", "verify.json", "eval.json", "bench.json", "preflight.json")
+CARD_FILES = ("README.md", "inspect.json", "verify.json", "eval.json", "bench.json", "preflight.json",
+              ".weightsmith-card.json")  # fmt: skip
 
 
 def foreign_entry(folder: Path) -> str | None:
