@@ -11,7 +11,9 @@ import os
 import stat
 from pathlib import Path
 
-from hostile.harness import TINY_LLAMA, Sandbox, run_inprocess
+import pytest
+
+from hostile.harness import TINY_LLAMA, Sandbox, copies, run_inprocess, tiny_pair
 from synth import llama_tensors, write_checkpoint
 from weightsmith import files
 from weightsmith.manifest import MANIFEST_FILE
@@ -145,3 +147,139 @@ def test_demo_refuses_a_draft_folder_that_is_a_link(capsys, monkeypatch, sandbox
     (d1 / "draft-bf16").symlink_to(elsewhere)
     line = _refused(capsys, monkeypatch, sandbox, "demo", "--dir", d1, "--workers", "1")
     assert str(d1 / "draft-bf16") in line, line
+
+
+# --- 1e: bench report never rewrites its input, and writes only where bench may ---------------------------
+
+
+def _results(folder: Path, name: str = "results.json") -> Path:
+    """A results file as `bench run` writes it, one visit per arm, with a decode rate (so plots are drawn)."""
+    from weightsmith.bench.config import parse_config
+    from weightsmith.bench.report import write_results_file
+    from weightsmith.bench.results import PromptInfo, RequestRecord, VisitResult
+    from weightsmith.bench.runner import new_results
+
+    config = parse_config({"repeats": 1, "arms": [{"name": a, "url": f"http://h:{i + 1}"} for i, a in enumerate("ab")]})
+    results = new_results(config)
+    results.prompts.append(PromptInfo("p80.0", 80, 0, "synthetic", 400))
+    for position, arm in enumerate("ab"):
+        record = RequestRecord("p80.0", 80, 0, ttft_s=0.1, decode_tok_s=50.0, e2e_s=0.5, completion_tokens=16)
+        results.visits.append(VisitResult(arm=arm, repeat=0, position=position, requests=[record]))
+    path = write_results_file(results, None, folder)
+    return path.rename(folder / name)
+
+
+def test_bench_report_refuses_a_folder_holding_another_runs_results(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    """`bench report d2/quality-run.json` replaced d2/results.json, another run's, with its own data."""
+    d2 = sandbox.root / "d2"
+    _results(d2)
+    path = _results(d2, "quality-run.json")
+    _results(d2)
+    line = _refused(capsys, monkeypatch, sandbox, "bench", "report", path)
+    assert str(d2) in line and "results.json" in line, line
+
+
+def test_bench_report_replaces_no_users_report_or_plot(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    """A downloaded results.json beside the user's report.md and ttft.png: both were replaced."""
+    that = sandbox.root / "that"
+    path = _results(that)
+    (that / "report.md").write_text("my notes\n")
+    (that / "ttft.png").write_bytes(b"mine")
+    line = _refused(capsys, monkeypatch, sandbox, "bench", "report", path)
+    assert str(that) in line and "report.md" in line, line
+    (that / "report.md").unlink()  # a plot of the user's alone is not replaced either
+    line = _refused(capsys, monkeypatch, sandbox, "bench", "report", path)
+    assert str(that) in line and "'ttft.png'" in line, line
+
+
+def test_bench_report_never_rewrites_its_input_and_says_where_it_wrote(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    run = sandbox.root / "run"
+    path = _results(run)
+    before = path.read_bytes()
+    for _ in range(2):  # beside the file, then again into the folder it has become bench's
+        result = run_inprocess(capsys, monkeypatch, "bench", "report", path)
+        assert result.code == 0, result.err
+        assert path.read_bytes() == before
+        assert f"wrote {run / 'report.md'}" in result.out and str(run) in result.out, result.out
+
+
+# --- 1f: bench's marker is a record; a file it does not name is never replaced or emptied ------------------
+
+
+def _arms(sandbox: Sandbox) -> Path:
+    arms = sandbox.root / "arms.toml"
+    arms.write_text('repeats = 1\nwarmups = 0\n[workload]\nprompt_tokens = [80]\nprompts_per_length = 1\n'
+                    'max_tokens = 4\n[determinism]\nreplicates = 0\n[[arms]]\nname = "a"\nkind = "vllm"\n'
+                    'command = "false --port {port}"\nstartup_timeout_s = 5\n')  # fmt: skip
+    return arms
+
+
+def test_bench_run_refuses_a_folder_behind_an_empty_marker(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    """An empty `.weightsmith-bench` once let `bench run` empty cache/a/ and replace the user's report.md."""
+    from weightsmith.bench.outdir import MARKER
+
+    out = sandbox.root / "out"
+    (out / "cache" / "a").mkdir(parents=True)
+    (out / MARKER).touch()
+    (out / "cache" / "a" / "keep.txt").write_text("keep\n")
+    (out / "report.md").write_text("mine\n")
+    line = _refused(capsys, monkeypatch, sandbox, "bench", "run", _arms(sandbox), "--out", out, "-q")
+    assert str(out) in line and "bench did not write" in line, line
+
+
+def test_bench_run_leaves_alone_what_its_record_does_not_name(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    """In a folder bench claimed, a cache folder or report it never wrote is neither emptied nor replaced."""
+    from weightsmith.bench.outdir import claim
+
+    out = sandbox.root / "out"
+    claim(out)
+    (out / "report.md").write_text("mine\n")
+    line = _refused(capsys, monkeypatch, sandbox, "bench", "run", _arms(sandbox), "--out", out, "-q")
+    assert str(out / "report.md") in line and "not written by bench" in line, line
+    (out / "report.md").unlink()
+    (out / "cache" / "a").mkdir(parents=True)
+    (out / "cache" / "a" / "keep.txt").write_text("keep\n")
+    result = run_inprocess(capsys, monkeypatch, "bench", "run", _arms(sandbox), "--out", out, "-q")
+    said = " ".join(result.err.split())  # the console wraps its lines
+    assert result.code == 1 and "cache/a was not written by bench; not used as a compile cache" in said, said
+    assert (out / "cache" / "a" / "keep.txt").read_text() == "keep\n"
+
+
+# --- 1d: card replaces only the files it provably wrote -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+@pytest.mark.parametrize("name", ["verify.json", "inspect.json"])
+def test_card_refuses_to_replace_a_users_file_without_force(capsys, monkeypatch, sandbox: Sandbox, pair, name) -> None:
+    """`card out` overwrote the user's verify.json and inspect.json, --force or not."""
+    _, quant = copies(sandbox, pair)
+    assert run_inprocess(capsys, monkeypatch, "card", quant).code == 0
+    assert run_inprocess(capsys, monkeypatch, "card", quant).code == 0  # its own files are replaced
+    (quant / name).write_text("my notes\n")
+    line = _refused(capsys, monkeypatch, sandbox, "card", quant)
+    assert str(quant / name) in line and "--force" in line, line
+    assert run_inprocess(capsys, monkeypatch, "card", quant, "--force").code == 0
+    assert (quant / name).read_text() != "my notes\n"
+
+
+# --- 1g: a file rewritten in place keeps its mode ------------------------------------------------------------
+
+
+def test_transplant_in_place_keeps_the_mode_of_the_files_it_rewrites(
+    capsys, monkeypatch, sandbox: Sandbox, pair
+) -> None:
+    """An in-place transplant made a private (600) config.json world-readable (644)."""
+    orig, quant = copies(sandbox, pair)
+    for path in quant.iterdir():
+        path.chmod(0o600)
+    before = {p.name: p.stat().st_ino for p in quant.iterdir()}
+    args = ("transplant", orig, quant, "--select", "re:.*norm.*", "--replace")
+    result = run_inprocess(capsys, monkeypatch, *args)
+    assert result.code == 0, result.err
+    rewritten = [p.name for p in quant.iterdir() if p.name in before and p.stat().st_ino != before[p.name]]
+    assert rewritten, "nothing was rewritten in place"
+    assert {name: stat.S_IMODE((quant / name).stat().st_mode) for name in rewritten} == dict.fromkeys(rewritten, 0o600)
