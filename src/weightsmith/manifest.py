@@ -155,7 +155,7 @@ class Manifest:
     skipped_files: dict[str, str] = field(default_factory=dict)
     #: Source files carried over unchanged (relative paths); written only when any. With the source's
     #: shard names (`source.files`) they say which entries of an output folder the run wrote, so that
-    #: `--force` replaces only a folder holding nothing else (`outputdir.foreign_entry`).
+    #: `--force` replaces only a folder holding nothing else (`outputdir.not_ours`).
     copied_files: list[str] = field(default_factory=list)
 
     @property

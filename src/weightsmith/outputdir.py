@@ -62,9 +62,9 @@ CARD_FILES = ("README.md", "inspect.json", "verify.json", "eval.json", "bench.js
               ".weightsmith-card.json")  # fmt: skip
 
 
-def foreign_entry(folder: Path) -> str | None:
-    """The first entry of `folder` (a relative path) that a weightsmith run did not write, or None
-    when every one is accounted for: `--force` replaces only such a folder, or an empty one.
+def not_ours(folder: Path) -> str | None:
+    """Why `folder` is not provably a weightsmith output (naming its first entry no run of ours wrote),
+    or None when every entry is accounted for: `--force` replaces only such a folder, or an empty one.
 
     "Ours" is proved by the folder's `weightsmith.json`, read with the manifest reader (an empty or
     copied-in `{}` proves nothing), and by every entry being one that manifest accounts for: the
@@ -77,16 +77,18 @@ def foreign_entry(folder: Path) -> str | None:
     try:
         with os.scandir(folder) as it:
             first = sorted(e.name for e in it)
-    except OSError:
-        return "."
+    except OSError as exc:
+        return f"cannot be listed ({exc.strerror})"
     if not first:
         return None
     try:
         if not stat.S_ISREG(os.lstat(folder / MANIFEST_FILE).st_mode):
-            return MANIFEST_FILE
+            return f"its {MANIFEST_FILE} is not a regular file"
         manifest = load_manifest(folder / MANIFEST_FILE)
-    except (OSError, WeightsmithError):
-        return MANIFEST_FILE if MANIFEST_FILE in first else first[0]
+    except OSError:
+        return f"holds {first[0]!r} and no {MANIFEST_FILE}"
+    except WeightsmithError:
+        return f"its {MANIFEST_FILE} is not a weightsmith manifest"
     ours = {MANIFEST_FILE, CONFIG_FILE, INDEX_FILE, REPLACED_MARKER, *CARD_FILES, *manifest.source.files,
             *manifest.copied_files}  # fmt: skip
     holding = {"/".join(name.split("/")[:i]) for name in ours for i in range(1, name.count("/") + 1)}
@@ -100,7 +102,7 @@ def foreign_entry(folder: Path) -> str | None:
             if key in holding and stat.S_ISDIR(os.lstat(folder / key).st_mode):
                 pending.append(key)
             elif key not in ours:
-                return key
+                return f"holds {key!r}, which its {MANIFEST_FILE} does not account for"
     return None
 
 
@@ -121,11 +123,11 @@ def check_destination(src: Path, out: Path, force: bool, *others: Path, remedy: 
         raise OutputError(f"already exists ({remedy})", file=out, code="output.exists")
     if not out.is_dir() or out.is_symlink():
         raise OutputError("exists and is not a folder", file=out, code="output.not-dir")
-    foreign = foreign_entry(out)
-    if foreign is not None:
+    why = not_ours(out)
+    if why is not None:
         raise OutputError(
-            f"holds {foreign!r}, which weightsmith did not write (its {MANIFEST_FILE} does not account for it); "
-            "--force replaces only a weightsmith output or an empty folder",
+            f"{why}; --force replaces only a weightsmith output (everything in it accounted for by its "
+            f"{MANIFEST_FILE}) or an empty folder",
             file=out,
             code="output.not-ours",
         )

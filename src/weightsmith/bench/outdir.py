@@ -67,7 +67,7 @@ def claim(out: Path, will_write: tuple[str, ...] = (), *, besides: Path | None =
             held = sorted(os.listdir(out))
         except OSError as exc:
             raise OutputError(f"cannot read --out: {exc.strerror}", file=out) from None
-        foreign = [name for name in held if besides is None or name != besides.name]
+        foreign = sorted((name for name in held if besides is None or name != besides.name), key=lambda n: n == MARKER)
         if foreign:
             raise OutputError(
                 f"holds {foreign[0]!r}, which bench did not write (the folder carries no record of bench's); "
