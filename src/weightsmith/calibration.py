@@ -28,9 +28,10 @@ import numpy as np
 
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.errors import CheckpointError, OutputError, WeightsmithError
+from weightsmith.files import check_file_name, replace_file
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
-from weightsmith.safetensors.writer import ShardWriter, TensorSpec
+from weightsmith.safetensors.writer import TensorSpec, layout
 from weightsmith.terminal import short_repr
 
 #: The `format` metadata value; a reader refuses any other.
@@ -164,6 +165,7 @@ def is_calibration_file(path: Path) -> bool:
 
 def check_replaceable(path: Path, replace: bool) -> None:
     """Refuse to write the statistics file `path` over anything, unless `replace` and it is one of ours."""
+    check_file_name(path)
     if not os.path.lexists(path):
         return
     if not replace:
@@ -177,7 +179,7 @@ def check_replaceable(path: Path, replace: bool) -> None:
 
 
 def write(path: str | os.PathLike[str], stats: CalibrationStats, *, replace: bool = False) -> None:
-    """Write `stats` to `path` whole or not at all: a new file beside it, synced, then renamed.
+    """Write `stats` to `path` whole or not at all: a new file beside it, then renamed (`replace_file`).
 
     An existing file is refused unless `replace`, and even then unless it is a statistics file
     (`check_replaceable`): it may be another model's statistics, or a model's weights.
@@ -193,16 +195,12 @@ def write(path: str | os.PathLike[str], stats: CalibrationStats, *, replace: boo
     for name, value in values.items():
         _check_value(path, name, value)
     metadata = {"format": FORMAT, **{k: str(v) for k, v in asdict(stats.provenance).items() if v is not None}}
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    partial.unlink(missing_ok=True)  # left by a killed run that had our pid
-    try:
-        specs = [TensorSpec(name, "F32", ()) for name in values]
-        with ShardWriter(path.parent, partial.name, specs, metadata) as writer:
-            for name, value in values.items():
-                writer.write(name, np.array(value, dtype=np.float32))
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    specs = [TensorSpec(name, "F32", ()) for name in values]
+    head, offsets = layout(specs, metadata)
+    body = bytearray(sum(s.nbytes for s in specs))
+    for name, value in values.items():
+        body[offsets[name] : offsets[name] + 4] = np.float32(value).tobytes()
+    replace_file(path, head + bytes(body))  # a fresh temporary name: no file of the user's is removed
 
 
 def read(path: str | os.PathLike[str]) -> CalibrationStats:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from rich.table import Table
 from weightsmith.api import plan_quantize
 from weightsmith.calibration import MAX_TOKENS, MIN_TOKENS, TEXT_HELP, Provenance, fingerprint, tokens_option
 from weightsmith.cli import paused_gc
-from weightsmith.demo import write_demo_checkpoint
+from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.errors import WeightsmithError
+from weightsmith.files import read_regular
 from weightsmith.interrupt import terminate_as_interrupt
 from weightsmith.outputdir import check_destination, remove_stale
 from weightsmith.pipeline import MAX_WORKERS, QuantizeResult, default_workers, execute, work_bytes
@@ -584,6 +586,43 @@ def _actorder_refusal(actorder: str) -> str:
     return f"--actorder {actorder!r} is not an activation ordering; choose from {choices}"
 
 
+#: What `write_demo_checkpoint` writes into the demo's draft folder, and nothing else.
+_DEMO_DRAFT_FILES = ("config.json", "model.safetensors")
+
+
+def _check_demo_folder(folder: Path) -> None:
+    """Refuse a `--dir` whose contents the demo would replace but did not provably write.
+
+    The demo replaces its draft folder and its quantized copy. The draft is replaced only when it is
+    a real folder (not a link) holding the demo's two files and nothing else, its config.json the
+    demo's own; the quantized copy only as `quantize --force` replaces any output (its manifest
+    accounts for everything in it). A file or marker in `--dir` proves nothing.
+    """
+    if not os.path.lexists(folder):
+        return
+    if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise WeightsmithError("is not a folder; choose another --dir", file=folder, code="usage")
+    draft = folder / "draft-bf16"
+    if not os.path.lexists(draft):
+        return
+    try:
+        ours = (
+            stat.S_ISDIR(os.lstat(draft).st_mode)
+            and sorted(os.listdir(draft)) == sorted(_DEMO_DRAFT_FILES)
+            and all(stat.S_ISREG(os.lstat(draft / name).st_mode) for name in _DEMO_DRAFT_FILES)
+            and json.loads(read_regular(draft / "config.json", 1 << 20)) == DEMO_CONFIG
+        )
+    except (OSError, ValueError, RecursionError):
+        ours = False
+    if not ours:
+        raise WeightsmithError(
+            "holds files the demo did not write (it holds only config.json and model.safetensors, not a link); "
+            "choose another --dir",
+            file=draft,
+            code="usage",
+        )
+
+
 def demo(
     folder: Path = typer.Option(
         Path("weightsmith-demo"), "--dir", help="Where the demo draft and its quantized copy go."
@@ -594,15 +633,15 @@ def demo(
     from weightsmith.audit.verify import verify  # here: `quantize` starts without the audit modules
 
     src, out = folder / "draft-bf16", folder / "draft-w4a16"
-    if folder.exists() and not (folder / ".weightsmith-demo").exists() and any(folder.iterdir()):
-        raise WeightsmithError("exists and was not made by the demo; choose another --dir", file=folder, code="usage")
+    _check_demo_folder(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / ".weightsmith-demo").touch()
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         console.print(f"[bold]1. generating[/] a DFlash-like BF16 draft in {markup_safe(src)}")
         write_demo_checkpoint(Path(tmp) / "draft")
-        if src.exists():
-            shutil.rmtree(src)
+        if os.path.lexists(src):  # the demo's own draft (`_check_demo_folder`): its two files
+            for name in _DEMO_DRAFT_FILES:
+                os.unlink(src / name)
+            os.rmdir(src)
         (Path(tmp) / "draft").rename(src)
     console.print("[bold]2. plan[/] with preset dflash-draft:")
     plan = plan_quantize(src, "w4a16", preset="dflash-draft")

@@ -17,6 +17,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -233,21 +234,53 @@ def copy_new(source: Path, folder: Path, name: str) -> None:
         shutil.copyfileobj(src, dst)
 
 
+def temporary_name(path: Path) -> str:
+    """A fresh, unpredictable name for a file written beside `path` before it is renamed over it.
+
+    Never derived from the pid or anything else a user could hold a file under: the caller creates
+    it with `write_new` (`O_EXCL`, so an existing entry of that name is never reused or removed) and
+    removes only the file it created. The visible part is cut short, so the name always fits.
+    """
+    return f".{path.name[:100]}.{secrets.token_hex(8)}.partial"
+
+
+def check_file_name(path: Path) -> None:
+    """Refuse, before any work, an output file whose name no filesystem here can hold."""
+    if len(os.fsencode(path.name)) > MAX_PART_BYTES:
+        raise OutputError(
+            f"the file name is longer than {MAX_PART_BYTES} bytes", file=path, code="output.name-too-long"
+        )
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Write `data` to `path` whole or not at all: into a new file beside it, then renamed over it.
 
     A reader (or a crash) never sees half a file, and a link at `path` is replaced rather than
-    followed, so nothing outside the folder is written through it. A failure (a full disk, a
-    read-only folder) is one line naming `path`, with the previous file, if any, left as it was.
+    followed, so nothing outside the folder is written through it. The file written first has a
+    fresh name (`temporary_name`): a file of the user's is never opened or removed in its stead.
+    The mode of a file replaced is kept. A failure (a full disk, a read-only folder) is one line
+    naming `path`, with the previous file, if any, left as it was.
     """
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
-        partial.unlink(missing_ok=True)  # left by a killed run that had our pid
+        check_file_name(path)
+        for _ in range(8):  # another name on the unlikely clash; an existing entry is never reused
+            partial = path.parent / temporary_name(path)
+            try:
+                write_new(path.parent, partial.name, data)
+            except FileExistsError:
+                continue
+            except BaseException:
+                partial.unlink(missing_ok=True)  # ours: `write_new` made it, under a name no one else held
+                raise
+            break
+        else:
+            raise FileExistsError(errno.EEXIST, "no fresh temporary name could be made", str(path))
         try:
-            write_new(path.parent, partial.name, data)
+            _keep_mode(path, partial)
             os.replace(partial, path)
-        finally:
+        except BaseException:
             partial.unlink(missing_ok=True)
+            raise
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise OutputError(
@@ -256,6 +289,16 @@ def replace_file(path: Path, data: bytes) -> None:
                 code="output.no-space",
             ) from None
         raise OutputError(f"could not be written ({exc.strerror or exc})", file=path, code="output.io") from None
+
+
+def _keep_mode(path: Path, partial: Path) -> None:
+    """Give the new file `partial` the permission bits of the regular file at `path`, when there is one."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        os.chmod(partial, stat.S_IMODE(st.st_mode))
 
 
 #: Bytes kept as they are in a file-name part made from a name (`file_part`); every other is `~XX`.

@@ -153,6 +153,10 @@ class Manifest:
     method: MethodRecord | None = None
     #: Source files not carried over (links out of the source, FIFOs, ...) and why; written only when any.
     skipped_files: dict[str, str] = field(default_factory=dict)
+    #: Source files carried over unchanged (relative paths); written only when any. With the source's
+    #: shard names (`source.files`) they say which entries of an output folder the run wrote, so that
+    #: `--force` replaces only a folder holding nothing else (`outputdir.not_ours`).
+    copied_files: list[str] = field(default_factory=list)
 
     @property
     def quantize_calibration(self) -> CalibrationRecord | None:
@@ -169,7 +173,7 @@ class Manifest:
         its `manifest_version` and shows the fields it lacked as null.
         """
         out: dict[str, Any] = jsonable(self)
-        for key in ("calibration", "kv_calibration", "method", "skipped_files"):
+        for key in ("calibration", "kv_calibration", "method", "skipped_files", "copied_files"):
             if not out[key]:
                 del out[key]
         if out["source"]["fingerprint"] is None:  # manifests written before sources were fingerprinted
@@ -351,6 +355,7 @@ def build_manifest(
     skipped: dict[str, str] | None = None,
     calibration: CalibrationRecord | None = None,
     method: MethodRecord | None = None,
+    copied: list[str] | None = None,
 ) -> Manifest:
     """The manifest of one run: the plan, the checkpoint it wrote, the source files' hashes, and
     (for a calibrated scheme) where its statistics came from."""
@@ -400,6 +405,7 @@ def build_manifest(
         calibration=calibration,
         method=method,
         skipped_files=dict(skipped or {}),
+        copied_files=list(copied or []),
     )
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from weightsmith.errors import OutputError
+from weightsmith.errors import OutputError, WeightsmithError
 from weightsmith.files import open_regular, replace_file
 
 #: Inside a partial folder; locked for as long as the run that made the folder is alive.
@@ -57,21 +57,53 @@ def refuse_inside(out: Path, *sources: Path) -> None:
             )
 
 
-def is_ours_or_empty(folder: Path) -> bool:
-    """Whether `--force` may replace `folder`: an empty folder, or one weightsmith wrote (its manifest,
-    a regular file rather than a link). Anything else holds someone's files."""
+#: What `card` writes beside a checkpoint (card.sources' file names; importing it here would load the card).
+CARD_FILES = ("README.md", "inspect.json", "verify.json", "eval.json", "bench.json", "preflight.json",
+              ".weightsmith-card.json")  # fmt: skip
+
+
+def not_ours(folder: Path) -> str | None:
+    """Why `folder` is not provably a weightsmith output (naming its first entry no run of ours wrote),
+    or None when every entry is accounted for: `--force` replaces only such a folder, or an empty one.
+
+    "Ours" is proved by the folder's `weightsmith.json`, read with the manifest reader (an empty or
+    copied-in `{}` proves nothing), and by every entry being one that manifest accounts for: the
+    shards (the source's shard names), the index and config, the files the run carried over, the
+    files `card` writes beside them, and our replace marker. Anything else is someone's.
+    """
+    from weightsmith.checkpoint import CONFIG_FILE, INDEX_FILE
+    from weightsmith.manifest import load_manifest
+
     try:
-        if stat.S_ISREG(os.lstat(folder / MANIFEST_FILE).st_mode):
-            return True
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return False
+        with os.scandir(folder) as it:
+            first = sorted(e.name for e in it)
+    except OSError as exc:
+        return f"cannot be listed ({exc.strerror})"
+    if not first:
+        return None
     try:
-        with os.scandir(folder) as entries:
-            return next(entries, None) is None
+        if not stat.S_ISREG(os.lstat(folder / MANIFEST_FILE).st_mode):
+            return f"its {MANIFEST_FILE} is not a regular file"
+        manifest = load_manifest(folder / MANIFEST_FILE)
     except OSError:
-        return False
+        return f"holds {first[0]!r} and no {MANIFEST_FILE}"
+    except WeightsmithError:
+        return f"its {MANIFEST_FILE} is not a weightsmith manifest"
+    ours = {MANIFEST_FILE, CONFIG_FILE, INDEX_FILE, REPLACED_MARKER, *CARD_FILES, *manifest.source.files,
+            *manifest.copied_files}  # fmt: skip
+    holding = {"/".join(name.split("/")[:i]) for name in ours for i in range(1, name.count("/") + 1)}
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        with os.scandir(folder / rel) as it:
+            names = sorted(e.name for e in it)
+        for name in names:
+            key = f"{rel}/{name}" if rel else name
+            if key in holding and stat.S_ISDIR(os.lstat(folder / key).st_mode):
+                pending.append(key)
+            elif key not in ours:
+                return f"holds {key!r}, which its {MANIFEST_FILE} does not account for"
+    return None
 
 
 #: What `check_destination` tells a command that has a `--force` replacing its output.
@@ -91,10 +123,11 @@ def check_destination(src: Path, out: Path, force: bool, *others: Path, remedy: 
         raise OutputError(f"already exists ({remedy})", file=out, code="output.exists")
     if not out.is_dir() or out.is_symlink():
         raise OutputError("exists and is not a folder", file=out, code="output.not-dir")
-    if not is_ours_or_empty(out):
+    why = not_ours(out)
+    if why is not None:
         raise OutputError(
-            f"holds files weightsmith did not write (no {MANIFEST_FILE}); --force replaces only a weightsmith "
-            "output or an empty folder",
+            f"{why}; --force replaces only a weightsmith output (everything in it accounted for by its "
+            f"{MANIFEST_FILE}) or an empty folder",
             file=out,
             code="output.not-ours",
         )

@@ -482,7 +482,8 @@ def execute(
             written = verify_output(plan, folder)
             if plan.calibration is not None:
                 calibrated_from = plan.calibration.stats.provenance
-            manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from, method)
+            copied = [rel.as_posix() for rel in other.files if rel != Path(MANIFEST_FILE)]
+            manifest = build_manifest(plan, written, source_hashes, other.skipped, calibrated_from, method, copied)
             write_manifest(folder, manifest)
         timing.after = time.perf_counter() - started - timing.before - timing.workers
     except OSError as exc:

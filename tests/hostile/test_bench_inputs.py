@@ -15,7 +15,7 @@ import pytest
 
 from hostile.harness import Sandbox, run_inprocess, run_subprocess
 from weightsmith.bench.config import parse_config
-from weightsmith.bench.outdir import MARKER
+from weightsmith.bench.outdir import claim, own
 from weightsmith.bench.report import write_results_file
 from weightsmith.bench.results import RequestRecord, VisitResult
 from weightsmith.bench.runner import new_results
@@ -244,9 +244,9 @@ def test_run_with_force_replaces_the_results_bench_wrote(capsys, monkeypatch, sa
 
 def test_a_folder_bench_wrote_is_used_again_without_force(capsys, monkeypatch, sandbox: Sandbox) -> None:
     out = sandbox.root / "out"
+    claim(out)  # a run interrupted before its first visit ended: no results.json yet, its log recorded
     (out / "logs").mkdir(parents=True)
-    (out / MARKER).touch()  # a run interrupted before its first visit ended: no results.json yet
-    (out / "logs" / "a.r1.log").write_text("$ srv\n")
+    own(out, "logs/a.r1.log").write_text("$ srv\n")
     arms = _arms(sandbox, ABSENT_ARM)
     result = run_inprocess(capsys, monkeypatch, "bench", "run", arms, "--out", out, "--quiet")
     assert result.code == 1 and (out / "results.json").is_file(), result.err

@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 from hostile.harness import Result, Sandbox, copies, run_inprocess, tiny_pair
 from weightsmith.bench.logcheck import scan_lines
 from weightsmith.card.cite import find_cited
+from weightsmith.card.sources import CARD_RECORD as RECORD
 from weightsmith.errors import CheckpointError
 from weightsmith.terminal import printable
 
@@ -109,7 +110,7 @@ def test_card_refuses_to_replace_an_upstream_readme(sandbox: Sandbox, tiny, caps
     result = run_inprocess(capsys, monkeypatch, "card", quant, "--force")
     assert result.code == 0, result.err
     assert find_cited((quant / "README.md").read_text())
-    sandbox.assert_untouched("quant/README.md", "quant/inspect.json", "quant/verify.json")
+    sandbox.assert_untouched("quant/README.md", "quant/inspect.json", "quant/verify.json", f"quant/{RECORD}")
 
 
 def test_card_regenerates_its_own_readme(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
@@ -120,7 +121,7 @@ def test_card_regenerates_its_own_readme(sandbox: Sandbox, tiny, capsys, monkeyp
     result = run_inprocess(capsys, monkeypatch, "card", quant, "--license", "mit")
     assert result.code == 0, result.err
     assert "license: mit" in (quant / "README.md").read_text() and "license: mit" not in first
-    sandbox.assert_untouched("quant/README.md", "quant/inspect.json", "quant/verify.json")
+    sandbox.assert_untouched("quant/README.md", "quant/inspect.json", "quant/verify.json", f"quant/{RECORD}")
 
 
 def test_card_never_writes_through_a_readme_link(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
@@ -134,7 +135,8 @@ def test_card_never_writes_through_a_readme_link(sandbox: Sandbox, tiny, capsys,
     sandbox.assert_untouched()
     assert run_inprocess(capsys, monkeypatch, "card", quant, "--force").code == 0
     assert not (quant / "README.md").is_symlink()
-    sandbox.assert_untouched("quant/README.md", "quant/inspect.json", "quant/verify.json")  # the target is intact
+    # the target is intact
+    sandbox.assert_untouched("quant/README.md", "quant/inspect.json", "quant/verify.json", f"quant/{RECORD}")
 
 
 # --- 3. malformed manifest or eval JSON: one line naming the file and the field ---

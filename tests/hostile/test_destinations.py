@@ -23,7 +23,7 @@ from hostile.harness import TINY_LLAMA, Sandbox, changed_outside, copies, leftov
 from synth import llama_tensors, write_checkpoint
 from weightsmith import files
 from weightsmith.bench.config import parse_config
-from weightsmith.bench.outdir import MARKER
+from weightsmith.bench.outdir import claim, own
 from weightsmith.bench.report import write_results_file
 from weightsmith.bench.results import PromptInfo, RequestRecord, VisitResult
 from weightsmith.bench.runner import new_results
@@ -243,9 +243,13 @@ def _results(folder: Path, arms: tuple[str, ...] = ("a", "b")) -> Path:
 
 
 def test_bench_report_replaces_a_link_named_like_a_plot(capsys, monkeypatch, sandbox: Sandbox) -> None:
+    """A plot bench wrote, swapped for a link, is replaced, not written through (a link bench did not
+    write is not replaced at all: test_destinations_owned.py)."""
     path = _results(sandbox.root / "run")
+    assert run_inprocess(capsys, monkeypatch, "bench", "report", path).code == 0
     victim = sandbox.root / "victim.txt"
     victim.write_text("a user's file\n")
+    (sandbox.root / "run" / "ttft.png").unlink()
     (sandbox.root / "run" / "ttft.png").symlink_to(victim)
     sandbox.freeze()
     result = run_inprocess(capsys, monkeypatch, "bench", "report", path)
@@ -269,8 +273,7 @@ def test_bench_report_escapes_an_arm_name_holding_a_slash(capsys, monkeypatch, s
     elsewhere = sandbox.root / "elsewhere"
     elsewhere.mkdir()
     out = sandbox.root / "out"
-    out.mkdir()
-    (out / MARKER).write_bytes(b"")
+    claim(out)
     (out / "sweep-x").symlink_to(elsewhere)
     sandbox.freeze()
     result = run_inprocess(capsys, monkeypatch, "bench", "report", path, "--out", out)
@@ -289,8 +292,8 @@ def _bench_folder(sandbox: Sandbox, link: str, to: Path) -> tuple[Path, Path]:
     arms.write_text(f'repeats = 1\n[determinism]\nreplicates = 0\n[[arms]]\nname = "a"\nkind = "vllm"\n'
                     f"command = {command}\nstartup_timeout_s = 20\n")  # fmt: skip
     out = sandbox.root / "out"
-    out.mkdir()
-    (out / MARKER).write_bytes(b"")
+    claim(out)
+    own(out, link)  # a name bench wrote, swapped for a link since
     (out / link).parent.mkdir(parents=True, exist_ok=True)
     (out / link).symlink_to(to)
     return arms, out
@@ -359,7 +362,8 @@ def test_bench_report_on_a_full_disk_is_one_line(capsys, monkeypatch, sandbox: S
     assert run_inprocess(capsys, monkeypatch, "bench", "report", path).code == 0
     _full_disk_for(monkeypatch, lambda name: True)
     line = _refused(capsys, monkeypatch, sandbox, "bench", "report", path)
-    assert str(path) in line and "disk is full" in line, line
+    # the results file is its input, never rewritten: the first file written is a plot
+    assert str(path.parent / "ttft.png") in line and "disk is full" in line, line
 
 
 # --- a refusal names a remedy the command has -----------------------------------------------------------

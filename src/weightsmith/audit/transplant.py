@@ -16,6 +16,7 @@ import copy
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,7 @@ def _apply(
             _write_index(target_ck, folder, shard, plan)
             for file, doc in plan.config_changes.items():
                 write_json_new(folder, file, doc)
+            _keep_modes(target_ck.root, folder, [INDEX_FILE, shard, *rewritten, *plan.config_changes])
             report = _check_result(folder, shard, plan.copies, clean)
     except OSError as exc:
         raise OutputError(
@@ -412,6 +414,18 @@ def _link_tree(src: Path, dst: Path, skip: set[str], absolute_links: bool) -> No
                     os.link(source, target)
                 except OSError:
                     copy_new(source, dst, (rel / entry).as_posix())
+
+
+def _keep_modes(root: Path, folder: Path, names: list[str]) -> None:
+    """Give each file written anew in `folder` the permission bits its namesake in `root` had, so that a
+    config.json kept private (600) stays private once transplant rewrote it."""
+    for name in names:
+        try:
+            st = os.lstat(root / name)
+        except OSError:
+            continue  # new in this output
+        if stat.S_ISREG(st.st_mode) and os.path.lexists(folder / name) and not (folder / name).is_symlink():
+            os.chmod(folder / name, stat.S_IMODE(st.st_mode))
 
 
 def _write_new_shard(donor: Checkpoint, folder: Path, shard: str, copies: list[CopiedTensor]) -> None:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from weightsmith.errors import OutputError
-from weightsmith.terminal import markup_safe
+from weightsmith.terminal import markup_safe, printable
 
 if TYPE_CHECKING:
     from weightsmith.bench.results import BenchResults
@@ -48,7 +48,7 @@ def run_command(
     from weightsmith.bench.outdir import claim
     from weightsmith.bench.progress import RichProgress
     from weightsmith.bench.quality.runs import prepare
-    from weightsmith.bench.report import RESULTS_FILE, write_all, write_results_file
+    from weightsmith.bench.report import REPORT_FILE, RESULTS_FILE, write_all, write_results_file
     from weightsmith.bench.results import VISIT_OK
     from weightsmith.bench.runner import QuietObserver, run_bench
     from weightsmith.bench.stats import SHOWN
@@ -58,7 +58,7 @@ def run_command(
     plan = prepare(config, allow_unsandboxed)
     if (out / RESULTS_FILE).exists() and not force:
         raise OutputError(f"{out / RESULTS_FILE} exists; choose another --out or pass --force")
-    claim(out)
+    claim(out, (RESULTS_FILE, REPORT_FILE))
     err = Console(stderr=True, highlight=False)
 
     def save(results: BenchResults) -> None:
@@ -119,19 +119,22 @@ def report_command(
 ) -> None:
     """Recompute the analysis and rewrite report.md and the plots from a results file.
 
-    A results file of schema version 1 holds the run's own paths; they are rewritten as `run` now
-    records them (relative to the file's folder, else file names), so the report names none either.
+    The results file itself is never rewritten. The report goes into --out (empty, or a folder bench
+    wrote) or beside the file, when that folder is one bench wrote or holds the file alone; a file
+    there that bench did not write is never replaced. A results file of schema version 1 holds the
+    run's own paths; they are rewritten as `run` now records them (relative to the file's folder,
+    else file names), so the report names none either.
     """
     from weightsmith.bench.outdir import claim
     from weightsmith.bench.paths import make_portable
-    from weightsmith.bench.report import write_all
+    from weightsmith.bench.report import REPORT_FILE, write_all
     from weightsmith.bench.results import load_results
 
     results = make_portable(load_results(results_file), None, results_file.resolve().parent)
     target = out or results_file.parent
-    claim(target)
-    _, files = write_all(results, target)
-    print(files["report"])
+    claim(target, (REPORT_FILE,), besides=None if out is not None else results_file)
+    _, files = write_all(results, target, with_results=False)
+    print(printable(f"wrote {files['report']} and {len(files) - 1} plot(s) in {target}"))
 
 
 @bench_app.command("logcheck")

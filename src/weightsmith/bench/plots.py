@@ -30,8 +30,9 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from weightsmith.bench.analysis import Analysis
+from weightsmith.bench.outdir import write_owned
 from weightsmith.bench.results import BenchResults
-from weightsmith.files import file_part, replace_file
+from weightsmith.files import file_part
 
 _DPI = 110
 _COLOURS = cast("tuple[tuple[float, float, float], ...]", cast(ListedColormap, plt.get_cmap("tab10")).colors)
@@ -51,13 +52,14 @@ def _label(name: str, limit: int = 22) -> str:
 
 
 def _save(fig: Figure, path: Path) -> None:
-    """Render `fig` as PNG and write it whole to `path`, never through a link there (`replace_file`)."""
+    """Render `fig` as PNG and write it whole to `path`, a file bench may replace (`write_owned`), never
+    through a link there."""
     buffer = io.BytesIO()
     try:
         fig.savefig(buffer, format="png", dpi=_DPI)
     finally:
         plt.close(fig)
-    replace_file(path, buffer.getvalue())
+    write_owned(path.parent, path.name, buffer.getvalue())
 
 
 def _jitter(n: int, width: float, seed: int) -> np.ndarray:

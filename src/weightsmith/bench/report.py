@@ -13,13 +13,13 @@ from pathlib import Path
 from weightsmith.bench import logcheck
 from weightsmith.bench.analysis import METRICS, Analysis, analyse
 from weightsmith.bench.determinism import ArmDeterminism
+from weightsmith.bench.outdir import claim, write_owned
 from weightsmith.bench.paths import PLACEHOLDERS, served_model
 from weightsmith.bench.plots import sweep_key, write_plots
 from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
 from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN
-from weightsmith.files import replace_file
 from weightsmith.terminal import code_span, env_line, shell_line
 
 _METRIC = {m.key: m for m in METRICS}
@@ -639,14 +639,14 @@ def write_results_file(results: BenchResults, analysis: Analysis | None, out_dir
     return path
 
 
-def write_all(results: BenchResults, out_dir: Path) -> tuple[Analysis, dict[str, Path]]:
-    """Analyse, then write results.json, the plots and report.md into `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def write_all(results: BenchResults, out_dir: Path, *, with_results: bool = True) -> tuple[Analysis, dict[str, Path]]:
+    """Analyse, then write results.json (unless not `with_results`: `report` never rewrites its input),
+    the plots and report.md into `out_dir`: an empty folder or one bench claimed (`outdir.claim`)."""
+    claim(out_dir)
     analysis = analyse(results)
-    files = {"results": write_results_file(results, analysis, out_dir)}
+    files = {"results": write_results_file(results, analysis, out_dir)} if with_results else {}
     plots = write_plots(results, analysis, out_dir)
-    report = out_dir / REPORT_FILE
-    replace_file(report, render_markdown(results, analysis, plots, out_dir).encode("utf-8"))
+    report = write_owned(out_dir, REPORT_FILE, render_markdown(results, analysis, plots, out_dir).encode("utf-8"))
     files["report"] = report
     files.update(plots)
     return analysis, files

@@ -33,6 +33,7 @@ from weightsmith.bench import client as cl
 from weightsmith.bench import logcheck
 from weightsmith.bench import metrics as m
 from weightsmith.bench.config import ArmSpec, BenchConfig
+from weightsmith.bench.outdir import claim, own
 from weightsmith.bench.paths import make_portable
 from weightsmith.bench.quality import runs as quality
 from weightsmith.bench.results import (
@@ -58,6 +59,7 @@ from weightsmith.bench.workloads import (
     stdlib_corpus,
     unique_prefix,
 )
+from weightsmith.errors import OutputError
 from weightsmith.files import outside
 
 #: Consecutive connection failures or timeouts after which a server counts as gone (alive or not):
@@ -325,10 +327,20 @@ def _cache_root(state: _RunState, arm: ArmSpec) -> Path | None:
     root = state.out_dir / name
     if outside(state.out_dir, name) is not None or root.is_symlink():  # rmtree would reach beyond --out
         raise ServerError(f"{root} is, or lies in, a link; not used as a compile cache")
+    _own(state, name, "as a compile cache")
     if arm.name not in state.caches_cleared:
         shutil.rmtree(root, ignore_errors=True)
         state.caches_cleared.add(arm.name)
     return root
+
+
+def _own(state: _RunState, name: str, use: str) -> None:
+    """Make `--out/name` bench's to write (`outdir.own`), or fail the arm: an entry bench did not write
+    (a user's cache folder or log) is never emptied, replaced or appended to."""
+    try:
+        own(state.out_dir, name)
+    except OutputError:
+        raise ServerError(f"{state.out_dir / name} was not written by bench; not used {use}") from None
 
 
 @contextmanager
@@ -342,6 +354,7 @@ def serving(state: _RunState, arm: ArmSpec, vr: VisitResult) -> Iterator[Running
     log_path = state.out_dir / log_name
     info = state.arm_infos[arm.name]
     state.observer.phase("starting server")
+    _own(state, log_name, "as its log")
     try:
         server = start_server(arm, state.client, state.out_dir, log_name, _cache_root(state, arm))
     except ServerError:
@@ -502,7 +515,7 @@ def run_bench(
     if quality_plan is None:
         quality_plan = quality.prepare(config)
     out_dir = out_dir.resolve()  # servers run with this in their environment (their cache root)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    claim(out_dir)  # bench's record: what it writes there, and nothing else, it may replace
     results = new_results(config)
     arms_dir = _arms_dir(config)
     order = counterbalanced_order([a.name for a in config.arms], config.repeats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,7 @@ from weightsmith.card.check import check_card, read_card
 from weightsmith.card.cite import find_cited
 from weightsmith.card.front import check_repo_id
 from weightsmith.card.render import render_card
-from weightsmith.card.sources import CARD_FILE, gather, keep
+from weightsmith.card.sources import CARD_FILE, cited_files, gather, keep, written_by_card
 from weightsmith.errors import OutputError, WeightsmithError
 from weightsmith.manifest import MANIFEST_FILE
 from weightsmith.terminal import printable
@@ -86,6 +87,13 @@ def card_command(
             check_repo_id(value, option)
     if not force:
         refuse_foreign_card(out / CARD_FILE)
+        for name in cited_files(eval_json is not None, bench is not None, bool(preflight)):
+            if os.path.lexists(out / name) and not written_by_card(out / name):
+                raise OutputError(
+                    "was not written by `weightsmith card`; use --force to replace it",
+                    file=out / name,
+                    code="card.foreign-file",
+                )
     src = gather(out, eval_json, bench, preflight or ())
     markdown, cited = render_card(src, base, license_id, repo)
     keep(src, markdown)

@@ -10,7 +10,10 @@ it re-runs `inspect` and `verify` when the safetensors are there, and otherwise 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,7 @@ from weightsmith.checkpoint import CONFIG_FILE, read_json
 from weightsmith.errors import WeightsmithError
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
-from weightsmith.files import replace_file
+from weightsmith.files import MAX_JSON_BYTES, read_regular, replace_file
 from weightsmith.manifest import MANIFEST_FILE, Manifest, load_manifest
 from weightsmith.preflight.report import SCHEMA as PREFLIGHT_SCHEMA
 
@@ -87,7 +90,60 @@ def _measure(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    replace_file(path, (json.dumps(data, indent=2) + "\n").encode())
+    _replace_recorded(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+#: Inside a card's folder: `{"device", "inode", "files": {name: sha256}}`, what `card` wrote there.
+CARD_RECORD = ".weightsmith-card.json"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def card_record(folder: Path) -> dict[str, str]:
+    """The files `card` wrote into `folder` and their digests, from a record naming this very folder
+    (a copied record names another); empty without one."""
+    try:
+        st = os.lstat(folder)
+        if not stat.S_ISREG(os.lstat(folder / CARD_RECORD).st_mode):
+            return {}
+        data = json.loads(read_regular(folder / CARD_RECORD, MAX_JSON_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict) or (data.get("device"), data.get("inode")) != (st.st_dev, st.st_ino):
+        return {}
+    files = data.get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return {}
+    return files
+
+
+def written_by_card(path: Path) -> bool:
+    """Whether the file at `path` is, byte for byte, one `card` wrote there (its record says so)."""
+    recorded = card_record(path.parent).get(path.name)
+    try:
+        return recorded is not None and stat.S_ISREG(os.lstat(path).st_mode) and (
+            _digest(read_regular(path, MAX_JSON_BYTES)) == recorded
+        )
+    except OSError:
+        return False
+
+
+def _replace_recorded(path: Path, data: bytes) -> None:
+    """Record `data` as the card's `path` first (a crash in between leaves a record that does not match,
+    so proves nothing), then write it whole."""
+    files = {**card_record(path.parent), path.name: _digest(data)}
+    st = os.stat(path.parent)
+    record = {"device": st.st_dev, "inode": st.st_ino, "files": files}
+    replace_file(path.parent / CARD_RECORD, (json.dumps(record, indent=1) + "\n").encode())
+    replace_file(path, data)
+
+
+def cited_files(eval_given: bool, bench_given: bool, preflight_given: bool) -> list[str]:
+    """The files `keep` writes beside the card, README.md aside."""
+    given = ((EVAL_FILE, eval_given), (BENCH_FILE, bench_given), (PREFLIGHT_FILE, preflight_given))
+    return [INSPECT_FILE, VERIFY_FILE] + [name for name, yes in given if yes]
 
 
 def _load_common(folder: Path) -> tuple[Manifest, dict[str, Any]]:
@@ -181,7 +237,7 @@ def keep(src: CardSources, card: str) -> None:
         _write(src.folder / BENCH_FILE, {**to_jsonable(src.bench), "analysis": to_jsonable(src.analysis)})
     if src.preflight is not None:
         _write(src.folder / PREFLIGHT_FILE, {"runs": src.preflight})
-    replace_file(src.folder / CARD_FILE, card.encode("utf-8"))
+    _replace_recorded(src.folder / CARD_FILE, card.encode("utf-8"))
 
 
 def reload(folder: Path) -> CardSources:

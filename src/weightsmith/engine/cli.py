@@ -18,6 +18,7 @@ from weightsmith import calibration
 from weightsmith.checkpoint import Checkpoint
 from weightsmith.engine.texts import BUILTINS
 from weightsmith.errors import OutputError, WeightsmithError
+from weightsmith.files import check_file_name
 from weightsmith.manifest import measured_activations, source_fingerprint
 from weightsmith.outputdir import refuse_inside
 from weightsmith.terminal import markup_safe
@@ -29,6 +30,7 @@ DEFAULT_SEQ_LEN = 2048
 
 def _check_out(src: Path, out: Path, force: bool) -> None:
     """Refuse an output the run could not or must not write, before the run: it may take hours."""
+    check_file_name(out)  # before anything stats it: a name too long is ENAMETOOLONG there
     refuse_inside(out, src)
     if out.is_dir():
         raise OutputError("is a folder; --out names the statistics file", file=out, code="output.folder")
