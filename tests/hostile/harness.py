@@ -106,6 +106,29 @@ def run_subprocess(*args: object, timeout: float = 120, cwd: Path | None = None)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+_ADDRESS_LIMITED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+sys.argv = ["weightsmith", *sys.argv[1:]]
+from weightsmith.cli import main
+main()
+"""
+
+
+def run_limited(*args: object, timeout: float = 120) -> Result:
+    """`weightsmith ARGS` in a child under a 3 GiB address-space limit and a time limit: an input that
+    would blow up memory fails the case instead of the machine."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _ADDRESS_LIMITED, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
 class Sandbox:
     """A folder holding the hostile input and its neighbours; asserts nothing outside `allowed` changed."""
 
@@ -152,3 +175,17 @@ def copies(sandbox: Sandbox, pair: tuple[Path, Path]) -> tuple[Path, Path]:
     shutil.copytree(pair[0], orig)
     shutil.copytree(pair[1], quant)
     return orig, quant
+
+
+def tiny_source(sandbox: Sandbox, name: str) -> Path:
+    """A one-layer BF16 Llama named `name` inside the sandbox."""
+    return write_checkpoint(sandbox.root / name, llama_tensors(TINY_LLAMA), TINY_LLAMA)
+
+
+def carded(sandbox: Sandbox, pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+           monkeypatch: pytest.MonkeyPatch) -> Path:  # fmt: skip
+    """A copy of a `tiny_pair`'s quantized checkpoint with its card written, which `card --check` passes."""
+    _, quant = copies(sandbox, pair)
+    assert run_inprocess(capsys, monkeypatch, "card", quant).code == 0
+    assert run_inprocess(capsys, monkeypatch, "card", quant, "--check").code == 0
+    return quant

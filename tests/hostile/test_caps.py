@@ -19,8 +19,6 @@ import io
 import json
 import os
 import struct
-import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -31,7 +29,7 @@ import pytest
 from rich.console import Console
 
 from audit.doctor_builders import raw_shard, tiny_moe, write
-from hostile.harness import TINY_LLAMA, Result, Sandbox, run_inprocess
+from hostile.harness import TINY_LLAMA, Sandbox, run_inprocess, run_limited
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith import targets
 from weightsmith.bench.progress import RichProgress
@@ -47,28 +45,6 @@ METADATA = "vllm-0.1.dist-info/METADATA"
 REGISTRY = "vllm/model_executor/models/registry.py"
 SMALL = {**DEMO_CONFIG, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
          "num_key_value_heads": 1, "head_dim": 32}  # fmt: skip
-
-_LIMITED = """
-import resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-sys.argv = ["weightsmith", *sys.argv[1:]]
-from weightsmith.cli import main
-main()
-"""
-
-
-def limited(*args: object, timeout: float = 120) -> Result:
-    """`weightsmith ARGS` in a child under a 3 GiB address-space limit and a time limit."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _LIMITED, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-    )
-    return Result(proc.returncode, proc.stdout, proc.stderr)
-
 
 @pytest.fixture
 def target(sandbox: Sandbox) -> Path:
@@ -114,7 +90,7 @@ def test_a_member_that_inflates_past_the_cap_is_refused_before_it_is_read(sandbo
     bomb = wheel(sandbox.root / "vllm.whl", {METADATA: bytes(64 << 20)}, zipfile.ZIP_DEFLATED)
     assert bomb.stat().st_size < 1 << 20
     sandbox.freeze()
-    r = limited("preflight", target, "--vllm", bomb)
+    r = run_limited("preflight", target, "--vllm", bomb)
     line = r.error_line
     assert r.code == 2 and "vllm.whl" in line and f"member {METADATA} declares 67,108,864 bytes inflated" in line
     sandbox.assert_untouched()
@@ -124,7 +100,7 @@ def test_a_member_declaring_3_gib_is_refused_before_it_is_inflated(sandbox: Sand
     bomb = wheel(sandbox.root / "vllm.whl", {METADATA: b"Version: 1\n" * 1000}, zipfile.ZIP_DEFLATED)
     patch_member(bomb, METADATA, size=3 << 30)
     sandbox.freeze()
-    r = limited("preflight", target, "--vllm", bomb)
+    r = run_limited("preflight", target, "--vllm", bomb)
     assert r.code == 2 and f"member {METADATA} declares 3,221,225,472 bytes inflated" in r.error_line
     sandbox.assert_untouched()
 
@@ -177,7 +153,7 @@ def test_a_fifo_or_huge_file_in_the_folder_is_refused_without_reading_it(
         with open(meta, "wb") as f:  # sparse: 3 GiB declared, no disk used
             f.truncate(3 << 30)
     sandbox.freeze()
-    r = limited("preflight", target, "--vllm", folder, timeout=60)
+    r = run_limited("preflight", target, "--vllm", folder, timeout=60)
     line = r.error_line
     why = f"is larger than {MAX_SOURCE_BYTES:,} bytes" if kind == "huge" else "is a FIFO (named pipe), not a regular"
     assert r.code == 2 and f"sp: {METADATA} {why}" in line, line
@@ -212,7 +188,7 @@ def test_a_3_gib_card_in_the_draft_costs_only_its_head(sandbox: Sandbox, target:
         f.truncate(3 << 30)
     vllm = site_packages(sandbox.root / "sp", {})
     sandbox.freeze()
-    r = limited("preflight", target, "--draft", draft, "--vllm", vllm, "--json")
+    r = run_limited("preflight", target, "--draft", draft, "--vllm", vllm, "--json")
     assert r.code in (0, 1) and "Traceback" not in r.err, r.err
     assert "someone/else" in r.out
     sandbox.assert_untouched()
@@ -234,11 +210,11 @@ def test_a_3_gib_json_file_is_refused_by_its_size(sandbox: Sandbox, name: str) -
     sparse(src / name, 3 << 30)
     sandbox.freeze()
     says = f"{name}: is larger than {MAX_JSON_BYTES:,} bytes, the cap on a JSON file"
-    r = limited("quantize", src, sandbox.root / "out")
+    r = run_limited("quantize", src, sandbox.root / "out")
     assert r.code == 2 and says in r.error_line, r.err
-    i = limited("inspect", src)  # reads what it can, and says what it could not
+    i = run_limited("inspect", src)  # reads what it can, and says what it could not
     assert i.code == 0 and "Traceback" not in i.err and says.split(": ", 1)[1] in i.out, i.err
-    v = limited("verify", src, "--json")
+    v = run_limited("verify", src, "--json")
     assert v.code == 1 and "Traceback" not in v.err, v.err
     assert any(f["check"] == "file.too-large" and f["file"] == name for f in json.loads(v.out)["findings"])
     sandbox.assert_untouched()
@@ -248,7 +224,7 @@ def test_a_results_file_past_the_cap_is_refused_by_its_size(sandbox: Sandbox) ->
     results = sandbox.root / "results.json"
     sparse(results, MAX_JSON_BYTES + 1)
     sandbox.freeze()
-    r = limited("bench", "report", results, "--out", sandbox.root / "out")
+    r = run_limited("bench", "report", results, "--out", sandbox.root / "out")
     assert r.code == 2 and f"results.json: results file is larger than {MAX_JSON_BYTES:,} bytes" in r.error_line
     sandbox.assert_untouched("out")
     assert not (sandbox.root / "out").exists()

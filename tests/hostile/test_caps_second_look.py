@@ -25,13 +25,21 @@ import re
 import shlex
 import struct
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from hostile.harness import TINY_LLAMA, Result, Sandbox, copies, run_inprocess, run_subprocess, tiny_pair
+from hostile.harness import (
+    TINY_LLAMA,
+    Sandbox,
+    carded,
+    copies,
+    run_inprocess,
+    run_limited,
+    run_subprocess,
+    tiny_pair,
+)
 from synth import llama_tensors, write_checkpoint
 from weightsmith.api import quantize
 from weightsmith.bench.config import parse_config
@@ -46,27 +54,6 @@ from weightsmith.files import MAX_JSON_BYTES
 from weightsmith.preflight.source import MAX_NODES_TOTAL, MAX_READ_TOTAL, MAX_SOURCE_BYTES
 from weightsmith.terminal import env_line
 
-_LIMITED = """
-import resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-sys.argv = ["weightsmith", *sys.argv[1:]]
-from weightsmith.cli import main
-main()
-"""
-
-
-def limited(*args: object, timeout: float = 120) -> Result:
-    """`weightsmith ARGS` in a child under a 3 GiB address-space limit and a time limit."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _LIMITED, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-    )
-    return Result(proc.returncode, proc.stdout, proc.stderr)
-
 
 def sparse(path: Path, size: int) -> None:
     """Make `path` a file of `size` bytes that uses no disk."""
@@ -79,14 +66,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
-def _carded(sandbox: Sandbox, tiny, capsys, monkeypatch) -> Path:
-    """A copy of the tiny quantized checkpoint with its card written, which `card --check` passes."""
-    _, quant = copies(sandbox, tiny)
-    assert run_inprocess(capsys, monkeypatch, "card", quant).code == 0
-    assert run_inprocess(capsys, monkeypatch, "card", quant, "--check").code == 0
-    return quant
-
-
 # --- 3d. the card and the files beside it are read under a cap ---------------------------------
 
 
@@ -95,13 +74,13 @@ def test_a_3_gib_card_or_kept_file_is_refused_by_its_size(
     name: str, cap: int, sandbox: Sandbox, tiny, capsys, monkeypatch
 ) -> None:
     """Read whole, each was a MemoryError traceback under a 3 GiB address space."""
-    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    quant = carded(sandbox, tiny, capsys, monkeypatch)
     sparse(quant / name, 3 << 30)
     sandbox.freeze()
-    r = limited("card", quant, "--check")
+    r = run_limited("card", quant, "--check")
     assert r.code == 2 and f"{quant / name}: is larger than {cap:,} bytes" in r.error_line, r.err
     if name == "README.md":  # writing a card reads the README.md it would replace
-        r = limited("card", quant)
+        r = run_limited("card", quant)
         assert r.code == 2 and f"{quant / name}: is larger than {cap:,} bytes" in r.error_line, r.err
     sandbox.assert_untouched()
 
@@ -262,7 +241,7 @@ def test_digits_glued_on_through_markup_fail_the_check(
     old: str, new: str, says: str, sandbox: Sandbox, tiny, capsys, monkeypatch
 ) -> None:
     """Each renders as 70, 7.5, 97 or 1.7, which `card --check` passed: markup hid the glued digit."""
-    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    quant = carded(sandbox, tiny, capsys, monkeypatch)
     card = quant / "README.md"
     text = card.read_text()
     assert text.count(old) == 1, old
@@ -274,7 +253,7 @@ def test_digits_glued_on_through_markup_fail_the_check(
 
 
 def test_markup_that_does_not_extend_a_number_still_passes(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
-    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    quant = carded(sandbox, tiny, capsys, monkeypatch)
     card = quant / "README.md"
     text = card.read_text()
     card.write_text(text.replace(f"7{MODULES}", f"**7{MODULES}**&nbsp;<!-- x --> (seven)"))
@@ -341,7 +320,7 @@ def test_a_chain_of_large_base_classes_is_refused_at_the_parse_budget(
 
 def test_running_out_of_memory_anywhere_is_one_line(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
     """A reader without a cap of its own (a library's) can still exhaust memory: a line, not a traceback."""
-    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    quant = carded(sandbox, tiny, capsys, monkeypatch)
 
     def exhausted(*args: object, **kwargs: object) -> None:
         raise MemoryError

@@ -19,8 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from hostile.harness import TINY_LLAMA, Sandbox, changed_outside, copies, leftovers, run_inprocess, snapshot, tiny_pair
-from synth import llama_tensors, write_checkpoint
+from hostile.harness import (
+    Sandbox,
+    changed_outside,
+    copies,
+    leftovers,
+    run_inprocess,
+    snapshot,
+    tiny_pair,
+    tiny_source,
+)
 from weightsmith import files
 from weightsmith.bench.config import parse_config
 from weightsmith.bench.outdir import claim, own
@@ -42,10 +50,6 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
-
-
-def _source(sandbox: Sandbox, name: str) -> Path:
-    return write_checkpoint(sandbox.root / name, llama_tensors(TINY_LLAMA), TINY_LLAMA)
 
 
 def _refused(capsys, monkeypatch, sandbox: Sandbox, *args: object) -> str:
@@ -74,7 +78,7 @@ def _unchanged_but(sandbox: Sandbox, *allowed: str) -> None:
 def test_a_source_named_like_a_leftover_is_read_not_removed(capsys, monkeypatch, sandbox: Sandbox, kind: str) -> None:
     """`quantize m.partial-999999 m` once deleted its source; `m.replaced-999999` was moved to `m`.
     Here the source even holds our lock file (free) or marker: it is still the source, and is kept."""
-    src = _source(sandbox, f"m.{kind}-{_dead_pid()}")
+    src = tiny_source(sandbox, f"m.{kind}-{_dead_pid()}")
     if kind == "partial":
         (src / LOCK_FILE).write_bytes(b"")
     out = sandbox.root / "m"
@@ -89,7 +93,7 @@ def test_a_source_named_like_a_leftover_is_read_not_removed(capsys, monkeypatch,
 def test_a_users_folders_named_like_leftovers_are_left_alone(capsys, monkeypatch, sandbox: Sandbox) -> None:
     """Folders named `OUT.partial-<pid>`/`OUT.replaced-<pid>` of a gone process, without our lock file
     or marker, are someone's: neither removed nor put back as OUT."""
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     for kind in ("partial", "replaced"):
         mine = sandbox.root / f"out.{kind}-{_dead_pid()}"
         mine.mkdir()
@@ -105,7 +109,7 @@ def test_a_marker_copied_into_another_folder_proves_nothing(capsys, monkeypatch,
     of a real leftover, marker included, is a user's folder."""
     from weightsmith.outputdir import REPLACED_MARKER
 
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     copy = sandbox.root / f"out.replaced-{_dead_pid()}"
     copy.mkdir()
     (copy / "notes.txt").write_text("mine\n")
@@ -121,7 +125,7 @@ def test_a_marker_copied_into_another_folder_proves_nothing(capsys, monkeypatch,
 def test_a_folder_in_the_way_of_our_own_names_is_refused(capsys, monkeypatch, sandbox: Sandbox, kind: str) -> None:
     """`OUT.partial-<our pid>` was removed unasked before the run began; a user's folder of that name
     (or of the name OUT would be renamed aside to) now stops the run with one line instead."""
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     out = sandbox.root / "out"
     if kind == "replaced":
         run_inprocess(capsys, monkeypatch, "quantize", src, out, *QUANTIZE)
@@ -137,7 +141,7 @@ def test_a_killed_replace_leaves_a_marker_that_the_next_run_clears(capsys, monke
     so the next run for OUT removes it, and OUT is otherwise untouched."""
     from weightsmith.outputdir import REPLACED_MARKER, remove_stale
 
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     out = sandbox.root / "out"
     assert run_inprocess(capsys, monkeypatch, "quantize", src, out, *QUANTIZE).code == 0
     sandbox.freeze()
@@ -151,7 +155,7 @@ def test_a_killed_replace_leaves_a_marker_that_the_next_run_clears(capsys, monke
 
 
 def test_force_refuses_a_folder_of_the_users_files(capsys, monkeypatch, sandbox: Sandbox) -> None:
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     mine = sandbox.root / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work\n")
@@ -160,7 +164,7 @@ def test_force_refuses_a_folder_of_the_users_files(capsys, monkeypatch, sandbox:
 
 
 def test_force_replaces_an_empty_folder_or_our_own_output(capsys, monkeypatch, sandbox: Sandbox) -> None:
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     out = sandbox.root / "out"
     out.mkdir()
     for _ in range(2):  # an empty folder, then the output the first run wrote
@@ -178,7 +182,7 @@ def test_gptq_refuses_a_users_folder_before_its_run(capsys, monkeypatch, sandbox
         raise AssertionError("the calibration run started before the destination was checked")
 
     monkeypatch.setattr(calibrate, "calibration_tokens", too_late)
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     mine = sandbox.root / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work\n")
@@ -187,8 +191,8 @@ def test_gptq_refuses_a_users_folder_before_its_run(capsys, monkeypatch, sandbox
 
 
 def test_calibrate_force_refuses_a_file_that_is_not_statistics(capsys, monkeypatch, sandbox: Sandbox) -> None:
-    src = _source(sandbox, "src")
-    weights = _source(sandbox, "other") / "model.safetensors"
+    src = tiny_source(sandbox, "src")
+    weights = tiny_source(sandbox, "other") / "model.safetensors"
     line = _refused(capsys, monkeypatch, sandbox, "calibrate", src, "--out", weights, "--force")
     assert str(weights) in line and "not a weightsmith statistics file" in line, line
 
@@ -209,7 +213,7 @@ def test_bench_force_no_longer_writes_into_a_users_folder(capsys, monkeypatch, s
 @pytest.mark.parametrize("name", ["model.safetensors", "stats.safetensors"])
 def test_calibrate_refuses_an_out_inside_the_source(capsys, monkeypatch, sandbox: Sandbox, name: str) -> None:
     """`--out SRC/model.safetensors --force` replaced the weights with 2 KB of statistics."""
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     line = _refused(capsys, monkeypatch, sandbox, "calibrate", src, "--out", src / name, "--force")
     assert str(src / name) in line and "inside the source" in line, line
 
@@ -465,7 +469,7 @@ def test_a_killed_gptq_runs_scratch_folder_is_removed_by_the_next_run(sandbox: S
     stayed forever. It is now a scratch folder locked as a partial folder is, which the next run removes."""
     from weightsmith.outputdir import remove_stale
 
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     out = sandbox.root / "out"
     sandbox.freeze()
     _killed(_KILL_IN_GPTQ, out, src)

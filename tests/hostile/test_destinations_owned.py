@@ -13,16 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from hostile.harness import TINY_LLAMA, Sandbox, copies, run_inprocess, tiny_pair
-from synth import llama_tensors, write_checkpoint
+from hostile.harness import Sandbox, copies, run_inprocess, tiny_pair, tiny_source
 from weightsmith import files
 from weightsmith.manifest import MANIFEST_FILE
 
 QUANTIZE = ("--scheme", "w4a16", "--group-size", "32", "--workers", "1", "--no-hash")
-
-
-def _source(sandbox: Sandbox, name: str) -> Path:
-    return write_checkpoint(sandbox.root / name, llama_tensors(TINY_LLAMA), TINY_LLAMA)
 
 
 def _refused(capsys, monkeypatch, sandbox: Sandbox, *args: object) -> str:
@@ -40,7 +35,7 @@ def _refused(capsys, monkeypatch, sandbox: Sandbox, *args: object) -> str:
 
 def test_force_refuses_a_folder_with_an_empty_manifest(capsys, monkeypatch, sandbox: Sandbox) -> None:
     """`{}` in weightsmith.json beside a thesis and photos once let --force delete them all."""
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     dl = sandbox.root / "dl"
     (dl / "photos").mkdir(parents=True)
     (dl / MANIFEST_FILE).write_text("{}\n")
@@ -52,7 +47,7 @@ def test_force_refuses_a_folder_with_an_empty_manifest(capsys, monkeypatch, sand
 
 def test_force_refuses_our_output_holding_a_users_file(capsys, monkeypatch, sandbox: Sandbox) -> None:
     """A real output of ours is still refused once it holds a file (or folder) no run of ours wrote."""
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     (src / "tokenizer.json").write_text("{}\n")
     out = sandbox.root / "out"
     assert run_inprocess(capsys, monkeypatch, "quantize", src, out, *QUANTIZE).code == 0
@@ -118,7 +113,7 @@ def test_calibrate_refuses_a_name_too_long_before_its_run(capsys, monkeypatch, s
         raise AssertionError("the calibration run started before the name was checked")
 
     monkeypatch.setattr(calibrate, "calibration_tokens", too_late)
-    src = _source(sandbox, "src")
+    src = tiny_source(sandbox, "src")
     out = sandbox.root / ("p" * 300)
     line = _refused(capsys, monkeypatch, sandbox, "calibrate", src, "--out", out, "--tokens", "64", "--seq-len", "32")
     assert "longer than 255 bytes" in line, line

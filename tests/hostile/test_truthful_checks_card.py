@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile.harness import Result, Sandbox, copies, run_inprocess, tiny_pair
+from hostile.harness import Result, Sandbox, carded, copies, run_inprocess, tiny_pair
 
 QUANTIZED = "weightsmith.json: tensors.quantize -->"
 
@@ -20,14 +20,6 @@ QUANTIZED = "weightsmith.json: tensors.quantize -->"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tiny_pair(tmp_path_factory.mktemp("tiny"))
-
-
-def _carded(sandbox: Sandbox, tiny, capsys, monkeypatch) -> Path:
-    """A copy of the tiny quantized checkpoint with its card written, which `card --check` passes."""
-    _, quant = copies(sandbox, tiny)
-    assert run_inprocess(capsys, monkeypatch, "card", quant).code == 0
-    assert run_inprocess(capsys, monkeypatch, "card", quant, "--check").code == 0
-    return quant
 
 
 def _check(sandbox: Sandbox, capsys, monkeypatch, folder: Path) -> Result:
@@ -45,7 +37,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 
 def test_a_cited_number_followed_by_digits_fails_the_check(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
-    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    quant = carded(sandbox, tiny, capsys, monkeypatch)
     _edit(quant / "README.md", f"7<!-- {QUANTIZED}", f"7<!-- {QUANTIZED}0")
     result = _check(sandbox, capsys, monkeypatch, quant)
     assert result.code == 1
@@ -57,7 +49,7 @@ def test_a_cited_number_followed_by_digits_fails_the_check(sandbox: Sandbox, tin
 def test_anything_that_extends_the_number_fails_the_check(
     after: str, sandbox: Sandbox, tiny, capsys, monkeypatch
 ) -> None:
-    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    quant = carded(sandbox, tiny, capsys, monkeypatch)
     _edit(quant / "README.md", f"7<!-- {QUANTIZED}", f"7<!-- {QUANTIZED}{after}")
     result = _check(sandbox, capsys, monkeypatch, quant)
     assert result.code == 1 and f"is followed by {after[:2]!r}" in result.out, result.out
@@ -65,7 +57,7 @@ def test_anything_that_extends_the_number_fails_the_check(
 
 def test_a_manifest_count_that_disagrees_with_inspect(sandbox: Sandbox, tiny, capsys, monkeypatch) -> None:
     """The manifest and the card edited together: the card still disagrees with what inspect counts."""
-    quant = _carded(sandbox, tiny, capsys, monkeypatch)
+    quant = carded(sandbox, tiny, capsys, monkeypatch)
     manifest = json.loads((quant / "weightsmith.json").read_text())
     assert manifest["tensors"]["quantize"] == 7
     manifest["tensors"]["quantize"] = 70
