@@ -81,7 +81,8 @@ def test_existing_output_needs_force(src, tmp_path, capsys, monkeypatch) -> None
     code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "out")
     assert code != 0 and "already exists" in one_error_line(err)
     code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "out", "--force")
-    assert code != 0 and "holds 'old.txt' and no weightsmith.json" in one_error_line(err)  # not ours: --force is no licence
+    # not ours: --force is no licence
+    assert code != 0 and "holds 'old.txt' and no weightsmith.json" in one_error_line(err)
     (tmp_path / "out" / "old.txt").unlink()
     for _ in range(2):  # an empty folder, then the output weightsmith wrote there
         code, _, _ = run(capsys, monkeypatch, "quantize", src, tmp_path / "out", "--force")
