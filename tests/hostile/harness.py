@@ -94,16 +94,7 @@ def run_inprocess(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monkey
 
 def run_subprocess(*args: object, timeout: float = 120, cwd: Path | None = None) -> Result:
     """`weightsmith ARGS...` as a separate process, for cases that could hang or must see real signals."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "weightsmith", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-    )
-    return Result(proc.returncode, proc.stdout, proc.stderr)
+    return _child([sys.executable, "-m", "weightsmith", *map(str, args)], timeout, cwd)
 
 
 _ADDRESS_LIMITED = """
@@ -118,11 +109,16 @@ main()
 def run_limited(*args: object, timeout: float = 120) -> Result:
     """`weightsmith ARGS` in a child under a 3 GiB address-space limit and a time limit: an input that
     would blow up memory fails the case instead of the machine."""
+    return _child([sys.executable, "-c", _ADDRESS_LIMITED, *map(str, args)], timeout, None)
+
+
+def _child(argv: list[str], timeout: float, cwd: Path | None) -> Result:
     proc = subprocess.run(
-        [sys.executable, "-c", _ADDRESS_LIMITED, *map(str, args)],
+        argv,
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
     )

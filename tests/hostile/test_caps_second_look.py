@@ -288,14 +288,7 @@ def test_a_wheel_of_many_large_members_is_refused_at_the_read_budget(
     members |= {f"{QUANTIZATION}/m{i:05d}.py": body for i in range(MAX_READ_TOTAL // MAX_SOURCE_BYTES + 8)}
     members[f"{QUANTIZATION}/zzz.py"] = "class CT:\n    pass\n"
     vllm = _vllm_wheel(sandbox.root / "big.whl", members)
-    sandbox.freeze()
-    r = run_inprocess(capsys, monkeypatch, "preflight", quant, "--draft", quant, "--method", "dflash", "--vllm", vllm)
-    assert r.code == 2, r
-    assert r.error_line == (
-        f"error: {vllm}: needs more than the {MAX_READ_TOTAL:,} bytes of source read preflight allows one vLLM; "
-        "a real vLLM needs a fraction of that"
-    )
-    sandbox.assert_untouched()
+    _refused_at_budget(sandbox, capsys, monkeypatch, quant, vllm, f"{MAX_READ_TOTAL:,} bytes of source read")
 
 
 def test_a_chain_of_large_base_classes_is_refused_at_the_parse_budget(
@@ -308,12 +301,16 @@ def test_a_chain_of_large_base_classes_is_refused_at_the_parse_budget(
         head = f"class B{i}(B{i + 1}):\n    pass\nx = ("
         members[f"{QUANTIZATION}/b{i:03d}.py"] = head + "a," * (MAX_NODES_TOTAL // 3) + ")\n"
     vllm = _vllm_wheel(sandbox.root / "chain.whl", members)
+    _refused_at_budget(sandbox, capsys, monkeypatch, quant, vllm, f"{MAX_NODES_TOTAL:,} syntax-tree nodes parsed")
+
+
+def _refused_at_budget(sandbox: Sandbox, capsys, monkeypatch, quant: Path, vllm: Path, budget: str) -> None:
+    """preflight on `vllm` stops at its budget per vLLM with one line naming the wheel and the budget."""
     sandbox.freeze()
     r = run_inprocess(capsys, monkeypatch, "preflight", quant, "--draft", quant, "--method", "dflash", "--vllm", vllm)
     assert r.code == 2, r
     assert r.error_line == (
-        f"error: {vllm}: needs more than the {MAX_NODES_TOTAL:,} syntax-tree nodes parsed preflight allows one "
-        "vLLM; a real vLLM needs a fraction of that"
+        f"error: {vllm}: needs more than the {budget} preflight allows one vLLM; a real vLLM needs a fraction of that"
     )
     sandbox.assert_untouched()
 
