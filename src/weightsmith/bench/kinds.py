@@ -181,6 +181,20 @@ VLLM = ServerKind(
             "quantization method vLLM picked for the model",
         ),
         pattern(
+            "linear-kernel",
+            LOG,
+            r"\b(?:Using|Selected) (?P<value>\w{1,64}Kernel) for CompressedTensors\w{1,64}",
+            INFO,
+            "linear kernel vLLM chose for a quantized layer (target's or draft's)",
+        ),
+        pattern(
+            "spec-decode-cpu-without-iomp",
+            LOG,
+            r"Speculative decoding on CPU without Intel OpenMP in LD_PRELOAD",
+            WARNING,
+            "vLLM CPU: speculative decoding without Intel OpenMP preloaded runs much slower",
+        ),
+        pattern(
             "speculative-config",
             LOG,
             r"speculative_config=(?P<value>None|SpeculativeConfig\([^)]{0,4096}\))",

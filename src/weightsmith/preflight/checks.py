@@ -2,7 +2,8 @@
 
 Each check joins a fact about the checkpoints (read from headers and configs, never loaded) with a
 fact about vLLM's source (`code`). This module runs them all (the draft's code in `draft`, the pair
-in `pair`; KV scales, W4A4 MoE backends and the compile cache here) and builds the serve line.
+in `pair`, linear kernels per platform in `linear_kernel`; KV scales, W4A4 MoE backends and the
+compile cache here) and builds the serve line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from weightsmith.checkpoint import CONFIG_FILE
 from weightsmith.errors import WeightsmithError
 from weightsmith.preflight import code
 from weightsmith.preflight.draft import check_draft_code
+from weightsmith.preflight.linear_kernel import check_linear_kernels
 from weightsmith.preflight.pair import check_pair
+from weightsmith.preflight.quant_layers import check_quant_layers
 from weightsmith.preflight.report import LOAD, NOTE, WRONG, Item, Preflight, Side, open_side
 from weightsmith.preflight.source import VllmSource
 from weightsmith.terminal import shell_line
@@ -46,11 +49,12 @@ def preflight(
     if drf is not None and method is None:
         method = infer_method(drf)
     result = Preflight(str(src.where), src.version, str(target), str(draft) if draft else None, method)
+    result.vllm_platform = src.platform
     items = result.items
     target_kv = _kv(tgt)
-    items += _readable(tgt) + target_kv
+    items += _readable(tgt) + check_quant_layers(tgt) + target_kv + check_linear_kernels(src, tgt)
     if drf is not None:
-        items += _readable(drf) + _kv(drf)
+        items += _readable(drf) + check_quant_layers(drf) + _kv(drf) + check_linear_kernels(src, drf)
     moe_flag = None
     for side in (tgt, drf):
         if side is not None:

@@ -26,7 +26,8 @@ _HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
 def print_preflight(result: Preflight, console: Console | None = None) -> None:
     console = console or Console(highlight=False, soft_wrap=True)
     pair = f"{result.target}" + (f" + draft {result.draft} ({result.method})" if result.draft else "")
-    against = f"vLLM {result.vllm_version} ({result.vllm})"
+    build = {"cpu": ", CPU build", "unknown": ""}.get(result.vllm_platform, f", {result.vllm_platform.upper()} build")
+    against = f"vLLM {result.vllm_version} ({result.vllm}{build})"
     console.print(f"[bold]preflight[/] {markup_safe(pair)} against {markup_safe(against)}")
     for impact in IMPACTS:
         items = [i for i in result.items if i.impact == impact]

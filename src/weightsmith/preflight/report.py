@@ -71,6 +71,8 @@ class Preflight:
     method: str | None
     items: list[Item] = field(default_factory=list)
     serve: str = ""
+    #: The platform the vLLM build is for (`VllmSource.platform`): "cpu", "cuda", ... or "unknown".
+    vllm_platform: str = "unknown"
 
     @property
     def failed(self) -> bool:
@@ -82,7 +84,7 @@ class Preflight:
         return {
             "schema": SCHEMA,
             "schema_version": SCHEMA_VERSION,
-            "vllm": {"path": self.vllm, "version": self.vllm_version},
+            "vllm": {"path": self.vllm, "version": self.vllm_version, "platform": self.vllm_platform},
             "target": self.target,
             "draft": self.draft,
             "method": self.method,

