@@ -132,6 +132,11 @@ def _kv_lines(log: str) -> list[str]:
     return sorted(found)[:4]
 
 
+def _declares_kv_cache(model: Path) -> bool:
+    config = json.loads((model / "config.json").read_text())
+    return bool((config.get("quantization_config") or {}).get("kv_cache_scheme"))
+
+
 def measure(name: str, model: Path, extra: list[str], log_dir: Path) -> dict[str, Any]:
     """One row: what vLLM chose or its error, agreement with the reference, speed, peak RSS."""
     row: dict[str, Any] = {"name": name, "flags": extra}
@@ -140,13 +145,18 @@ def measure(name: str, model: Path, extra: list[str], log_dir: Path) -> dict[str
             row["startup_s"] = round(s.server.startup_s or 0.0, 1)
             row["choices"] = s.choices()
             tok = load_tokenizer(model)
-            ref = Reference(model)
-            scores = []
-            for p in PROMPTS:
-                ids = tok(p)["input_ids"]
-                c = s.complete(ids, SCORED_TOKENS)
-                scores.append({**ref.score(ids, c.ids, c.logprobs).__dict__, "ids": c.ids, "logprobs": c.logprobs})
-            row["scores"] = scores
+            completions = [s.complete(tok(p)["input_ids"], SCORED_TOKENS) for p in PROMPTS]
+            if _declares_kv_cache(model):
+                # transformers builds k_scale/v_scale and leaves them unloaded ("missing keys"), then
+                # quantizes its cache with them: no reference; compared with the same weights' row
+                row["completions"] = [c.ids for c in completions]
+                row["compare_to"] = "fp8-dynamic"
+            else:
+                ref = Reference(model)
+                row["scores"] = [
+                    {**ref.score(tok(p)["input_ids"], c.ids, c.logprobs).__dict__, "ids": c.ids, "logprobs": c.logprobs}
+                    for p, c in zip(PROMPTS, completions)
+                ]
             rng = random.Random(0)
             one = s.complete([rng.randrange(1000, 40000) for _ in range(16)], 1)
             many = s.complete([rng.randrange(1000, 40000) for _ in range(16)], DECODE_TOKENS + 1)
@@ -164,15 +174,25 @@ def measure(name: str, model: Path, extra: list[str], log_dir: Path) -> dict[str
     return row
 
 
-def table(results: dict[str, Any]) -> str:
+def table(measured: dict[str, Any]) -> str:
     rows = []
     for name in ROWS:
-        r = results["rows"].get(name)
+        r = measured.get(name)
         if r is None:
             continue
         kernel = "; ".join(f"`{k}` for `{s}`" for k, s in dict.fromkeys(map(tuple, r["choices"]))) or "-"
         if not r["served"]:
             rows.append(f"| {name} | **no**: `{r['error'][:200]}` | {kernel} | - | - | - | - | - |")
+            continue
+        if "compare_to" in r:
+            base = [sc["ids"] for sc in measured[r["compare_to"]]["scores"]]
+            same = [next((i for i, (a, b) in enumerate(zip(c, b)) if a != b), len(b)) for c, b in zip(r["completions"], base)]
+            equal = " ".join(f"{n}/{len(b)}" for n, b in zip(same, base))
+            rows.append(
+                f"| {name} | yes | {kernel} | not scored (transformers does not load KV scales); equal to "
+                f"{r['compare_to']}'s tokens (BF16 cache): {equal} | - | {r['decode_tok_s']:.1f} "
+                f"| {r['prefill_tok_s']:.0f} | {r['peak_rss_mib']:,} |"
+            )
             continue
         agree = " ".join(f"{s['agree']}/{s['total']}" for s in r["scores"])
         gap = max(s["max_gap"] for s in r["scores"])
@@ -197,29 +217,32 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="rows to run (names as in the table; a prefix is enough)")
     ap.add_argument("--redo", action="store_true", help="measure rows already in docs/vllm.json again")
     ap.add_argument("--keep", type=Path, help="keep checkpoints and server logs here")
-    ap.add_argument("--render", action="store_true", help="only write the table from docs/vllm.json")
+    ap.add_argument("--render", action="store_true", help="only write the tables from docs/vllm.json")
     args = ap.parse_args()
-    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": {}}
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
     if args.render:
         render(results)
         return
     src = smollm2_fp32()
     work = Path(args.keep or tempfile.mkdtemp(prefix="vllm-table-"))
     work.mkdir(parents=True, exist_ok=True)
-    results["machine"] = {"isa": vllm_cpu.isa(), "cpu": cpu_model(), "cores": os.cpu_count()}
+    machine = {"isa": vllm_cpu.isa(), "cpu": cpu_model(), "cores": os.cpu_count()}
     results["vllm"] = vllm_cpu.VERSION
+    measured = results["runs"].setdefault(machine["isa"], {"rows": {}})
+    measured["machine"] = machine
+    rows = measured["rows"]
     try:
         for name, (how, extra) in ROWS.items():
             if args.only and not any(name.startswith(o) for o in args.only):
                 continue
-            if name in results["rows"] and not args.redo:
+            if name in rows and not args.redo:
                 continue
             start = time.monotonic()
             print(f"{name}: ", end="", flush=True)
             model = build(name, how, src, work)
-            row = measure(name, model, extra, work / f"logs-{len(results['rows'])}-{int(start)}")
-            row["isa"] = results["machine"]["isa"]
-            results["rows"][name] = row
+            row = measure(name, model, extra, work / f"logs-{len(rows)}-{int(start)}")
+            row["isa"] = machine["isa"]
+            rows[name] = row
             verdict = "served" if row["served"] else f"refused: {row['error'][:120]}"
             print(verdict, f"({time.monotonic() - start:.0f} s)")
             RESULTS.write_text(json.dumps(results, indent=1) + "\n")
@@ -229,16 +252,25 @@ def main() -> None:
     render(results)
 
 
+#: How each native library is named in the tables' headings, in the order they are shown.
+LIBRARIES = {"avx512": "`_C` (AVX-512 with BF16)", "avx2": "`_C_AVX2` (no AVX-512)"}
+
+
 def render(results: dict[str, Any]) -> None:
-    """The table between the page's `<!-- table -->` and `<!-- /table -->` marks; the prose around it stays."""
+    """One table per instruction set measured, between the page's `<!-- table -->` and `<!-- /table -->`
+    marks; the prose around them stays."""
     head, rest = TABLE.read_text().split("<!-- table -->", 1)
     tail = rest.split("<!-- /table -->", 1)[1] if "<!-- /table -->" in rest else "\n"
-    machine = results.get("machine", {})
-    note = (
-        f"\nvLLM CPU {results.get('vllm')}, measured on {machine.get('cpu')}, {machine.get('cores')} cores"
-        f" (vLLM's native library: {machine.get('isa')}).\n"
-    )
-    TABLE.write_text(f"{head}<!-- table -->\n{table(results)}\n{note}<!-- /table -->{tail}")
+    order = list(LIBRARIES)
+    parts = []
+    for isa in sorted(results["runs"], key=lambda k: order.index(k) if k in order else len(order)):
+        measured = results["runs"][isa]
+        machine = measured.get("machine", {})
+        parts.append(
+            f"### vLLM CPU {results.get('vllm')} with {LIBRARIES.get(isa, isa)}: {machine.get('cpu')}, "
+            f"{machine.get('cores')} cores\n\n{table(measured['rows'])}\n"
+        )
+    TABLE.write_text(f"{head}<!-- table -->\n" + "\n".join(parts) + f"<!-- /table -->{tail}")
 
 
 if __name__ == "__main__":
