@@ -2,8 +2,8 @@
 
 Each check joins a fact about the checkpoints (read from headers and configs, never loaded) with a
 fact about vLLM's source (`code`). This module runs them all (the draft's code in `draft`, the pair
-in `pair`, linear kernels per platform in `linear_kernel`; KV scales, W4A4 MoE backends and the
-compile cache here) and builds the serve line.
+in `pair`, linear kernels per platform in `linear_kernel`, the native ops a CPU kernel calls in
+`native_op`; KV scales, W4A4 MoE backends and the compile cache here) and builds the serve line.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from weightsmith.errors import WeightsmithError
 from weightsmith.preflight import code
 from weightsmith.preflight.draft import check_draft_code
 from weightsmith.preflight.linear_kernel import check_linear_kernels
+from weightsmith.preflight.native_op import check_native_ops, machine_flags
 from weightsmith.preflight.pair import check_pair
 from weightsmith.preflight.quant_layers import check_quant_layers
 from weightsmith.preflight.report import LOAD, NOTE, WRONG, Item, Preflight, Side, open_side
@@ -40,9 +41,12 @@ def preflight(
     method: str | None = None,
     k: int | None = None,
     env: Mapping[str, str] | None = None,
+    cpu_flags: frozenset[str] | None = None,
 ) -> Preflight:
-    """Every check for TARGET (and DRAFT) against the vLLM at VLLM; `env` stands for os.environ."""
+    """Every check for TARGET (and DRAFT) against the vLLM at VLLM; `env` stands for os.environ and
+    `cpu_flags` for this machine's CPU flags (read from /proc/cpuinfo when not given)."""
     env = os.environ if env is None else env
+    flags = machine_flags() if cpu_flags is None else cpu_flags
     src = VllmSource.open(vllm)
     tgt = open_side(target, "target")
     drf = open_side(draft, "draft") if draft is not None else None
@@ -53,8 +57,10 @@ def preflight(
     items = result.items
     target_kv = _kv(tgt)
     items += _readable(tgt) + check_quant_layers(tgt) + target_kv + check_linear_kernels(src, tgt)
+    items += check_native_ops(src, tgt, flags)
     if drf is not None:
         items += _readable(drf) + check_quant_layers(drf) + _kv(drf) + check_linear_kernels(src, drf)
+        items += check_native_ops(src, drf, flags)
     moe_flag = None
     for side in (tgt, drf):
         if side is not None:

