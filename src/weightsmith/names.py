@@ -63,7 +63,8 @@ QUANTIZED_MARKERS = frozenset(
 )
 
 # --- fused groups: vLLM loads these shards into one layer, so they must share a scheme ---
-#: fused layer name -> its shards, as in vLLM's `packed_modules_mapping` (Llama and most others).
+#: fused layer name -> its shards, as in vLLM's `packed_modules_mapping` (Llama and most others), in the
+#: order vLLM stacks their rows (its `output_partition_sizes`), which its FP8 block check depends on.
 FUSED_LAYERS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
@@ -99,6 +100,15 @@ def fused_partners(module: str) -> tuple[str, tuple[str, ...]] | None:
     fused, parts = found
     prefix = f"{parent}." if parent else ""
     return prefix + fused, tuple(prefix + p for p in parts)
+
+
+def linear_layer(module: str) -> tuple[str, tuple[str, ...]]:
+    """The layer vLLM builds a Linear into and every shard's module name, in vLLM's row order.
+
+    A shard of a fused layer gives the fused layer (`qkv_proj`: q, k, v); any other Linear is a
+    layer of its own.
+    """
+    return fused_partners(module) or (module, (module,))
 
 
 # --- KV-cache scales ---

@@ -5,9 +5,11 @@ Linear-like modules are targets unless they are embeddings, `lm_head`, norms or 
 are ignored (exact names or `re:` regexes, matched as vLLM matches them, against module names and
 the fused names vLLM loads, such as `qkv_proj`), or their input size does not fit the group size.
 Shards of a fused layer (q/k/v, gate/up) are quantized together or kept together, because vLLM
-refuses a fused layer whose shards disagree. Every Linear-like module left unquantized goes into
-the config's `ignore`, because vLLM expects `weight_packed` for any targeted Linear it finds;
-under a preset whose runtime renames the modules (EAGLE3), by its name within its layer.
+refuses a fused layer whose shards disagree; a layer vLLM would refuse to build under its scheme
+(FP8 blocks that a fused shard does not fill) is kept whole, so that the output loads. Every
+Linear-like module left unquantized goes into the config's `ignore`, because vLLM expects
+`weight_packed` for any targeted Linear it finds; under a preset whose runtime renames the
+modules (EAGLE3), by its name within its layer.
 """
 
 from __future__ import annotations
@@ -463,6 +465,7 @@ def build_plan(
         decisions.append(d)
 
     _enforce_fused_agreement(decisions)
+    _keep_refused_layers(decisions)
     # The preset whose kept Linears are listed by their name within the layer, if any.
     by_suffix = PRESETS[preset] if preset is not None and PRESETS[preset].ignore_by_suffix else None
     if by_suffix is not None:
@@ -605,6 +608,32 @@ def _enforce_fused_agreement(decisions: list[Decision]) -> None:
                 if d.action == QUANTIZE:
                     d.action = KEEP
                     d.reason = f"kept with {first} ({kept[0].reason}): vLLM loads {names.leaf(fused_name)} as one layer"
+
+
+def _keep_refused_layers(decisions: list[Decision]) -> None:
+    """Keep, in the source dtype, every Linear of a layer vLLM would refuse to build under its scheme.
+
+    FP8 blocks are the case: vLLM refuses the whole checkpoint at load when a fused shard other than
+    the last (q_proj of qkv_proj, gate_proj of gate_up_proj) is not a whole number of blocks tall,
+    so such a layer is kept, every shard together, and listed in ignore. Runs after
+    `_enforce_fused_agreement`, so a layer is quantized whole or not at all; a layer whose shards
+    name different rules is left for `_refuse_split_layers` to refuse. Routed experts are left out:
+    vLLM builds all of a layer's experts into one FusedMoE layer, under a rule of its own.
+    """
+    layers: dict[str, list[Decision]] = defaultdict(list)
+    for d in decisions:
+        if d.action == QUANTIZE and d.param == names.WEIGHT and names.expert_layer(d.module) is None:
+            layers[names.linear_layer(d.module)[0]].append(d)
+    for layer, members in layers.items():
+        rules = {id(d.rule): d.rule for d in members}
+        if len(rules) != 1 or (rule := next(iter(rules.values()))) is None:
+            continue
+        order = names.linear_layer(members[0].module)[1]
+        shards = sorted(members, key=lambda d: order.index(d.module))
+        why = rule.scheme.layer_refusal(layer, [(d.module, d.shape[0]) for d in shards])
+        if why is not None:
+            for d in members:
+                d.action, d.rule, d.reason = KEEP, None, f"kept unquantized, because {why}"
 
 
 def _keep_by_suffix(decisions: list[Decision]) -> None:

@@ -2,8 +2,9 @@
 
 For every Linear-like module: is it stored the way the config says (quantized when targeted, dense
 when ignored), does a quantized module carry exactly the tensors its format needs, with the dtypes
-and mutually consistent shapes the runtime allocates, and do the shards of a fused layer (q/k/v,
-gate/up) agree, since vLLM loads them as one layer with one scheme.
+and mutually consistent shapes the runtime allocates, do the shards of a fused layer (q/k/v,
+gate/up) agree, since vLLM loads them as one layer with one scheme, and does each layer stored in
+FP8 blocks have the shape vLLM builds such a layer with.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def check_quantization(
     for module in linear:
         found += _module_findings(decl, module, reads)
     found += _fused_findings(decl, linear, reads)
+    found += _block_shape_findings(decl, linear)
     found += _precedence_findings(decl, linear)
     formats = ", ".join(sorted({s.format for s in decl.schemes if s.format})) or "no weight format"
     return found, f"{len(linear):,} Linear-like modules against {decl.method} {formats} ({decl.source})"
@@ -283,6 +285,50 @@ def _fused_findings(decl: QuantDeclaration, linear: list[Module], reads: SmallRe
             )
             continue
         found += _global_scale_findings(fused, members, reads)
+    return found
+
+
+def _block_shape_findings(decl: QuantDeclaration, linear: list[Module]) -> list[Finding]:
+    """One error per layer stored in compressed-tensors blocks that vLLM refuses to build at load.
+
+    Only compressed-tensors is held to the rule (`ct.block_shape_refusal`): vLLM lets an HF `fp8`
+    checkpoint's fused layers straddle blocks. A layer whose shards are stored differently is
+    `quant.fused-mismatch`'s. Routed experts are left out: vLLM builds them into a FusedMoE layer,
+    which has a rule of its own (`validate_fp8_block_shape_moe`).
+    """
+    if decl.method != ct.QUANT_METHOD:
+        return []
+    layers: dict[str, list[tuple[Module, tuple[int, int]]]] = {}
+    for module in linear:
+        scheme, ignored = decl.resolve(module)
+        block = scheme.block if scheme is not None and scheme.strategy == "block" else None
+        if (
+            block is not None
+            and module.quantized
+            and not ignored
+            and len(_main(module).info.shape) == 2
+            and names.expert_layer(module.name) is None
+        ):
+            layers.setdefault(names.linear_layer(module.name)[0], []).append((module, block))
+    found = []
+    for layer, members in layers.items():
+        blocks = {block for _, block in members}
+        if len(blocks) != 1:
+            continue
+        block = blocks.pop()
+        order = names.linear_layer(members[0][0].name)[1]
+        shards = sorted((m for m, _ in members), key=lambda m: order.index(m.name))
+        refused = ct.block_shape_refusal(layer, [(m.name, _main(m).info.shape[0]) for m in shards], block)
+        if refused is not None:
+            culprit = next(m for m in shards if m.name == refused[0])
+            found.append(
+                _finding(
+                    culprit,
+                    "quant.block-shape",
+                    ERROR,
+                    f"is quantized, but {refused[1]}; keep {names.leaf(layer)} dense",
+                )
+            )
     return found
 
 

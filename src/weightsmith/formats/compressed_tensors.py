@@ -7,6 +7,7 @@ format stores per quantized module is in formats/layouts.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 QUANT_METHOD = "compressed-tensors"
@@ -122,3 +123,30 @@ def quantization_config(
 ) -> dict[str, Any]:
     """The `quantization_config` of one config group targeting every Linear (one scheme throughout)."""
     return quantization_config_of({group_name: config_group(fmt, weights, ["Linear"], input_activations)}, fmt, ignore)
+
+
+def block_shape_refusal(
+    layer: str, partitions: Sequence[tuple[str, int]], block: tuple[int, int]
+) -> tuple[str, str] | None:
+    """The shard for which vLLM refuses to build `layer` with weights in `block` (rows, cols) blocks, and
+    why in words; None when vLLM builds it.
+
+    `partitions` are the layer's shards (module name, output rows) in vLLM's row order. vLLM's
+    `validate_fp8_block_shape` (`quantization/utils/fp8_utils.py`), which its compressed-tensors
+    FP8 schemes run under the `block` strategy, requires every shard of a fused layer (q/k/v,
+    gate/up) but the last to be a whole number of blocks tall: a ragged shard would leave a block
+    of scales straddling two shards. On one GPU a Linear of its own passes at any shape (its edge
+    blocks are partial), and so do the input columns; larger tensor-parallel sizes also need each
+    rank's slice whole, which a checkpoint cannot promise. The escape vLLM has for merged layers
+    (`allow_fp8_block_shape_mismatch`) reads `weight_block_size`, which only the HF `fp8` config
+    has, so a compressed-tensors checkpoint is held to the rule.
+    """
+    rows = block[0]
+    for module, out in partitions[:-1]:
+        if out % rows:
+            return module, (
+                f"vLLM refuses {layer.rpartition('.')[2]} in {rows}x{block[1]} blocks: "
+                f"{module.rpartition('.')[2]} has {out} output rows, not a multiple of {rows} "
+                "(validate_fp8_block_shape requires it of every fused shard but the last)"
+            )
+    return None

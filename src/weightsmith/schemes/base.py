@@ -125,6 +125,19 @@ class Scheme(ABC):
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
         """Why a 2-D weight of this shape cannot take the scheme, or None."""
 
+    def layer_refusal(self, layer: str, partitions: list[tuple[str, int]]) -> str | None:
+        """Why vLLM would refuse to build `layer` under this scheme, or None.
+
+        `partitions` are the layer's shards (module name, output rows) in vLLM's row order
+        (`names.linear_layer`). Only block-wise weights have such a rule: vLLM refuses a fused
+        layer whose shards do not fill whole blocks, whatever each weight's own shape allows.
+        """
+        args = self.weight_args()
+        if args.get("strategy") != "block":
+            return None
+        refused = ct.block_shape_refusal(layer, partitions, layouts.parse_block(args.get("block_structure")))
+        return None if refused is None else refused[1]
+
     @property
     def layout(self) -> Layout:
         """What the scheme stores per quantized Linear: its format's layout for its arguments."""
