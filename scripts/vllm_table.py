@@ -155,7 +155,7 @@ def measure(name: str, model: Path, extra: list[str], log_dir: Path) -> dict[str
                 ref = Reference(model)
                 row["scores"] = [
                     {**ref.score(tok(p)["input_ids"], c.ids, c.logprobs).__dict__, "ids": c.ids, "logprobs": c.logprobs}
-                    for p, c in zip(PROMPTS, completions)
+                    for p, c in zip(PROMPTS, completions, strict=True)
                 ]
             rng = random.Random(0)
             one = s.complete([rng.randrange(1000, 40000) for _ in range(16)], 1)
@@ -174,6 +174,10 @@ def measure(name: str, model: Path, extra: list[str], log_dir: Path) -> dict[str
     return row
 
 
+def _leading_equal(got: list[int], want: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+
+
 def table(measured: dict[str, Any]) -> str:
     rows = []
     for name in ROWS:
@@ -186,8 +190,7 @@ def table(measured: dict[str, Any]) -> str:
             continue
         if "compare_to" in r:
             base = [sc["ids"] for sc in measured[r["compare_to"]]["scores"]]
-            same = [next((i for i, (a, b) in enumerate(zip(c, b)) if a != b), len(b)) for c, b in zip(r["completions"], base)]
-            equal = " ".join(f"{n}/{len(b)}" for n, b in zip(same, base))
+            equal = " ".join(f"{_leading_equal(c, b)}/{len(b)}" for c, b in zip(r["completions"], base, strict=True))
             rows.append(
                 f"| {name} | yes | {kernel} | not scored (transformers does not load KV scales); equal to "
                 f"{r['compare_to']}'s tokens (BF16 cache): {equal} | - | {r['decode_tok_s']:.1f} "
