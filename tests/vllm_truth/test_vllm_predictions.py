@@ -222,3 +222,41 @@ def test_a_dense_linear_a_config_group_targets(healthy, healthy_completion, vllm
     if got is not None:
         gap = max(abs(a - b) for a, b in zip(got.logprobs, healthy_completion.logprobs, strict=True))
         assert got.ids != healthy_completion.ids or gap > 1.0
+
+
+KV_FP8 = ["--kv-cache-dtype", "fp8"]
+
+
+def test_an_fp8_kv_cache_declared_without_its_scales(
+    healthy, healthy_completion, vllm_site, tmp_path, capsys, monkeypatch
+):
+    """vLLM reads the k_scale/v_scale `calibrate-kv` writes, and without them quantizes its cache at scale
+    1.0: it serves, other numbers (measured on AVX-512, 24 tokens of three prompts: the same tokens as
+    the calibrated checkpoint for the first 13, 5 and 4, logprobs up to 0.52 nats apart before that;
+    scales divided by 100 give other tokens from the first). On AVX2 vLLM CPU refuses any FP8 cache."""
+    from weightsmith.calibrate_kv import calibrate_kv
+
+    calibrated = copy_of(healthy, tmp_path / "calibrated")
+    calibrate_kv(calibrated, smollm2_fp32(), builtin="code", tokens=512, seq_len=128)
+    assert verify_findings(capsys, monkeypatch, calibrated) == []
+    missing = copy_of(healthy, tmp_path / "missing")
+    scheme = json.loads((calibrated / "config.json").read_text())["quantization_config"]["kv_cache_scheme"]
+    edit_quant_config(missing, lambda qc: qc.__setitem__("kv_cache_scheme", scheme))
+    findings = verify_findings(capsys, monkeypatch, missing)
+    assert {f["check"] for f in findings} == {"kv.missing-scale"} and len(findings) == 60
+    items = preflight_items(capsys, monkeypatch, missing, vllm_site)
+    assert [(i["check"], i["impact"]) for i in items] == [("kv.scales", WRONG)]
+
+    if vllm_cpu.isa() == "avx2":
+        line = vllm_cpu.refusal(missing, tmp_path / "log", KV_FP8)
+        assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in line, line
+        return
+    served = {}
+    for name, folder in (("calibrated", calibrated), ("missing", missing)):
+        with vllm_cpu.serve(folder, tmp_path / f"log-{name}", KV_FP8) as s:
+            served[name] = s.complete(PROMPT, 16)
+    good, bad = served["calibrated"], served["missing"]
+    assert good.ids[:4] == healthy_completion.ids, good  # " Paris.\n\n", as with a BF16 cache
+    shared = next((i for i, (a, b) in enumerate(zip(good.ids, bad.ids, strict=True)) if a != b), len(good.ids))
+    gap = max((abs(a - b) for a, b in zip(good.logprobs[:shared], bad.logprobs[:shared], strict=True)), default=0.0)
+    assert shared < len(good.ids) or gap > 0.05, (good, bad)
