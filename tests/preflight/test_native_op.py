@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from audit.doctor_builders import cli
-from small_demo import SMALL_DEMO
+from small_demo import quantized_small_demos
 from vllm_cpu import site_packages
-from weightsmith.demo import write_demo_checkpoint
 from weightsmith.preflight import checks, native_op
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.native_op import AVX512, AVX512_BF16, CHECK, machine_flags, native_module, schema
@@ -36,13 +35,7 @@ def cpu() -> Path:
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("native-op")
-    bf16 = write_demo_checkpoint(root / "bf16", config=SMALL_DEMO)
-    found = {}
-    for scheme in ("w4a16", "fp8-dynamic"):
-        found[scheme] = root / scheme
-        assert cli(["quantize", str(bf16), str(found[scheme]), "--scheme", scheme, "--no-hash"]) == 0
-    return found
+    return quantized_small_demos(tmp_path_factory.mktemp("native-op"), ("w4a16", "fp8-dynamic"))
 
 
 def run(target: Path, vllm: Path, flags: frozenset[str], **kw: object) -> Preflight:
