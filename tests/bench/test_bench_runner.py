@@ -25,6 +25,8 @@ from weightsmith.bench.results import (
     to_jsonable,
 )
 from weightsmith.bench.runner import QuietObserver, run_bench
+from weightsmith.bench.stats import SHOWN
+from weightsmith.errors import WeightsmithError
 
 KV_LINE = (
     "WARNING 05-14 10:41:43 [kv_cache.py:123] Using KV cache scaling factor 1.0 for fp8_e4m3. "
@@ -286,3 +288,52 @@ def test_sweep_over_a_flag_gives_a_decode_against_k_plot(tmp_path: Path) -> None
     assert sweep.best_value == 3
     assert _png(files["sweep-spec"])
     assert "![decode against k](sweep-spec.png)" in files["report"].read_text()
+
+
+def test_drafts_are_compared_prompt_by_prompt_on_their_own_acceptance(tmp_path: Path) -> None:
+    """Planted truth: a draft the stand-in always accepts (3 of 3) against one it accepts 1 of 3 of,
+    each swept over k; every request carries its own counts, which add up to its window's."""
+    data = _config(
+        [
+            {
+                "name": "good",
+                "command": standin_command("--accept-pattern", "3"),
+                "sweep": {"flag": "--k", "values": [1, 3]},
+            },
+            {
+                "name": "poor",
+                "command": standin_command("--accept-pattern", "1"),
+                "sweep": {"flag": "--k", "values": [1, 3]},
+            },
+        ],
+        acceptance_baseline="good",
+        warmups=1,
+        determinism={"replicates": 0},
+    )
+    data["workload"] = {"prompt_tokens": [40], "prompts_per_length": 6, "max_tokens": 9}
+    results = run_bench(parse_config(data), tmp_path)
+    assert results.acceptance_baseline == "good"
+    for v in results.visits:
+        assert v.status == VISIT_OK and v.spec is not None and v.spec.status == m.OK
+        assert sum(r.spec_drafts for r in v.requests) == v.spec.drafts
+        assert sum(r.spec_accepted for r in v.requests) == v.spec.accepted
+        assert sum(r.spec_draft_tokens for r in v.requests) == v.spec.draft_tokens
+    analysis, files = write_all(results, tmp_path)
+    comparisons = {c.arm: c for c in analysis.acceptance_comparisons}
+    assert set(comparisons) == {"poor@k=1", "poor@k=3"}
+    assert comparisons["poor@k=3"].baseline == "good@k=3" and comparisons["poor@k=1"].baseline == "good@k=1"
+    # k=1: both accept their one token, identical on every prompt: nothing shown
+    assert comparisons["poor@k=1"].effect == 0 and comparisons["poor@k=1"].verdict != SHOWN
+    # k=3: 1 + 3 against 1 + 1 on all 6 prompts (the last step of a request may be cut short)
+    worse = comparisons["poor@k=3"]
+    assert worse.n_pairs == 6 and worse.n_lower == 6 and worse.verdict == SHOWN and worse.arm_better is False
+    assert analysis.acceptance_noise is not None and analysis.acceptance_noise.value == 0
+    report = files["report"].read_text()
+    assert "### Drafts compared" in report and "`good@k=3`" in report
+    assert to_jsonable(analyse(load_results(tmp_path / RESULTS_FILE))) == to_jsonable(analysis)
+
+
+def test_a_wrong_acceptance_baseline_is_refused() -> None:
+    data = _config([{"name": "a", "command": standin_command()}], acceptance_baseline="nope")
+    with pytest.raises(WeightsmithError, match="acceptance_baseline 'nope' is not an arm"):
+        parse_config(data)

@@ -14,7 +14,7 @@ from weightsmith.bench import determinism as det
 from weightsmith.bench import metrics as m
 from weightsmith.bench import stats
 from weightsmith.bench.quality.verdict import QualityAnalysis, analyse_quality
-from weightsmith.bench.results import BenchResults, RequestRecord
+from weightsmith.bench.results import ArmInfo, BenchResults, RequestRecord
 from weightsmith.bench.schedule import is_fully_balanced
 
 
@@ -32,6 +32,8 @@ METRICS = (
     MetricSpec("ttft_s", "TTFT", False),
     MetricSpec("e2e_s", "end-to-end time", False),
 )
+#: Drafts are compared on each request's own mean acceptance length (`RequestRecord.acceptance_length`).
+ACCEPTANCE = MetricSpec("acceptance_length", "mean acceptance length", True)
 
 
 @dataclass
@@ -112,6 +114,11 @@ class Analysis:
     determinism_pairs: list[det.PairDeterminism]
     order_fully_balanced: bool
     notes: list[str] = field(default_factory=list)
+    #: Drafts against the acceptance baseline's draft, prompt by prompt at the same swept value, and the
+    #: repeat-to-repeat floor of per-prompt acceptance they are judged against.
+    acceptance_baseline: str | None = None
+    acceptance_noise: stats.NoiseFloor | None = None
+    acceptance_comparisons: list[stats.PairedComparison] = field(default_factory=list)
     #: Task scores, their noise floors and verdicts; None when the run had no `[quality]` table.
     quality: QualityAnalysis | None = None
 
@@ -254,6 +261,54 @@ def _sweeps(
     return sweeps
 
 
+def _acceptance_partner(results: BenchResults, arm: ArmInfo, base: str) -> str | None:
+    """The arm of draft `base` that `arm` is compared with: the one at the same swept value where `base`
+    is swept, else `base` itself; None for `base`'s own arms."""
+    if arm.name.split("@", 1)[0] == base:
+        return None
+    for other in results.arms:
+        if (
+            other.name.split("@", 1)[0] == base
+            and other.sweep_param == arm.sweep_param
+            and other.sweep_value == arm.sweep_value
+        ):
+            return other.name
+    return base if any(a.name == base for a in results.arms) else None
+
+
+def _acceptance_comparisons(
+    results: BenchResults, acceptance: list[AcceptanceSummary]
+) -> tuple[stats.NoiseFloor | None, list[stats.PairedComparison]]:
+    """Each speculating arm against its acceptance-baseline partner on per-prompt acceptance length."""
+    base = results.acceptance_baseline
+    speculating = {a.arm for a in acceptance if a.status == m.OK}
+    if base is None or not speculating:
+        return None, []
+    per_prompt: dict[str, dict[str, float]] = {}
+    per_repeat: dict[str, dict[int, dict[str, float]]] = {}
+    for arm in results.arms:
+        per_prompt[arm.name], per_repeat[arm.name] = _per_prompt(_ok_requests(results, arm.name), ACCEPTANCE.key)
+    floor = stats.noise_floor({a: r for a, r in per_repeat.items() if r})
+    comparisons = []
+    for arm in results.arms:
+        partner = _acceptance_partner(results, arm, base)
+        if partner is None or arm.name not in speculating:
+            continue
+        comparisons.append(
+            stats.compare_paired(
+                ACCEPTANCE.key,
+                partner,
+                arm.name,
+                per_prompt[partner],
+                per_prompt[arm.name],
+                noise=_pair_floor(floor, partner, arm.name),
+                alpha=results.alpha,
+                higher_is_better=True,
+            )
+        )
+    return floor, comparisons
+
+
 def _pair_floor(floor: stats.NoiseFloor, a: str, b: str) -> float | None:
     """The noise floor for comparing `a` with `b`: the larger of their own repeat-to-repeat gaps
     (a noisy third arm says nothing about these two)."""
@@ -304,10 +359,16 @@ def analyse(results: BenchResults) -> Analysis:
                 pair = det.compare_arms(runs[baseline], run, within)
                 if pair is not None:
                     pairs.append(pair)
+    notes: list[str] = []
+    acceptance_noise, acceptance_comparisons = _acceptance_comparisons(results, acceptance)
+    if acceptance_comparisons and not any(c.n_pairs for c in acceptance_comparisons):
+        notes.append(
+            "drafts: no request carries its own acceptance counts (they are read only at concurrency 1), "
+            "so no two drafts are compared prompt by prompt"
+        )
     n_arms = len(results.arms)
     repeats = 1 + max((v.repeat for v in results.visits), default=0)
     balanced = is_fully_balanced(n_arms, repeats)
-    notes = []
     if not balanced:
         notes.append(
             f"order: {repeats} repeat(s) of {n_arms} arms do not use every row of the "
@@ -324,5 +385,8 @@ def analyse(results: BenchResults) -> Analysis:
         determinism_pairs=pairs,
         order_fully_balanced=balanced,
         notes=notes,
+        acceptance_baseline=results.acceptance_baseline,
+        acceptance_noise=acceptance_noise,
+        acceptance_comparisons=acceptance_comparisons,
         quality=analyse_quality(results.quality, [a.name for a in results.arms], baseline, results.alpha),
     )

@@ -191,6 +191,9 @@ class BenchConfig:
     repeats: int = _key(2, _positive(int, MAX_REPEATS))
     warmups: int = _key(2, Bound(int, 0, MAX_REPEATS))
     baseline: str | None = None
+    #: The arm (or swept arm's name before `@`) whose draft every other draft's acceptance is compared
+    #: with, prompt by prompt at the same swept value; None compares no drafts.
+    acceptance_baseline: str | None = None
     prefill_min_tokens: int = _key(2000, Bound(int, 0, MAX_TOKENS))
     alpha: float = _key(0.05, Bound(float, 0, 0.5, low_open=True, high_open=True))
     source: str | None = field(default=None, metadata=_NOT_IN_FILE)
@@ -564,6 +567,7 @@ def parse_config(data: dict[str, Any], path: str = "<arms>") -> BenchConfig:
         repeats=data.get("repeats", 2),
         warmups=data.get("warmups", 2),
         baseline=data.get("baseline"),
+        acceptance_baseline=data.get("acceptance_baseline"),
         prefill_min_tokens=data.get("prefill_min_tokens", 2000),
         alpha=data.get("alpha", 0.05),
         source=path,
@@ -571,6 +575,13 @@ def parse_config(data: dict[str, Any], path: str = "<arms>") -> BenchConfig:
     if config.baseline is not None and config.baseline not in names:
         raise WeightsmithError(
             f"baseline {_q(config.baseline)} is not an arm (arms: {', '.join(map(_q, names))})", file=path
+        )
+    bases = sorted({a.name.split("@", 1)[0] for a in arms} - set(names))
+    if config.acceptance_baseline is not None and config.acceptance_baseline not in (*names, *bases):
+        raise WeightsmithError(
+            f"acceptance_baseline {_q(config.acceptance_baseline)} is not an arm "
+            f"(arms: {', '.join(map(_q, [*bases, *names]))})",
+            file=path,
         )
     return config
 

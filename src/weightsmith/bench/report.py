@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from weightsmith.bench import logcheck
-from weightsmith.bench.analysis import METRICS, Analysis, analyse
+from weightsmith.bench.analysis import ACCEPTANCE, METRICS, Analysis, analyse
 from weightsmith.bench.determinism import ArmDeterminism
 from weightsmith.bench.outdir import claim, write_owned
 from weightsmith.bench.paths import PLACEHOLDERS, served_model
@@ -19,10 +19,10 @@ from weightsmith.bench.plots import sweep_key, write_plots
 from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
 from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
-from weightsmith.bench.stats import SHOWN
+from weightsmith.bench.stats import SHOWN, PairedComparison
 from weightsmith.terminal import code_span, env_line, shell_line
 
-_METRIC = {m.key: m for m in METRICS}
+_METRIC = {m.key: m for m in (*METRICS, ACCEPTANCE)}
 #: Prompt tokens per request a server may take from its cache without comment: the BOS token and
 #: the `#` that every unique first line starts with.
 _CACHED_TOKENS_NOTED = 3
@@ -104,11 +104,9 @@ def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
     return lines
 
 
-def _verdicts(analysis: Analysis) -> list[str]:
-    if not analysis.comparisons:
-        return ["Only one arm: nothing to compare."]
+def _comparison_rows(comparisons: list[PairedComparison]) -> list[list[str]]:
     rows = []
-    for c in analysis.comparisons:
+    for c in comparisons:
         spec = _METRIC[c.metric]
         verdict = c.verdict
         if c.verdict == SHOWN:
@@ -130,6 +128,15 @@ def _verdicts(analysis: Analysis) -> list[str]:
                 c.reason,
             ]
         )
+    return rows
+
+
+_COMPARISON_HEADER = ["arm", "metric", "pairs", "effect", "95% CI", "sign test", "noise floor", "verdict", "why"]
+
+
+def _verdicts(analysis: Analysis) -> list[str]:
+    if not analysis.comparisons:
+        return ["Only one arm: nothing to compare."]
     return [
         f"Each arm against the baseline `{analysis.baseline}` on matched prompts (the same body "
         "sent to both; effect = geometric mean of per-prompt ratios, positive = the arm's value "
@@ -137,9 +144,29 @@ def _verdicts(analysis: Analysis) -> list[str]:
         "rejects, and the effect exceeds the noise floor (the larger of the two arms' gaps between "
         "two of their own repeats).",
         "",
+        *_table(_COMPARISON_HEADER, _comparison_rows(analysis.comparisons)),
+    ]
+
+
+def _draft_verdicts(analysis: Analysis) -> list[str]:
+    """The drafts against the acceptance baseline's draft, prompt by prompt."""
+    if not analysis.acceptance_comparisons:
+        return []
+    comps = analysis.acceptance_comparisons
+    floor = analysis.acceptance_noise
+    floor_text = "no arm has two repeats with matched prompts"
+    if floor is not None and floor.value is not None:
+        floor_text = f"±{floor.value:.1%} at most (in {floor.detail})"
+    return [
+        f"Each draft against `{analysis.acceptance_baseline}`'s draft at the same swept value, on each "
+        "prompt's own mean acceptance length (its requests' counters, /metrics read before and after "
+        "each request, repeats combined by geometric mean); baseline column = the arm it is compared "
+        f"with. Noise floor: the largest gap between two repeats of one arm, {floor_text}. Same rule "
+        "as the verdicts above.",
+        "",
         *_table(
-            ["arm", "metric", "pairs", "effect", "95% CI", "sign test", "noise floor", "verdict", "why"],
-            rows,
+            ["against", *_COMPARISON_HEADER],
+            [[f"`{c.baseline}`", *row] for c, row in zip(comps, _comparison_rows(comps), strict=True)],
         ),
     ]
 
@@ -613,6 +640,9 @@ def render_markdown(results: BenchResults, analysis: Analysis, plots: dict[str, 
     if "decode" in plots:
         lines += [f"![decode rate]({_rel(plots['decode'], out_dir)})", ""]
     lines += ["## Speculative decoding acceptance", "", *_acceptance(analysis), ""]
+    drafts = _draft_verdicts(analysis)
+    if drafts:
+        lines += ["### Drafts compared", "", *drafts, ""]
     if "acceptance" in plots:
         lines += [f"![acceptance per position]({_rel(plots['acceptance'], out_dir)})", ""]
     if analysis.sweeps:

@@ -55,11 +55,23 @@ class RequestRecord(RequestTiming, PromptRef):
     """One measured request; `error` is set when it produced no usable timing."""
 
     started_s: float = 0.0
+    #: This request's own spec-decode counts, from /metrics scraped before and after it (measured at
+    #: concurrency 1 only, where no other request shares the counters); None where not measured.
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted: float | None = None
 
     @property
     def ok(self) -> bool:
         """A request whose timings can be used."""
         return self.error is None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """1 + accepted / drafts for this request alone (`metrics.acceptance_figures`), if it drafted."""
+        if not self.spec_drafts or self.spec_accepted is None:
+            return None
+        return 1.0 + self.spec_accepted / self.spec_drafts
 
 
 @dataclass
@@ -189,6 +201,8 @@ class BenchResults:
     determinism: list[DeterminismRun] = field(default_factory=list)
     quality: list[QualityRun] = field(default_factory=list)
     interrupted: bool = False
+    #: The draft the other drafts' acceptance is compared with (an arm, or a swept arm's base name).
+    acceptance_baseline: str | None = None
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
 
@@ -298,6 +312,9 @@ def _check_values(results: BenchResults) -> None:
     names = {a.name for a in results.arms}
     if results.baseline not in names:
         raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")
+    bases = names | {a.name.split("@", 1)[0] for a in results.arms}
+    if results.acceptance_baseline is not None and results.acceptance_baseline not in bases:
+        raise _Malformed("acceptance_baseline", f"{results.acceptance_baseline[:60]!r} is not one of the arms")
     named = (
         ("visits", [v.arm for v in results.visits]),
         ("determinism", [d.arm for d in results.determinism]),

@@ -219,11 +219,17 @@ def _measure(
     model: str,
     vr: VisitResult,
     contents: list[str],
+    before: m.Snapshot | None,
 ) -> str | None:
-    """Send the measured requests; return a failure line if the server went away."""
+    """Send the measured requests; return a failure line if the server went away.
+
+    One at a time on a speculating server, /metrics is read again after each request, so that each
+    request carries its own acceptance (`_own_acceptance`): what pairs prompts across drafts.
+    """
     assert state.workload is not None
     prompts = state.workload.measured
     failures = 0
+    last = before if before is not None and m.detect_flavour(before) is not None else None
 
     def one(prompt: Prompt) -> tuple[RequestRecord, str]:
         started = time.perf_counter() - state.t0
@@ -241,6 +247,8 @@ def _measure(
             if gone:
                 return gone
             record, content = one(prompt)
+            if last is not None:
+                last = _own_acceptance(state, server.url, model, last, record)
             keep(record, content)
             failures = failures + 1 if (record.error or "").startswith(("connection failed", "timed out")) else 0
         gone = _server_gone(server, failures)
@@ -249,6 +257,21 @@ def _measure(
         for record, content in pool.map(one, prompts):
             keep(record, content)
     return _server_gone(server, 0 if any(r.ok for r in vr.requests) else len(vr.requests))
+
+
+def _own_acceptance(
+    state: _RunState, url: str, model: str, last: m.Snapshot, record: RequestRecord
+) -> m.Snapshot | None:
+    """Set `record`'s own spec-decode counts from a scrape after it; the scrape, or None once a
+    scrape fails or the counters do not add up (the window's totals still come from its own scrapes)."""
+    now, _ = _scrape_settled(state, url)
+    if now is None:
+        return None
+    own = m.spec_window(last, now, model)
+    if own.status not in (m.OK, m.NO_DRAFTS):
+        return None
+    record.spec_drafts, record.spec_draft_tokens, record.spec_accepted = own.drafts, own.draft_tokens, own.accepted
+    return now
 
 
 def _determinism(state: _RunState, arm: ArmSpec, server: RunningServer, model: str) -> None:
@@ -421,7 +444,7 @@ def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitR
         vr.warmups += 1
     state.observer.phase("measuring")
     before, reason = _scrape_settled(state, server.url)
-    gone = _measure(state, arm, server, model, vr, contents)
+    gone = _measure(state, arm, server, model, vr, contents, before)
     if gone:
         _fail(state, vr, gone, server.log_tail())
         vr.spec = m.SpecWindow(status=m.VOID, detail="server went away during the window")
@@ -468,6 +491,7 @@ def new_results(config: BenchConfig) -> BenchResults:
         host=host_info(),
         config=to_jsonable(config),
         baseline=config.baseline_arm,
+        acceptance_baseline=config.acceptance_baseline,
         prefill_min_tokens=config.prefill_min_tokens,
         alpha=config.alpha,
         chars_per_token=0.0,
