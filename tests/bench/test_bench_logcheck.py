@@ -48,6 +48,19 @@ def test_vllm_evidence_lines(tmp_path: Path) -> None:
     )
 
 
+def test_vllm_cpu_names_the_kernel_and_the_scheme_of_quantized_layers() -> None:
+    """As vLLM CPU 0.32.0 logs a W4A16 draft's layers and a W8A8 one's (docs/bench-vllm-sample logs)."""
+    lines = [
+        "(Worker pid=14813) INFO 12-04 15:40:24 [__init__.py:923] Using CPUWNA16LinearKernel for mixed-precision linear",
+        "(Worker pid=14813) INFO 12-04 15:40:24 [compressed_tensors_wNa16.py:138] Using CPUWNA16LinearKernel for CompressedTensorsWNA16",
+        "(Worker pid=18505) INFO 12-04 15:50:06 [__init__.py:846] Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8",
+    ]
+    found = _by_id(logcheck.scan_lines(lines))
+    assert found["linear-kernel"].value == "CPUWNA16LinearKernel | CPUInt8ScaledMMLinearKernel"
+    assert found["linear-scheme"].value == "CompressedTensorsWNA16 | CompressedTensorsW8A8Int8"
+    assert found["linear-kernel"].count == 2
+
+
 def test_a_good_backend_is_reported_but_not_as_bad() -> None:
     line = "INFO [nvfp4.py:485] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: [...]"
     found = _by_id(logcheck.scan_lines([line]))

@@ -5,9 +5,10 @@ acceptance 1.0 at every position, from vLLM's real counters as deltas over the m
 window that leaked warmups or another arm's counts, a wrong label or a wrong delta cannot give
 exactly drafts x k accepted tokens), and the same for each request's own counts. A W4A16 draft of
 it (round to nearest, groups of 64: top-1 agreement 0.71 with the original, docs/fidelity-smollm2.md),
-served in BF16 (vLLM CPU's int4 kernel has no float32 path), must be accepted less in all. Where vLLM CPU has no W4A16 kernel (AVX2 builds, docs/vllm.md)
-the draft is W8A8, which in float32 agrees with the target on nearly every token (all 36 draft tokens
-in one run), so it is held to at most the self-draft's figures.
+served in BF16 (vLLM CPU's int4 kernel has no float32 path), must be accepted less. Where vLLM CPU
+has no W4A16 kernel (AVX2 builds, docs/vllm.md) the draft is W8A8, which in float32 agrees with the
+target on nearly every token (all 36 draft tokens in one run), so it is held to at most the
+self-draft's figures.
 """
 
 from __future__ import annotations
@@ -42,20 +43,20 @@ def _arm(name: str, target: Path, draft: Path, dtype: str = "float32") -> dict[s
     }
 
 
-def _quantized_draft(target: Path, out: Path) -> tuple[str, str, str]:
-    """(arm name, dtype it is served in, kernel vLLM logs for its layers): W4A16 where this machine's
+def _quantized_draft(target: Path, out: Path) -> tuple[str, str, str, str]:
+    """(arm name, dtype it is served in, kernel and scheme vLLM logs for its layers): W4A16 where this machine's
     vLLM CPU has its kernel, in BF16 (`cpu_gemm_wna16` is "not implemented for 'Float'"), else W8A8."""
     if "cpu_gemm_wna16" in vllm_cpu.native_ops():
         weightsmith.quantize(target, out, scheme="w4a16", group_size=64, scale_search="none", hash_sources=False)
-        return "w4a16-draft", "bfloat16", "CPUWNA16LinearKernel"
+        return "w4a16-draft", "bfloat16", "CPUWNA16LinearKernel", "CompressedTensorsWNA16"
     weightsmith.quantize(target, out, scheme="w8a8", hash_sources=False)
-    return "w8a8-draft", "float32", "CPUInt8ScaledMMLinearKernel"
+    return "w8a8-draft", "float32", "CPUInt8ScaledMMLinearKernel", "CompressedTensorsW8A8Int8"
 
 
 @pytest.mark.slow
 def test_self_draft_accepts_everything_and_a_quantized_draft_is_measured(tmp_path: Path) -> None:
     target = smollm2_fp32()
-    name, dtype, kernel = _quantized_draft(target, tmp_path / "draft")
+    name, dtype, kernel, scheme = _quantized_draft(target, tmp_path / "draft")
     config = parse_config(
         {
             "repeats": 1,
@@ -105,5 +106,6 @@ def test_self_draft_accepts_everything_and_a_quantized_draft_is_measured(tmp_pat
     for arm in ("self-draft", name):
         assert "draft_model" in evidence[arm]["speculative-config"].value
     assert evidence[name]["linear-kernel"].value == kernel
+    assert evidence[name]["linear-scheme"].value == scheme
     assert "linear-kernel" not in evidence["self-draft"]
     assert "vllm" in files["report"].read_text() and "### Drafts compared" in files["report"].read_text()

@@ -276,6 +276,18 @@ def _acceptance_partner(results: BenchResults, arm: ArmInfo, base: str) -> str |
     return base if any(a.name == base for a in results.arms) else None
 
 
+def per_prompt_acceptance(
+    results: BenchResults,
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[int, dict[str, float]]]]:
+    """Each arm's mean acceptance length per prompt (repeats combined by geometric mean), and per
+    repeat and prompt: from the requests' own counts, so empty for arms measured without them."""
+    per_prompt: dict[str, dict[str, float]] = {}
+    per_repeat: dict[str, dict[int, dict[str, float]]] = {}
+    for arm in results.arms:
+        per_prompt[arm.name], per_repeat[arm.name] = _per_prompt(_ok_requests(results, arm.name), ACCEPTANCE.key)
+    return per_prompt, per_repeat
+
+
 def _acceptance_comparisons(
     results: BenchResults, acceptance: list[AcceptanceSummary]
 ) -> tuple[stats.NoiseFloor | None, list[stats.PairedComparison]]:
@@ -284,10 +296,7 @@ def _acceptance_comparisons(
     speculating = {a.arm for a in acceptance if a.status == m.OK}
     if base is None or not speculating:
         return None, []
-    per_prompt: dict[str, dict[str, float]] = {}
-    per_repeat: dict[str, dict[int, dict[str, float]]] = {}
-    for arm in results.arms:
-        per_prompt[arm.name], per_repeat[arm.name] = _per_prompt(_ok_requests(results, arm.name), ACCEPTANCE.key)
+    per_prompt, per_repeat = per_prompt_acceptance(results)
     floor = stats.noise_floor({a: r for a, r in per_repeat.items() if r})
     comparisons = []
     for arm in results.arms:

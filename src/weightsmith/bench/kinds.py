@@ -188,6 +188,13 @@ VLLM = ServerKind(
             "linear kernel vLLM chose for a quantized layer (target's or draft's)",
         ),
         pattern(
+            "linear-scheme",
+            LOG,
+            r"\b(?:Using|Selected) \w{1,64}Kernel for (?P<value>CompressedTensors\w{1,64})",
+            INFO,
+            "compressed-tensors scheme vLLM read for a quantized layer (target's or draft's)",
+        ),
+        pattern(
             "spec-decode-cpu-without-iomp",
             LOG,
             r"Speculative decoding on CPU without Intel OpenMP in LD_PRELOAD",

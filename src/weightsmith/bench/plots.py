@@ -179,39 +179,63 @@ def plot_decode(results: BenchResults, analysis: Analysis, path: Path) -> Path |
     return path
 
 
+#: Panels side by side in the acceptance plot before a new row starts.
+_ACCEPTANCE_COLUMNS = 3
+
+
+def _by_sweep_value(names: list[str]) -> dict[str, list[str]]:
+    """Arm names grouped by what follows `@` (a swept value; "" for arms without one), in first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.split("@", 1)[1] if "@" in name else "", []).append(name)
+    return groups
+
+
 def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
-    """Per-position acceptance rate for every arm whose /metrics gave one."""
-    usable = [a for a in analysis.acceptance if a.per_position_rate]
+    """Per-position acceptance rate for every arm whose /metrics gave one: one panel per swept value
+    (drafts at the same k side by side), each draft in the same colour and marker in every panel."""
+    usable = {a.arm: a for a in analysis.acceptance if a.per_position_rate}
     if not usable:
         return None
-    fig, ax = plt.subplots(figsize=(6.8, 4.4))
-    k_max = max(len(a.per_position_rate) for a in usable)
-    for i, acc in enumerate(usable):
-        # identical curves (e.g. every arm at 1.0) stay visible: later arms get smaller markers
-        # drawn on top, so earlier ones show as a ring around them
-        positions = np.arange(1, len(acc.per_position_rate) + 1)
-        label = f"{acc.arm} (mean length {acc.mean_acceptance_length:.2f})"
-        ax.plot(
-            positions,
-            acc.per_position_rate,
-            marker="osD^v<>ph*"[i % 10],
-            linestyle=("-", "--", ":", "-.")[i % 4],
-            color=_COLOURS[i % len(_COLOURS)],
-            label=label,
-            lw=1.5,
-            markersize=max(3.5, 9.0 - 1.8 * i),
-            zorder=2 + i,
-        )
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("accepted / drafts")
-    if k_max <= 16:
-        ax.set_xticks(range(1, k_max + 1))
-    else:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylim(0, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_title("Acceptance per draft position (from /metrics deltas)", fontsize=11)
+    panels = _by_sweep_value(list(usable))
+    bases = list(dict.fromkeys(name.split("@", 1)[0] for name in usable))
+    columns = min(len(panels), _ACCEPTANCE_COLUMNS)
+    rows = -(-len(panels) // columns)
+    most = max(len(arms) for arms in panels.values())
+    height = 3.4 + 0.2 * most
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, height * rows), squeeze=False, sharey=True)
+    for ax, (value, arms) in zip(axes.flat, panels.items(), strict=False):
+        k_max = max(len(usable[name].per_position_rate) for name in arms)
+        for n, name in enumerate(arms):
+            acc = usable[name]
+            i = bases.index(name.split("@", 1)[0])
+            # identical curves (e.g. every arm at 1.0) stay visible: later arms get smaller markers
+            # drawn on top, so earlier ones show as a ring around them
+            ax.plot(
+                np.arange(1, len(acc.per_position_rate) + 1),
+                acc.per_position_rate,
+                marker="osD^v<>ph*"[i % 10],
+                linestyle=("-", "--", ":", "-.")[i % 4],
+                color=_COLOURS[i % len(_COLOURS)],
+                label=f"{name.split('@', 1)[0]} (mean length {acc.mean_acceptance_length:.2f})",
+                lw=1.5,
+                markersize=max(3.5, 9.0 - 1.8 * n),
+                zorder=2 + n,
+            )
+        ax.set_xlabel("draft position")
+        if k_max <= 16:
+            ax.set_xticks(range(1, k_max + 1))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        ax.set_title(value or "acceptance per draft position", fontsize=10)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accepted / drafts")
+    fig.suptitle("Acceptance per draft position (from /metrics deltas)", fontsize=11)
     fig.tight_layout()
     _save(fig, path)
     return path
