@@ -24,6 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from bench_vllm_sample import workload_lines  # noqa: E402
+
 import vllm_cpu  # noqa: E402
 from models import qwen25_coder_bf16  # noqa: E402
 
@@ -52,15 +54,7 @@ def arms_file(suite: str) -> str:
         "warmups = 1",
         'baseline = "bf16"',
         "",
-        "[workload]",
-        "prompt_tokens = [64]",
-        "prompts_per_length = 2",
-        "max_tokens = 16",
-        "concurrency = 1",
-        'endpoint = "completions"',
-        "",
-        "[determinism]",
-        "replicates = 0",
+        *workload_lines(2, 16),
         "",
         "[quality]",
         *SUITES[suite],

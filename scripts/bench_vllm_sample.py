@@ -57,6 +57,22 @@ def env_name(draft: str) -> str:
     return "DRAFT_" + draft.upper().replace("-", "_")
 
 
+def workload_lines(prompts_per_length: int, max_tokens: int, note: str = "") -> list[str]:
+    """The arms file's `[workload]` and `[determinism]` tables of both vLLM samples: 64-token prompts
+    sent one at a time (so each request carries its own acceptance counts), no determinism study."""
+    return [
+        "[workload]",
+        "prompt_tokens = [64]",
+        f"prompts_per_length = {prompts_per_length}{note}",
+        f"max_tokens = {max_tokens}",
+        "concurrency = 1",
+        'endpoint = "completions"',
+        "",
+        "[determinism]",
+        "replicates = 0",
+    ]
+
+
 def arms_file() -> str:
     """The arms file the sample runs, with the paths as environment variables (the README's command)."""
     lines = [
@@ -68,15 +84,7 @@ def arms_file() -> str:
         'baseline = "plain"',
         'acceptance_baseline = "bf16-draft"   # each draft against the target drafting for itself, per k',
         "",
-        "[workload]",
-        "prompt_tokens = [64]",
-        "prompts_per_length = 6  # 6 matched prompts: the fewest with which a sign test can reach p < 0.05",
-        "max_tokens = 32",
-        "concurrency = 1",
-        'endpoint = "completions"',
-        "",
-        "[determinism]",
-        "replicates = 0",
+        *workload_lines(6, 32, "  # 6 matched prompts: the fewest with which a sign test can reach p < 0.05"),
         "",
         "[[arms]]",
         'name = "plain"',

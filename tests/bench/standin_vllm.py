@@ -68,6 +68,10 @@ _TTFT_BUCKETS = [
 ]
 
 
+#: vLLM's default VLLM_MAX_STOP_STRINGS (vllm/envs.py, 0.32.0): a request with more stop strings is a 400.
+MAX_STOP_STRINGS = 4
+
+
 @dataclass
 class StandinConfig:
     """How the stand-in behaves."""
@@ -215,6 +219,10 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"detail": "Not Found"})
 
+    def _error(self, message: str) -> None:
+        """A 400 in vLLM's error body layout."""
+        self._json(400, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400})
+
     def _body(self) -> dict[str, Any]:
         length = int(self.headers.get("Content-Length", "0"))
         return json.loads(self.rfile.read(length) or b"{}")
@@ -232,17 +240,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         chat = self.path.endswith("chat/completions")
         prompt = (body["messages"][-1].get("content") or "") if chat else body.get("prompt", "")
-        if cfg.reject_marker and cfg.reject_marker in prompt:
-            self._json(
-                400,
-                {
-                    "object": "error",
-                    "message": "stand-in rejects this prompt",
-                    "type": "BadRequestError",
-                    "param": None,
-                    "code": 400,
-                },
+        if isinstance(body.get("stop"), list) and len(body["stop"]) > MAX_STOP_STRINGS:
+            # vLLM validates `stop` against VLLM_MAX_STOP_STRINGS (4 by default) before anything else
+            self._error(
+                "1 validation error: {'type': 'too_long', 'loc': 'body.stop', 'msg': 'List should have at most "
+                f"{MAX_STOP_STRINGS} items after validation, not {len(body['stop'])}'}}"
             )
+            return
+        if cfg.reject_marker and cfg.reject_marker in prompt:
+            self._error("stand-in rejects this prompt")
             return
         n, engine = self.standin.next_request()
         if cfg.die_after is not None and n > cfg.die_after:

@@ -61,6 +61,14 @@ def test_vllm_cpu_names_the_kernel_and_the_scheme_of_quantized_layers() -> None:
     assert found["linear-kernel"].count == 2
 
 
+def test_vllm_names_its_tool_call_parser() -> None:
+    line = (
+        "(APIServer pid=25425) INFO 12-04 16:26:38 [api_utils.py:286] non-default args: {'enable_auto_tool_choice': True, "
+        "'tool_call_parser': 'hermes', 'port': 27408, 'model': '/m', 'dtype': 'bfloat16', 'max_model_len': 4096}"
+    )
+    assert _by_id(logcheck.scan_lines([line]))["tool-call-parser"].value == "hermes"
+
+
 def test_a_good_backend_is_reported_but_not_as_bad() -> None:
     line = "INFO [nvfp4.py:485] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: [...]"
     found = _by_id(logcheck.scan_lines([line]))

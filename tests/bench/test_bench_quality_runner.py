@@ -51,7 +51,8 @@ SUITE = [
         "id": "double",
         "category": "code",
         "prompt": "# [double]\ndef double(x):\n",
-        "stop": ["\ndef "],
+        # HumanEval's five: the server takes at most four (vLLM answers 400 to five), the check cuts at all
+        "stop": ["\nclass ", "\nif __name__", "\nprint(", "\n#", "\ndef "],
         "check": {"type": "python_tests", "tests": "def check(f):\n    assert f(3) == 6\n", "entry_point": "double"},
     },
 ]

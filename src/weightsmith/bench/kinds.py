@@ -195,6 +195,13 @@ VLLM = ServerKind(
             "compressed-tensors scheme vLLM read for a quantized layer (target's or draft's)",
         ),
         pattern(
+            "tool-call-parser",
+            LOG,
+            r"'tool_call_parser': '(?P<value>[\w.-]{1,64})'",
+            INFO,
+            "parser vLLM turns the model's text into tool calls with (the calls a quality suite scores)",
+        ),
+        pattern(
             "spec-decode-cpu-without-iomp",
             LOG,
             r"Speculative decoding on CPU without Intel OpenMP in LD_PRELOAD",

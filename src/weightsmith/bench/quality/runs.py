@@ -45,6 +45,11 @@ def prepare(config: BenchConfig, allow_unsandboxed: bool = False) -> QualityPlan
     return QualityPlan(spec, suite, sandboxed)
 
 
+#: Stop strings a request may carry: OpenAI's API allows 4, and vLLM refuses a request with more than
+#: VLLM_MAX_STOP_STRINGS (4 by default, vllm/envs.py) with a 400; HumanEval has 5.
+MAX_SERVER_STOPS = 4
+
+
 def request_body(scenario: Scenario, model: str, max_tokens: int, extra: dict[str, Any]) -> dict[str, Any]:
     """The scenario's request: greedy, ending where the model ends (no ignore_eos); `client.complete`
     sends it not streamed."""
@@ -56,7 +61,9 @@ def request_body(scenario: Scenario, model: str, max_tokens: int, extra: dict[st
     if scenario.tools is not None:
         body["tools"] = scenario.tools
     if scenario.stop:
-        body["stop"] = scenario.stop
+        # the checks cut the answer at every stop string (`checks.cut_at_stop`); the server gets the
+        # first MAX_SERVER_STOPS only, to end early
+        body["stop"] = scenario.stop[:MAX_SERVER_STOPS]
     body.update(extra)
     return body
 
