@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, round_to
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, round_to, scalar_helper
 from weightsmith.quant.int4 import group_params, group_range, load_group
 
 SEARCHES = ("mse", "memoryless_mse", "noclip", "wmse")
@@ -94,7 +94,7 @@ def _weighted_error(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float
     return err
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def _candidate_error(
     mode: int, symmetric: bool, objective: int, vals: np.ndarray, lo: np.float32, hi: np.float32, p: np.float32
 ) -> np.float32:
