@@ -26,9 +26,10 @@ _RINT_MAGIC = np.float32(1.5 * 2.0**23)
 #: every call site, recursively: with it the int4 kernel took 14 s of CPU to compile for BF16 and 20 s
 #: for float32, without it about 4 s, and it runs as fast (benchmarks/startup_speed.py, quantize_speed.py).
 scalar_helper = njit(nogil=True, error_model="numpy")
-#: How helpers that take arrays are compiled: inlined by numba. A call that passes an array through
-#: numba's calling convention counts references on it each time; in the int4 kernel's per-group helper
-#: that made the kernel 1.5x slower.
+#: How helpers that take arrays, and the few a kernel calls with runtime arguments in its inner loops
+#: (a group's scale), are compiled: inlined by numba. A call that passes an array through numba's
+#: calling convention counts references on it each time; in the int4 kernel's per-group helper that
+#: made the kernel 1.5x slower.
 array_helper = njit(inline="always", nogil=True)
 
 

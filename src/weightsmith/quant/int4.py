@@ -109,7 +109,7 @@ def eps_of(mode: int) -> np.float32:
     return np.float32(2.0**-23)
 
 
-@scalar_helper
+@array_helper
 def group_params(
     mode: int, symmetric: bool, lo: np.float32, hi: np.float32, p: np.float32
 ) -> tuple[np.float32, np.float32]:
