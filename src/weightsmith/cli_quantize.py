@@ -195,7 +195,6 @@ def _breakdown_tables(plan: Plan) -> list[Table]:
     return tables
 
 
-@paused_gc()  # the run loads numba's kernels: long-lived objects; reference counting frees the rest
 def compile_notice(scheme: Scheme, dtype: np.dtype) -> None:
     """Say, before numba compiles kernels that are not in its cache yet, which and for about how long.
 
@@ -211,6 +210,7 @@ def compile_notice(scheme: Scheme, dtype: np.dtype) -> None:
     )
 
 
+@paused_gc()  # the run loads numba's kernels: long-lived objects; reference counting frees the rest
 def run_quantize(
     src: Path,
     out: Path,
