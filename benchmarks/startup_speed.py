@@ -147,7 +147,7 @@ def make_demo(clone: Path) -> dict[str, Any]:
     env = fresh_env()
     load = os.getloadavg()[0]
     install = first_line_run(["make", "-C", str(clone), ".venv/.core"], env)
-    demo = first_line_run(["make", "-C", str(clone), "--no-print-directory", "demo"], env)
+    demo = first_line_run(["make", "-s", "-C", str(clone), "--no-print-directory", "demo"], env)  # -s: its own lines
     print(f"make demo on a fresh clone (load average {load:.2f} before, {os.getloadavg()[0]:.2f} after):")
     print(f"  install (make .venv/.core): {install['wall']:.1f} s wall, {install['cpu']:.1f} s CPU")
     print(f"  demo after it: first line at {demo['first_line_s']:.1f} s, done at {demo['wall']:.1f} s wall, "
