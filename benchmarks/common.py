@@ -123,11 +123,12 @@ class Measured:
     code: int
 
 
-def measured(cmd: list[str], ok: tuple[int, ...] = (0,)) -> Measured:
+def measured(cmd: list[str], ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Measured:
     """Run `cmd`, a Python child (`python -c CODE ...` or `python -m MODULE ...`), with `PEAK_RSS` first.
 
     Exits with the child's stderr if its exit code is not in `ok` (`verify` exits 1 on a finding, and a
-    refusal is the result a hostile-input benchmark measures).
+    refusal is the result a hostile-input benchmark measures). `env`: the child's environment (this one's
+    without it).
     """
     exe, flag, target, *rest = cmd
     if flag == "-m":
@@ -136,7 +137,7 @@ def measured(cmd: list[str], ok: tuple[int, ...] = (0,)) -> Measured:
         raise ValueError(f"not a Python child: {' '.join(cmd)}")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen([exe, "-c", PEAK_RSS + target, *rest], stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen([exe, "-c", PEAK_RSS + target, *rest], stdout=out, stderr=err, text=True, env=env)
         _, status, usage = os.wait4(proc.pid, 0)  # CPU seconds from rusage; peak RSS from the child itself
         wall = time.perf_counter() - start
         out.seek(0)

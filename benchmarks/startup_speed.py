@@ -5,15 +5,19 @@
    medians of wall and CPU seconds, and whether numpy, numba or scipy were loaded (they must not be
    for `--help`).
 2. A fresh clone of this repository (`git clone` into a temporary folder, so that it has its own
-   numba cache beside its sources), set up as `make` sets it up (`python -m weightsmith.warm`, which
-   compiles every kernel), then the demo draft quantized twice with the dflash-draft preset: the
-   first and the second run's wall and CPU seconds and their ratio. `--no-warm` leaves out the
-   set-up step, to show the compile a first run pays without it.
+   numba cache beside its sources), and there:
+   - `make demo`: the install step (`make .venv/.core`) timed on its own, then the demo, which
+     compiles only the kernels it uses: seconds to its first output line and to its end;
+   - a plain `pip install` of the clone into a fresh venv (no warm step), then for every scheme a
+     plain run can take, `weightsmith quantize` of one synthetic BF16 checkpoint (`--gib`, 1 GiB)
+     twice: the first run compiles that scheme's kernels (and must say so on its first line), the
+     second loads them from numba's cache. Their wall and CPU seconds, and the first run's notice.
 
 The machine may be shared: the load average is printed with each part, and CPU seconds (what
 bounds the wall time on an idle machine) are shown beside wall seconds.
 
-    python benchmarks/startup_speed.py [--runs 7] [--no-warm] [--skip-clone] [--results FILE]
+    python benchmarks/startup_speed.py [--runs 7] [--skip-clone] [--skip-demo] [--gib 1] [--schemes NAME ...]
+                                       [--results FILE]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -113,53 +118,119 @@ def start_up(runs: int) -> dict[str, Any]:
     }
 
 
-def first_run(warm: bool) -> dict[str, Any]:
+def fresh_env() -> dict[str, str]:
+    """This environment without what would point a child at this checkout or at another numba cache."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR", "VIRTUAL_ENV")}
+
+
+def first_line_run(command: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    """Run `command`, stdout and stderr together: seconds to its first output line, wall and CPU
+    seconds (its own and its children's, from wait4), and that first line."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd, text=True)
+    assert proc.stdout is not None
+    first, first_at, lines = "", None, []
+    for line in proc.stdout:
+        if first_at is None and line.strip():
+            first, first_at = line.strip(), time.perf_counter() - started
+        lines.append(line)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {''.join(lines[-20:])}")
+    return {"first_line_s": round(first_at or wall, 2), "wall": round(wall, 2),
+            "cpu": round(usage.ru_utime + usage.ru_stime, 2), "first_line": first}  # fmt: skip
+
+
+def make_demo(clone: Path) -> dict[str, Any]:
+    """`make demo` on a fresh clone: the install step (`.venv/.core`) timed apart, then the demo itself."""
+    env = fresh_env()
+    load = os.getloadavg()[0]
+    install = first_line_run(["make", "-C", str(clone), ".venv/.core"], env)
+    demo = first_line_run(["make", "-s", "-C", str(clone), "--no-print-directory", "demo"], env)  # -s: its own lines
+    print(f"make demo on a fresh clone (load average {load:.2f} before, {os.getloadavg()[0]:.2f} after):")
+    print(f"  install (make .venv/.core): {install['wall']:.1f} s wall, {install['cpu']:.1f} s CPU")
+    print(f"  demo after it: first line at {demo['first_line_s']:.1f} s, done at {demo['wall']:.1f} s wall, "
+          f"{demo['cpu']:.1f} s CPU (targets on an idle 2-core machine: 30 s and 90 s)")  # fmt: skip
+    return {"load": [round(load, 2), round(os.getloadavg()[0], 2)], "install": install, "demo": demo}
+
+
+def pip_first_runs(clone: Path, venv: Path, gib: float, schemes: list[str]) -> dict[str, Any]:
+    """A plain `pip install` of the clone into a fresh venv (no warm step), then each scheme's quantize
+    of one synthetic BF16 checkpoint run twice: the first compiles that scheme's kernels, the second
+    loads them. The first line a first run prints is kept: it must say when it compiles."""
+    from common import build
+
+    env = fresh_env()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    str(clone)], check=True, env=env)  # fmt: skip
+    src = venv.parent / "bf16"
+    size = build(src, gib)
+    print(f"plain pip install in a fresh venv; each scheme quantizes a {size / 2**30:.2f} GiB BF16 checkpoint twice:")
+    results: dict[str, Any] = {"gib": round(size / 2**30, 2)}
+    for scheme in schemes:
+        load = os.getloadavg()[0]
+        runs = []
+        for k in range(2):
+            out = venv.parent / f"out-{scheme}-{k}"
+            command = [str(venv / "bin" / "weightsmith"), "quantize", str(src), str(out), "--scheme", scheme,
+                       "--no-hash"]  # fmt: skip
+            runs.append(first_line_run(command, env))
+            shutil.rmtree(out)
+        first, second = runs
+        notice = first["first_line"] if first["first_line"].startswith("compiling") else ""
+        said = f"; says: {notice}" if notice else ""
+        print(f"  {scheme:12s} first {first['wall']:6.1f} s wall {first['cpu']:6.1f} s CPU, second "
+              f"{second['wall']:6.1f} s wall {second['cpu']:6.1f} s CPU: {first['wall'] / second['wall']:.2f}x wall, "
+              f"{first['cpu'] - second['cpu']:+.1f} s CPU (load {load:.2f}){said}")  # fmt: skip
+        results[scheme] = {"load": round(load, 2), "first": first, "second": second, "notice": notice}
+    return results
+
+
+def first_runs(gib: float, demo: bool, schemes: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="startup-speed-") as tmp:
         clone = Path(tmp) / "weightsmith"
         subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
         commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()  # fmt: skip
-        env = os.environ | {"PYTHONPATH": str(clone / "src")}
-        print(f"fresh clone of {commit} in a temporary folder, its own numba cache:")
-        if warm:
-            wall, cpu, _ = run([sys.executable, "-m", "weightsmith.warm"], env, clone)
-            print(f"  set-up step (python -m weightsmith.warm, as make runs it): {wall:.1f} s wall, {cpu:.1f} s CPU")
-        else:
-            print("  no set-up step (--no-warm): the first run compiles what it uses")
-        src = Path(tmp) / "draft-bf16"
-        make_draft = "import sys, pathlib, weightsmith.demo as d; d.write_demo_checkpoint(pathlib.Path(sys.argv[1]))"
-        run([sys.executable, "-c", make_draft, str(src)], env, clone)
-        load = os.getloadavg()[0]
-        first, second = Runs("first quantize (demo draft, dflash-draft)"), Runs("second quantize")
-        for result, out in ((first, "first"), (second, "second")):
-            command = [sys.executable, "-m", "weightsmith", "quantize", str(src), str(Path(tmp) / out),
-                       "--preset", "dflash-draft"]  # fmt: skip
-            result.add(*run(command, env, clone)[:2])
-        print(f"  (load average {load:.2f} before, {os.getloadavg()[0]:.2f} after)")
-        print(first.line())
-        print(second.line())
-        ratio_wall = first.walls[0] / second.walls[0]
-        ratio_cpu = first.cpus[0] / second.cpus[0]
-        print(f"  first / second: {ratio_wall:.2f}x wall, {ratio_cpu:.2f}x CPU (target: within 1.20x)")
-        return {
-            "commit": commit,
-            "warm": warm,
-            "load": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "first": {"wall": first.walls[0], "cpu": first.cpus[0]},
-            "second": {"wall": second.walls[0], "cpu": second.cpus[0]},
-        }
+        print(f"fresh clone of {commit} in a temporary folder:")
+        results: dict[str, Any] = {"commit": commit}
+        if demo:
+            results["make_demo"] = make_demo(clone)
+        if schemes:
+            results["pip"] = pip_first_runs(clone, Path(tmp) / "pip" / "venv", gib, schemes)
+        return results
+
+
+def default_schemes() -> list[str]:
+    """Every scheme a plain run can take (the calibrated presets need statistics of a real model), one
+    name per kernel set (an alias runs its twin's kernels)."""
+    from weightsmith.schemes import REGISTRY, make_scheme
+
+    seen, names = set(), []
+    for name, cls in REGISTRY.items():
+        scheme = make_scheme(name)
+        key = (cls, scheme.symmetric, scheme.group_size, scheme.scale_search)
+        if not cls.NEEDS_CALIBRATION and key not in seen:
+            seen.add(key)
+            names.append(name)
+    return names
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="runs of each start-up command")
-    parser.add_argument("--no-warm", action="store_true", help="leave out the set-up step that compiles the kernels")
     parser.add_argument("--skip-clone", action="store_true", help="only the start-up part")
+    parser.add_argument("--skip-demo", action="store_true", help="leave out `make demo`")
+    parser.add_argument("--gib", type=float, default=1.0, help="size of the checkpoint each scheme quantizes")
+    parser.add_argument("--schemes", nargs="*", help="schemes to run first and second (default: every plain one)")
     parser.add_argument("--results", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
     results = {"cores": os.cpu_count(), "start_up": start_up(args.runs)}
     if not args.skip_clone:
-        results["first_run"] = first_run(warm=not args.no_warm)
+        schemes = default_schemes() if args.schemes is None else args.schemes
+        results["first_run"] = first_runs(args.gib, not args.skip_demo, schemes)
     print(f"machine: {os.cpu_count()} CPUs")
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)

@@ -127,7 +127,7 @@ def inspect_rows(i: dict[str, Any]) -> list[str]:
 
 
 def startup_rows(u: dict[str, Any]) -> list[str]:
-    """The command line's start, and a fresh clone's first quantize against its second."""
+    """The command line's start, `make demo` on a fresh clone, and each scheme's first quantize against its second."""
     c = u["start_up"]["commands"]
     peer, ours = c["peer: python -c 'import typer'"], c["weightsmith --help"]
     load = u["start_up"]["load"]
@@ -136,14 +136,28 @@ def startup_rows(u: dict[str, Any]) -> list[str]:
         f"{load[1]:.1f}) | **{ours['wall']:.2f} s** wall ({ours['cpu']:.2f} s CPU); importing typer alone "
         f"{peer['wall']:.2f} s | `python benchmarks/startup_speed.py` |"
     ]
-    if "first_run" in u:
-        f = u["first_run"]
-        first, second = f["first"], f["second"]
+    f = u.get("first_run", {})
+    if "make_demo" in f:
+        m = f["make_demo"]
         rows.append(
-            f"| a fresh clone's first `quantize` (demo draft) against its second, after `make`'s set-up "
-            f"(load {f['load'][0]:.1f}-{f['load'][1]:.1f}) | first {first['wall']:.2f} s, second "
-            f"{second['wall']:.2f} s: **{first['wall'] / second['wall']:.2f}x** wall, "
-            f"{first['cpu'] / second['cpu']:.2f}x CPU | same |"
+            f"| `make demo` on a fresh clone, after its install step ({m['install']['wall']:.0f} s) "
+            f"(load {m['load'][0]:.1f}-{m['load'][1]:.1f}) | first line at **{m['demo']['first_line_s']:.1f} s**, "
+            f"done at **{m['demo']['wall']:.1f} s** wall ({m['demo']['cpu']:.1f} s CPU), the kernels it uses "
+            "compiled on the way | same |"
+        )
+    if "pip" in f:
+        pip = f["pip"]
+        cells = [
+            f"{name} {r['first']['wall']:.1f} s / {r['second']['wall']:.1f} s "
+            f"(+{r['first']['cpu'] - r['second']['cpu']:.1f} s CPU)"
+            for name, r in pip.items()
+            if name != "gib"
+        ]
+        loads = [r["load"] for name, r in pip.items() if name != "gib"]
+        rows.append(
+            f"| first `quantize` against the second after a plain `pip install`, {pip['gib']:.2f} GiB BF16 "
+            f"checkpoint, each scheme (load {min(loads):.1f}-{max(loads):.1f}); a first run says on its first "
+            f"line that it compiles | {'; '.join(cells)} | same |"
         )
     return rows
 

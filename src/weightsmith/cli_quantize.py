@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -34,7 +35,7 @@ from weightsmith.recipe import (
     Recipe,
     load_recipe,
 )
-from weightsmith.schemes import REGISTRY, SCHEME_NAMES, make_scheme
+from weightsmith.schemes import REGISTRY, SCHEME_NAMES, Scheme, make_scheme
 from weightsmith.terminal import markup_safe
 from weightsmith.timesplit import adding
 
@@ -194,6 +195,21 @@ def _breakdown_tables(plan: Plan) -> list[Table]:
     return tables
 
 
+def compile_notice(scheme: Scheme, dtype: np.dtype) -> None:
+    """Say, before numba compiles kernels that are not in its cache yet, which and for about how long.
+
+    The pipeline calls it at most once per scheme and dtype, and only for a compile: a run whose
+    kernels are cached says nothing. Without it a first run is slower than later ones for no stated
+    reason (it compiles only what it uses, once; `python -m weightsmith.warm` compiles everything).
+    """
+    search = f" ({scheme.scale_search} search)" if scheme.scale_search else ""
+    err.print(
+        f"compiling the {scheme.name}{search} kernels for {dtype.name} weights once, about "
+        f"{scheme.COMPILE_SECONDS} s; later runs load them from numba's cache",
+        soft_wrap=True,
+    )
+
+
 @paused_gc()  # the run loads numba's kernels: long-lived objects; reference counting frees the rest
 def run_quantize(
     src: Path,
@@ -231,7 +247,9 @@ def run_quantize(
                 result = _run_gptq(plan, out, gptq, workers=workers, force=force, hash_sources=hash_sources)
                 return result, time.perf_counter() - started
             if not show_progress:
-                result = execute(plan, out, workers=workers, force=force, hash_sources=hash_sources)
+                result = execute(
+                    plan, out, workers=workers, force=force, hash_sources=hash_sources, on_compile=compile_notice
+                )
                 return result, time.perf_counter() - started
             # imported here: a run without a bar (--json, no terminal) starts without them
             from rich.progress import (
@@ -259,6 +277,7 @@ def run_quantize(
                     force=force,
                     hash_sources=hash_sources,
                     progress=lambda n: bar.advance(task, n),
+                    on_compile=compile_notice,
                 )
             return result, time.perf_counter() - started
         except KeyboardInterrupt:

@@ -10,6 +10,7 @@ thread's reused buffer, decoded, quantized by a GIL-free kernel, written). Memor
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import threading
@@ -36,6 +37,7 @@ from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
 from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme, fused_members
 from weightsmith.timesplit import TimeSplit
+from weightsmith.warm import encode_block, on_compile
 
 #: Input bytes per row block: large enough to amortise calls, small enough that a block read,
 #: quantized and written stays in the processor's caches (32 MiB blocks cost 10% more CPU).
@@ -46,6 +48,8 @@ BATCH_BYTES, BATCH_JOBS = 4 << 20, 1024
 SHARD_METADATA: dict[str, str] = {}
 
 Progress = Callable[[int], None]
+#: Told, before numba compiles a scheme's kernels for a dtype (not in its cache), which they are.
+CompileNotice = Callable[[Scheme, np.dtype], None]
 
 
 @dataclass
@@ -181,8 +185,15 @@ def kernel_dtype(plan: Plan, d: Decision) -> np.dtype:
 class _Runner:
     """Executes the jobs of one plan against open readers and writers."""
 
-    def __init__(self, plan: Plan, readers: dict[str, ShardReader], writers: dict[str, ShardWriter]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        readers: dict[str, ShardReader],
+        writers: dict[str, ShardWriter],
+        on_compile: CompileNotice | None = None,
+    ) -> None:
         self.plan = plan
+        self.on_compile = on_compile
         self.readers = readers
         self.writers = writers
         self.scratch = _Scratch()
@@ -199,27 +210,26 @@ class _Runner:
         return kernel_dtype(self.plan, d)
 
     def warm(self) -> None:
-        """Load (or compile) the quantize kernels on a tiny block of the first weight's dtype.
+        """Load (or compile) the quantize kernels: each scheme on a tiny block of each dtype it quantizes.
 
         Run first on one worker: loading takes most of a second, which the other workers spend
-        copying kept tensors instead of waiting for the kernel.
+        copying kept tensors instead of waiting for the kernel. A kernel not in numba's cache is
+        compiled here, once, and `on_compile` hears of it first (scheme and dtype).
         """
         with self.timing.phase("load"):
             self._warm()
 
     def _warm(self) -> None:
-        firsts: dict[Scheme, Decision] = {}
+        pairs: dict[tuple[Scheme, np.dtype], None] = {}
         for d in self.plan.decisions:
             if d.action == QUANTIZE:
-                firsts.setdefault(_scheme(d), d)
-        for scheme, first in firsts.items():
-            # (at least 8 columns: a per-channel scheme has group size 0, and an empty block loads nothing)
-            x = np.zeros((max(8, scheme.ROW_MULTIPLE), max(8, scheme.group_size)), self._kernel_dtype(first))
-            param = None
-            if scheme.first_pass is not None:
-                state, _ = scheme.observe(x, 0, x.shape, None)
-                param = scheme.conclude({first.module: state})[first.module]
-            scheme.encode(x, 0, x.shape, param)
+                pairs[(_scheme(d), self._kernel_dtype(d))] = None
+        for scheme, dtype in pairs:
+            if self.on_compile is None:
+                encode_block(scheme, dtype)
+                continue
+            with on_compile(functools.partial(self.on_compile, scheme, dtype)):
+                encode_block(scheme, dtype)
 
     def alloc(self, key: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A per-thread reused array (an `Alloc` for `Scheme.encode`)."""
@@ -432,6 +442,7 @@ def execute(
     chosen: dict[str, Chosen] | None = None,
     method: MethodRecord | None = None,
     calibrated_from: Provenance | None = None,
+    on_compile: CompileNotice | None = None,
 ) -> QuantizeResult:
     """Write the quantized checkpoint described by `plan` to `out`, atomically.
 
@@ -456,7 +467,7 @@ def execute(
                     for spec in specs:  # the calibrated scales the plan computed: one value per module
                         if spec.name in plan.values:
                             writers[shard].write(spec.name, plan.values[spec.name])
-                runner = _Runner(plan, readers, writers)
+                runner = _Runner(plan, readers, writers, on_compile)
                 timing = runner.timing
                 runner.tensor_params.update(chosen or {})
                 pool_started = time.perf_counter()

@@ -23,7 +23,16 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
+from weightsmith.quant.floatbits import (
+    MODE_BF16,
+    MODE_F16,
+    MODE_F32,
+    array_helper,
+    decode,
+    rint_small,
+    round_to,
+    scalar_helper,
+)
 from weightsmith.quant.int4 import eps_of, from_stored_bits, kernel_input, mode_of, stored_bits
 
 INT, FLOAT = "int", "float"
@@ -33,7 +42,7 @@ STORAGE = {INT: np.dtype(np.int8), FLOAT: np.dtype(ml_dtypes.float8_e4m3fn)}
 Block = tuple[int, int | None]
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def e4m3(t: np.float32) -> np.uint8:
     """The float8_e4m3fn code of `t` in [-448, 448], rounded to nearest, ties to even, as torch casts.
 
@@ -58,13 +67,13 @@ _TWO_POW_14_BITS = np.uint32(0x46800000)
 _MIN_NORMAL_BITS = np.uint32(0x3C800000)  # 2**-6, E4M3's smallest normal
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def _magnitude_bits(mode: int) -> np.uint32:
     """The bits of a stored element other than its sign."""
     return np.uint32(0x7FFFFFFF) if mode == MODE_F32 else np.uint32(0x7FFF)
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def _max_magnitude(xr: np.ndarray, mode: int) -> np.uint32:
     """The largest magnitude in a 1-D run of stored elements, as bits (sign cleared).
 
@@ -78,7 +87,7 @@ def _max_magnitude(xr: np.ndarray, mode: int) -> np.uint32:
     return m
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def _code(mode: int, is_float: bool, raw: np.uint16 | np.float32, s: np.float32) -> np.uint8:
     """One stored element quantized with scale `s`: torch's `x / scale` in the weight dtype, clamped, cast."""
     if is_float:
@@ -88,7 +97,7 @@ def _code(mode: int, is_float: bool, raw: np.uint16 | np.float32, s: np.float32)
     return np.uint8(np.int8(rint_small(t)))
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def _quantize_rows(x: np.ndarray, mode: int, is_float: bool, br: int, bc: int, q: np.ndarray, scale: np.ndarray) -> int:
     """The kernel body; `mode` and `is_float` are compile-time constants in each caller.
 

@@ -19,8 +19,21 @@ _TWO_POW_24 = np.float32(2.0**24)
 _TWO_POW_M24 = np.float32(2.0**-24)
 _RINT_MAGIC = np.float32(1.5 * 2.0**23)
 
+#: How the kernels' scalar helpers (rounding, decoding, one element's code) are compiled: each is a
+#: numba function of its own, which LLVM inlines into every kernel that calls it. The mode and flags a
+#: kernel passes are literals there, so the helper's branches fold away as if it had been written
+#: inline. numba's own inlining (`inline="always"`) instead copies and re-types the callee's IR at
+#: every call site, recursively: with it the int4 kernel took 14 s of CPU to compile for BF16 and 20 s
+#: for float32, without it about 4 s, and it runs as fast (benchmarks/startup_speed.py, quantize_speed.py).
+scalar_helper = njit(nogil=True, error_model="numpy")
+#: How helpers that take arrays, and the few a kernel calls with runtime arguments in its inner loops
+#: (a group's scale), are compiled: inlined by numba. A call that passes an array through numba's
+#: calling convention counts references on it each time; in the int4 kernel's per-group helper that
+#: made the kernel 1.5x slower.
+array_helper = njit(inline="always", nogil=True)
 
-@njit(inline="always", nogil=True)
+
+@scalar_helper
 def bf16_round(v: np.float32) -> np.float32:
     """Round a float32 to the nearest bfloat16 (ties to even), returned as float32."""
     b = np.float32(v).view(np.uint32)
@@ -28,7 +41,7 @@ def bf16_round(v: np.float32) -> np.float32:
     return b.view(np.float32)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def rint_small(v: np.float32) -> np.float32:
     """`np.rint(v)` (ties to even) for |v| <= 2**22, as plain arithmetic so that loops vectorise.
 
@@ -39,7 +52,7 @@ def rint_small(v: np.float32) -> np.float32:
     return (v + _RINT_MAGIC) - _RINT_MAGIC
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def f16_round(v: np.float32) -> np.float32:
     """Round a float32 in fp16 range to the nearest float16 (ties to even), returned as float32."""
     if abs(v) < _F16_MIN_NORMAL:
@@ -49,7 +62,7 @@ def f16_round(v: np.float32) -> np.float32:
     return b.view(np.float32)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def round_to(mode: int, v: np.float32) -> np.float32:
     """`v` rounded to the emulated dtype."""
     if mode == MODE_BF16:
@@ -59,7 +72,7 @@ def round_to(mode: int, v: np.float32) -> np.float32:
     return np.float32(v)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def decode(mode: int, raw: np.uint16 | np.uint32 | np.float32) -> np.float32:
     """One stored element as float32: bf16 or fp16 bits in a uint16, or a float32 as is."""
     if mode == MODE_BF16:

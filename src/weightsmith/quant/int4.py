@@ -24,7 +24,16 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
+from weightsmith.quant.floatbits import (
+    MODE_BF16,
+    MODE_F16,
+    MODE_F32,
+    array_helper,
+    decode,
+    rint_small,
+    round_to,
+    scalar_helper,
+)
 
 Q_MIN, Q_MAX, OFFSET = -8, 7, 8
 PACK = 8  # int4 values per int32
@@ -33,7 +42,7 @@ PACK = 8  # int4 values per int32
 MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfloat16), MODE_F16: np.dtype(np.float16)}
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def stored_bits(mode: int, raw: np.uint16 | np.float32) -> np.uint32:
     """The stored bits of one element (16-bit floats arrive as their bits already)."""
     if mode == MODE_F32:
@@ -41,14 +50,14 @@ def stored_bits(mode: int, raw: np.uint16 | np.float32) -> np.uint32:
     return np.uint32(raw)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def from_stored_bits(mode: int, b: np.uint32) -> np.float32:
     if mode == MODE_F32:
         return np.uint32(b).view(np.float32)
     return decode(mode, b)
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def group_range(x: np.ndarray, r: int, c0: int, group: int, mode: int) -> tuple[np.float32, np.float32, int]:
     """(min(G, 0), max(G, 0), column of a NaN/Inf or -1) of one group, from the stored bits.
 
@@ -79,7 +88,7 @@ def group_range(x: np.ndarray, r: int, c0: int, group: int, mode: int) -> tuple[
     return lo, from_stored_bits(mode, pos), -1
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def load_group(
     x: np.ndarray, r: int, c0: int, group: int, mode: int, vals: np.ndarray
 ) -> tuple[np.float32, np.float32, int]:
@@ -90,7 +99,7 @@ def load_group(
     return lo, hi, bad
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def eps_of(mode: int) -> np.float32:
     """torch.finfo(dtype).eps of the emulated dtype: what compressed-tensors puts in place of a zero scale."""
     if mode == MODE_BF16:
@@ -100,7 +109,7 @@ def eps_of(mode: int) -> np.float32:
     return np.float32(2.0**-23)
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def group_params(
     mode: int, symmetric: bool, lo: np.float32, hi: np.float32, p: np.float32
 ) -> tuple[np.float32, np.float32]:
@@ -128,7 +137,7 @@ def group_params(
     return s, zp
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def _quantize_rows(
     x: np.ndarray,
     mode: int,

@@ -29,7 +29,16 @@ from numba import njit
 
 from weightsmith.quant import MX_GROUP
 from weightsmith.quant.eightbit import e4m3
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, f16_round, round_to
+from weightsmith.quant.floatbits import (
+    MODE_BF16,
+    MODE_F16,
+    MODE_F32,
+    array_helper,
+    decode,
+    f16_round,
+    round_to,
+    scalar_helper,
+)
 from weightsmith.quant.int4 import kernel_input, mode_of
 from weightsmith.quant.nvfp4 import FP4_MAX, FP8_MAX, fp4_nibble, unpack
 
@@ -41,7 +50,7 @@ INF_SCALE_BYTE = 127
 _MAGNITUDE, _INF_BITS = np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def biased_exponent(amax: np.float32, mode: int) -> np.int64:
     """127 + floor(log2(compressed-tensors' `round_to_power_2`(amax))): -1 for 0, 255 for inf.
 
@@ -57,7 +66,7 @@ def biased_exponent(amax: np.float32, mode: int) -> np.int64:
     return np.int64(b) if b > 0 else np.int64(-1)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def group_scale(amax: np.float32, mode: int, offset: int) -> np.float32:
     """The divisor compressed-tensors quantizes a group with: 2**(e - 127) in the weight dtype."""
     k = biased_exponent(amax, mode)
@@ -69,7 +78,7 @@ def group_scale(amax: np.float32, mode: int, offset: int) -> np.float32:
     return s if s != 0 else np.float32(1.0)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def scale_byte(s: np.float32) -> np.uint8:
     """`compress_mx_scale` of a group scale: 127 + floor(log2 s), a power of two, inf as torch writes it."""
     if s == np.inf:
@@ -77,7 +86,7 @@ def scale_byte(s: np.float32) -> np.uint8:
     return np.uint8(np.float32(s).view(np.uint32) >> np.uint32(23))
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def _quantize_rows(x: np.ndarray, mode: int, bits: int, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     """The kernel body; `mode` and `bits` are compile-time constants in each caller.
 

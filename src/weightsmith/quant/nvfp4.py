@@ -30,7 +30,16 @@ import numpy as np
 from numba import njit
 
 from weightsmith.quant import NVFP4_GROUP
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, decode, rint_small, round_to
+from weightsmith.quant.floatbits import (
+    MODE_BF16,
+    MODE_F16,
+    MODE_F32,
+    array_helper,
+    decode,
+    rint_small,
+    round_to,
+    scalar_helper,
+)
 from weightsmith.quant.int4 import from_stored_bits, group_range, kernel_input, mode_of, stored_bits
 
 GROUP = NVFP4_GROUP
@@ -47,7 +56,7 @@ FP8_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype
 SEARCH_STEPS = 5
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def fp8_code(v: np.float32) -> np.int64:
     """The float8_e4m3fn code of a value in [0, 448], rounded to nearest, ties to even."""
     if v < np.float32(2.0**-6):  # subnormal: a multiple of 2**-9
@@ -59,7 +68,7 @@ def fp8_code(v: np.float32) -> np.int64:
     return min((exp + 7) * 8 + mant, np.int64(0x7E))
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def fp4_index(t: np.float32) -> np.int32:
     """Magnitude index (0..7) of |t| rounded to E2M1, ties to even, with compressed-tensors' thresholds.
 
@@ -79,7 +88,7 @@ def fp4_index(t: np.float32) -> np.int32:
     )
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def e2m1_value(index: np.int32) -> np.float32:
     """E2M1[index] as arithmetic: 0.5 * index up to 2, then 3, 4, 6."""
     f = np.float32(index)
@@ -88,7 +97,7 @@ def e2m1_value(index: np.int32) -> np.float32:
     return f - np.float32(2.0) + np.float32(index == 7)
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def fp4_nibble(t: np.float32) -> np.uint32:
     """The stored nibble of a clamped quotient: magnitude index, and bit 3 if it is below zero.
 
@@ -99,7 +108,7 @@ def fp4_nibble(t: np.float32) -> np.uint32:
     return np.uint32(fp4_index(t)) | np.uint32(sign << np.uint32(3))
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def e2m1_magnitude(t: np.float32) -> np.float32:
     """`e2m1_value(fp4_index(t))` for |t| <= 6 in a few float operations: E2M1 values are a grid of
     step 0.5 below 2, 1 up to 4 and 2 up to 6, so |t| rounds to its step's multiple, half to even,
@@ -112,7 +121,7 @@ def e2m1_magnitude(t: np.float32) -> np.float32:
     return rint_small(a * inv) * step
 
 
-@njit(inline="always", nogil=True)
+@scalar_helper
 def magnitude_bits(mode: int) -> tuple[np.uint32, np.uint32]:
     """(mask of a stored element's magnitude bits, the magnitude bits of Inf) of the dtype."""
     if mode == MODE_F32:
@@ -122,7 +131,7 @@ def magnitude_bits(mode: int) -> tuple[np.uint32, np.uint32]:
     return np.uint32(0x7FFF), np.uint32(0x7F80)
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def first_non_finite(x: np.ndarray, r: int, c0: int, mode: int) -> int:
     """Column (from c0) of the first NaN or Inf in a group known to hold one."""
     magnitude, inf = magnitude_bits(mode)
@@ -132,7 +141,7 @@ def first_non_finite(x: np.ndarray, r: int, c0: int, mode: int) -> int:
     return i
 
 
-@njit(inline="always", nogil=True)
+@array_helper
 def _quantize_rows(
     x: np.ndarray,
     mode: int,

@@ -96,6 +96,10 @@ class Scheme(ABC):
     #: Whether the scheme stores static activation parameters measured on calibration data
     #: (`input_params`): a plan refuses to quantize with it without statistics for every module.
     NEEDS_CALIBRATION: ClassVar[bool] = False
+    #: About how many seconds numba takes to compile the scheme's kernels for one input dtype, on a
+    #: 2-core machine (benchmarks/startup_speed.py measures it): what a run that compiles them says
+    #: first. Compiled once per machine, then loaded from numba's cache.
+    COMPILE_SECONDS: ClassVar[int] = 4
     # --- construction ---
 
     @classmethod

@@ -33,6 +33,7 @@ class Int4(Scheme):
     DEFAULT_SEARCH: ClassVar[str | None] = "wmse"
     FORMAT: ClassVar[str] = ct.PACK_QUANTIZED
     ROW_MULTIPLE: ClassVar[int] = int4.PACK
+    COMPILE_SECONDS: ClassVar[int] = 6  # the kernel and a scale search's
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:

@@ -26,6 +26,7 @@ class Nvfp4(Scheme):
     NAMES: ClassVar[tuple[str, ...]] = ("nvfp4a16",)
     SEARCHES: ClassVar[tuple[str, ...]] = ("mse",)
     FORMAT: ClassVar[str] = ct.NVFP4_PACK_QUANTIZED
+    COMPILE_SECONDS: ClassVar[int] = 5  # with its scale search
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
