@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from weightsmith.bench import determinism as det
 from weightsmith.bench import metrics as m
 from weightsmith.bench import stats
+from weightsmith.bench.config import sweep_base
 from weightsmith.bench.quality.verdict import QualityAnalysis, analyse_quality
 from weightsmith.bench.results import ArmInfo, BenchResults, RequestRecord
 from weightsmith.bench.schedule import is_fully_balanced
@@ -226,7 +227,7 @@ def _sweeps(
             continue
         values = list(decode_per_prompt[arm.name].values())
         ci = stats.geomean_ci(values)
-        groups[(arm.name.split("@", 1)[0], arm.sweep_param)].append(
+        groups[(sweep_base(arm.name), arm.sweep_param)].append(
             SweepPoint(
                 arm=arm.name,
                 value=arm.sweep_value,
@@ -264,11 +265,11 @@ def _sweeps(
 def _acceptance_partner(results: BenchResults, arm: ArmInfo, base: str) -> str | None:
     """The arm of draft `base` that `arm` is compared with: the one at the same swept value where `base`
     is swept, else `base` itself; None for `base`'s own arms."""
-    if arm.name.split("@", 1)[0] == base:
+    if sweep_base(arm.name) == base:
         return None
     for other in results.arms:
         if (
-            other.name.split("@", 1)[0] == base
+            sweep_base(other.name) == base
             and other.sweep_param == arm.sweep_param
             and other.sweep_value == arm.sweep_value
         ):

@@ -466,6 +466,16 @@ def _flag_value(command: list[str], flag: str) -> str | None:
     return None
 
 
+def sweep_base(name: str) -> str:
+    """The arm a sweep arm was expanded from (`name` itself for an arm without a sweep)."""
+    return name.split("@", 1)[0]
+
+
+def sweep_point(name: str) -> str:
+    """A sweep arm's `param=value` ("" for an arm without a sweep)."""
+    return name.split("@", 1)[1] if "@" in name else ""
+
+
 def expand_sweep(arm: ArmSpec, path: str = "") -> list[ArmSpec]:
     """One arm per sweep value, named `name@param=value`; an arm without a sweep is returned as is.
 
@@ -576,7 +586,7 @@ def parse_config(data: dict[str, Any], path: str = "<arms>") -> BenchConfig:
         raise WeightsmithError(
             f"baseline {_q(config.baseline)} is not an arm (arms: {', '.join(map(_q, names))})", file=path
         )
-    bases = sorted({a.name.split("@", 1)[0] for a in arms} - set(names))
+    bases = sorted({sweep_base(a.name) for a in arms} - set(names))
     if config.acceptance_baseline is not None and config.acceptance_baseline not in (*names, *bases):
         raise WeightsmithError(
             f"acceptance_baseline {_q(config.acceptance_baseline)} is not an arm "

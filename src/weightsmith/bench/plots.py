@@ -30,6 +30,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from weightsmith.bench.analysis import Analysis
+from weightsmith.bench.config import sweep_base, sweep_point
 from weightsmith.bench.outdir import write_owned
 from weightsmith.bench.results import BenchResults
 from weightsmith.files import file_part
@@ -45,9 +46,8 @@ def _label(name: str, limit: int = 22) -> str:
     def cut(text: str) -> str:
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
-    if "@" in name:
-        base, param = name.split("@", 1)
-        return f"{cut(base)}\n{cut(param)}"
+    if sweep_point(name):
+        return f"{cut(sweep_base(name))}\n{cut(sweep_point(name))}"
     return cut(name)
 
 
@@ -187,7 +187,7 @@ def _by_sweep_value(names: list[str]) -> dict[str, list[str]]:
     """Arm names grouped by what follows `@` (a swept value; "" for arms without one), in first-seen order."""
     groups: dict[str, list[str]] = {}
     for name in names:
-        groups.setdefault(name.split("@", 1)[1] if "@" in name else "", []).append(name)
+        groups.setdefault(sweep_point(name), []).append(name)
     return groups
 
 
@@ -198,7 +198,7 @@ def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
     if not usable:
         return None
     panels = _by_sweep_value(list(usable))
-    bases = list(dict.fromkeys(name.split("@", 1)[0] for name in usable))
+    bases = list(dict.fromkeys(sweep_base(name) for name in usable))
     columns = min(len(panels), _ACCEPTANCE_COLUMNS)
     rows = -(-len(panels) // columns)
     most = max(len(arms) for arms in panels.values())
@@ -208,7 +208,7 @@ def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
         k_max = max(len(usable[name].per_position_rate) for name in arms)
         for n, name in enumerate(arms):
             acc = usable[name]
-            i = bases.index(name.split("@", 1)[0])
+            i = bases.index(sweep_base(name))
             # identical curves (e.g. every arm at 1.0) stay visible: later arms get smaller markers
             # drawn on top, so earlier ones show as a ring around them
             ax.plot(
@@ -217,7 +217,7 @@ def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
                 marker="osD^v<>ph*"[i % 10],
                 linestyle=("-", "--", ":", "-.")[i % 4],
                 color=_COLOURS[i % len(_COLOURS)],
-                label=f"{name.split('@', 1)[0]} (mean length {acc.mean_acceptance_length:.2f})",
+                label=f"{sweep_base(name)} (mean length {acc.mean_acceptance_length:.2f})",
                 lw=1.5,
                 markersize=max(3.5, 9.0 - 1.8 * n),
                 zorder=2 + n,

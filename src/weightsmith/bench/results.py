@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from weightsmith.bench.client import RequestTiming, TokenLogprob
+from weightsmith.bench.config import sweep_base
 from weightsmith.bench.metrics import SpecWindow
 from weightsmith.errors import WeightsmithError
 from weightsmith.files import MAX_JSON_BYTES, TooLarge, read_regular, replace_file
@@ -312,7 +313,7 @@ def _check_values(results: BenchResults) -> None:
     names = {a.name for a in results.arms}
     if results.baseline not in names:
         raise _Malformed("baseline", f"{results.baseline[:60]!r} is not one of the arms")
-    bases = names | {a.name.split("@", 1)[0] for a in results.arms}
+    bases = names | {sweep_base(a.name) for a in results.arms}
     if results.acceptance_baseline is not None and results.acceptance_baseline not in bases:
         raise _Malformed("acceptance_baseline", f"{results.acceptance_baseline[:60]!r} is not one of the arms")
     named = (

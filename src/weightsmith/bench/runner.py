@@ -220,8 +220,9 @@ def _measure(
     vr: VisitResult,
     contents: list[str],
     before: m.Snapshot | None,
-) -> str | None:
-    """Send the measured requests; return a failure line if the server went away.
+) -> tuple[str | None, m.Snapshot | None]:
+    """Send the measured requests; return a failure line if the server went away, and the /metrics
+    scrape taken after the last request when there is one (it closes the window: no second scrape).
 
     One at a time on a speculating server, /metrics is read again after each request, so that each
     request carries its own acceptance (`_own_acceptance`): what pairs prompts across drafts.
@@ -245,18 +246,17 @@ def _measure(
         for prompt in prompts:
             gone = _server_gone(server, failures)
             if gone:
-                return gone
+                return gone, None
             record, content = one(prompt)
             if last is not None:
                 last = _own_acceptance(state, server.url, model, last, record)
             keep(record, content)
             failures = failures + 1 if (record.error or "").startswith(("connection failed", "timed out")) else 0
-        gone = _server_gone(server, failures)
-        return gone
+        return _server_gone(server, failures), last
     with ThreadPoolExecutor(max_workers=state.config.workload.concurrency) as pool:
         for record, content in pool.map(one, prompts):
             keep(record, content)
-    return _server_gone(server, 0 if any(r.ok for r in vr.requests) else len(vr.requests))
+    return _server_gone(server, 0 if any(r.ok for r in vr.requests) else len(vr.requests)), None
 
 
 def _own_acceptance(
@@ -444,12 +444,17 @@ def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitR
         vr.warmups += 1
     state.observer.phase("measuring")
     before, reason = _scrape_settled(state, server.url)
-    gone = _measure(state, arm, server, model, vr, contents, before)
+    gone, last = _measure(state, arm, server, model, vr, contents, before)
     if gone:
         _fail(state, vr, gone, server.log_tail())
         vr.spec = m.SpecWindow(status=m.VOID, detail="server went away during the window")
         return
-    after, reason_after = (None, reason) if before is None else _scrape_settled(state, server.url)
+    if before is None:
+        after, reason_after = None, reason
+    elif last is not None:  # read after the last request already
+        after, reason_after = last, ""
+    else:
+        after, reason_after = _scrape_settled(state, server.url)
     vr.spec = _window(state, arm, before, after, reason or reason_after, model)
     errors = [r for r in vr.requests if not r.ok]
     if errors and len(errors) == len(vr.requests):
