@@ -21,7 +21,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 # `make demo` does not: it compiles only the kernels it uses (one scheme, one dtype).
 KERNELS := $(wildcard src/weightsmith/quant/*.py) src/weightsmith/engine/gptq.py
 $(VENV)/.kernels: $(KERNELS) | $(BIN)/python
-	$(BIN)/python -m weightsmith.warm
+	$(BIN)/python -m weightsmith.quantize.warm
 	touch $@
 
 # Test install: the reference libraries (CPU torch, llm-compressor, compressed-tensors, transformers)

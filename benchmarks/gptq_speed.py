@@ -36,7 +36,7 @@ from pathlib import Path
 
 from common import Measured, measured
 from stream_memory import token_ids, weightsmith
-from weightsmith.recipe import LLM_COMPRESSOR_DAMPENING
+from weightsmith.quantize.recipe import LLM_COMPRESSOR_DAMPENING
 
 #: Both runs dampen as llm-compressor does, so the comparison is of the same algorithm.
 DAMPENING = str(LLM_COMPRESSOR_DAMPENING)

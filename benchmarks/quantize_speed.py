@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from common import build, load, ours, reference, split_line
-from weightsmith.pipeline import default_workers
+from weightsmith.quantize.pipeline import default_workers
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
 RTN, REFERENCE, MSE, NVFP4 = (

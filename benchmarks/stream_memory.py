@@ -144,7 +144,7 @@ def main() -> None:
 
 def token_ids(folder: Path, tokens: int, seq_len: int) -> list[list[int]]:
     """The sequences `calibrate` runs (the default built-in text), for oneshot to run the same."""
-    from weightsmith.engine.calibrate import calibration_tokens
+    from weightsmith.calibration.measure import calibration_tokens
 
     return calibration_tokens(folder, None, None, tokens, seq_len)[0]
 

@@ -24,7 +24,7 @@ from gptq_variants import hdiag_shrink
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from weightsmith.engine.gptq import quantize_weight
-from weightsmith.engine.texts import builtin_text
+from weightsmith.io.texts import builtin_text
 
 MODEL = Path(sys.argv[1])
 LAYERS = [int(x) for x in sys.argv[2].split(",")]

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightsmith import names
-from weightsmith.checkpoint import Checkpoint
+from weightsmith.io import names
+from weightsmith.io.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     import torch

@@ -9,8 +9,8 @@ import pytest
 
 import weightsmith
 from synth import llama_tensors, write_checkpoint
-from weightsmith.errors import WeightsmithError
-from weightsmith.pipeline import QuantizeResult
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.quantize.pipeline import QuantizeResult
 
 
 def test_quantize_from_code_equals_the_command_line(tmp_path: Path, capsys, monkeypatch) -> None:

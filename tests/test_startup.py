@@ -53,7 +53,7 @@ def test_quantize_starts_openblas_without_its_thread_pool_unless_the_user_chose(
 KERNEL_WITHOUT_SCIPY = """
 import sys
 import ml_dtypes, numpy as np
-from weightsmith import blas_probe
+from weightsmith.core import blas_probe
 from weightsmith.schemes import make_scheme
 blas_probe.skip()
 x = np.ones((8, 128), ml_dtypes.bfloat16)

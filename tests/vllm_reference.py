@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightsmith.checkpoint import Checkpoint
 from weightsmith.fidelity.activations import input_quantizers, quantized_inputs
 from weightsmith.fidelity.logits import load_model
 from weightsmith.fidelity.quantized import quantized_modules
+from weightsmith.io.checkpoint import Checkpoint
 
 
 @dataclass

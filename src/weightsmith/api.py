@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from weightsmith import calibrated
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.pipeline import Progress, QuantizeResult, default_workers, execute
-from weightsmith.plan import Plan, build_plan
-from weightsmith.recipe import Recipe, load_recipe
+from weightsmith.calibration import derived
+from weightsmith.io.checkpoint import Checkpoint
+from weightsmith.quantize.pipeline import Progress, QuantizeResult, default_workers, execute
+from weightsmith.quantize.plan import Plan, build_plan
+from weightsmith.quantize.recipe import Recipe, load_recipe
 from weightsmith.schemes import make_scheme
 
 
@@ -43,7 +43,7 @@ def plan_quantize(
     else:
         rules = recipe if isinstance(recipe, Recipe) else load_recipe(Path(recipe))
     ckpt = Checkpoint.open(src)
-    cal = calibrated.load(calibration, ckpt) if calibration is not None else None
+    cal = derived.load(calibration, ckpt) if calibration is not None else None
     return build_plan(ckpt, rules, ignore, preset, cal, kv_cache)
 
 

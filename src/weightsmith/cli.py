@@ -18,23 +18,24 @@ from rich.console import Console
 from rich.markup import escape
 from typer._click import exceptions as click_errors  # typer carries its own copy of click
 
-from weightsmith import __version__, blas_probe
-from weightsmith.errors import WeightsmithError
-from weightsmith.terminal import markup_safe, short_repr
+from weightsmith.core import blas_probe
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import markup_safe, short_repr
+from weightsmith.core.version import __version__
 
 #: The module that adds each top-level command, in help order. Only the module of the command a
 #: command line names is imported: `weightsmith inspect` then starts without numba, scipy or httpx,
 #: which the other commands need.
 COMMAND_MODULES = {
-    "quantize": "weightsmith.cli_quantize",
-    "demo": "weightsmith.cli_quantize",
-    "inspect": "weightsmith.audit.commands",
-    "verify": "weightsmith.audit.commands",
-    "transplant": "weightsmith.audit.commands",
-    "diff": "weightsmith.audit.commands",
+    "quantize": "weightsmith.quantize.cli",
+    "demo": "weightsmith.quantize.cli",
+    "inspect": "weightsmith.audit.cli",
+    "verify": "weightsmith.audit.cli",
+    "transplant": "weightsmith.audit.cli",
+    "diff": "weightsmith.audit.cli",
     "eval": "weightsmith.fidelity.cli",
-    "calibrate": "weightsmith.engine.cli",
-    "calibrate-kv": "weightsmith.calibrate_kv",
+    "calibrate": "weightsmith.calibration.cli",
+    "calibrate-kv": "weightsmith.calibration.cli",
     "card": "weightsmith.card.cli",
     "preflight": "weightsmith.preflight.cli",
     "bench": "weightsmith.bench.cli",
@@ -137,7 +138,7 @@ def main() -> None:
     a value its type or range refuses) reaches `usage_line` instead of typer's usage box of five or
     six lines; `typer.Exit` then comes back as its exit status.
     """
-    targets = sys.modules.get("weightsmith.targets")
+    targets = sys.modules.get("weightsmith.formats.targets")
     if targets is not None:  # a run in a process that ran one before (tests): its own matching budget
         targets.reset_budget()
     try:

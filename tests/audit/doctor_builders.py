@@ -19,7 +19,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from weightsmith.dtypes import from_numpy
+from weightsmith.safetensors.dtypes import from_numpy
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
 INDEX = "model.safetensors.index.json"

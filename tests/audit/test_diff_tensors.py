@@ -13,7 +13,7 @@ from doctor_builders import cli, halves, tiny_moe, write
 
 from weightsmith.audit import diff as diff_module
 from weightsmith.audit.diff import DIFFERS, IDENTICAL, ONLY_A, ONLY_B, RETYPED, diff
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
 
 Q = "model.layers.1.self_attn.q_proj.weight"
 PACKED = "model.layers.1.mlp.experts.0.up_proj.weight_packed"

@@ -15,7 +15,7 @@ from doctor_builders import tiny_moe, write_shard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weightsmith.errors import HeaderError
+from weightsmith.core.errors import HeaderError
 from weightsmith.safetensors.header import Header, parse_header, read_header
 
 FUZZ = settings(max_examples=400, deadline=timedelta(seconds=2), database=None)

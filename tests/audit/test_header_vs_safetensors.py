@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from test_verify_corpus import CASES, LAYER1
 
-from weightsmith.dtypes import DTYPES
-from weightsmith.errors import HeaderError
+from weightsmith.core.errors import HeaderError
+from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.safetensors.header import read_header
 
 #: Corpus cases whose defect sits in one shard's bytes.

@@ -13,8 +13,8 @@ import pytest
 from weightsmith.audit.modules import Module, layer_of, pattern_of
 from weightsmith.audit.quant_config import QuantDeclaration, read_declaration
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.names import is_lm_head
-from weightsmith.targets import number_blind
+from weightsmith.formats.targets import number_blind
+from weightsmith.io.names import is_lm_head
 
 LEAVES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate",
           "mlp.shared_expert.gate_proj", "mlp.shared_expert.down_proj")  # fmt: skip

@@ -23,7 +23,7 @@ from weightsmith.audit.diff import IDENTICAL, ONLY_B, diff
 from weightsmith.audit.findings import INFO, Finding
 from weightsmith.audit.transplant import DEFAULT_SHARD, transplant
 from weightsmith.audit.verify import VerifyReport, verify
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from weightsmith.bench.config import ArmSpec, SweepSpec, expand_sweep, load_config, parse_config
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 
 def test_minimal_file_gets_documented_defaults() -> None:

@@ -23,7 +23,7 @@ from weightsmith.bench import config as cfg
 from weightsmith.bench.config import BenchConfig, load_config, parse_config
 from weightsmith.bench.results import results_from_dict, to_jsonable
 from weightsmith.bench.runner import new_results
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 FUZZ = settings(max_examples=300, deadline=timedelta(seconds=2), database=None)
 

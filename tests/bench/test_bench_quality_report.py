@@ -16,7 +16,7 @@ from weightsmith.bench.results import (
     load_results,
     to_jsonable,
 )
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 CATEGORIES = ("tool choice", "argument construction", "multi-step", "restraint")
 

@@ -22,7 +22,7 @@ from weightsmith.bench.quality import sandbox
 from weightsmith.bench.quality.checks import judge
 from weightsmith.bench.quality.sandbox import run_program
 from weightsmith.bench.quality.scenarios import load_suite
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 pytestmark = pytest.mark.skipif(
     sandbox.unavailable() is not None, reason=f"no sandbox on this machine: {sandbox.unavailable()}"

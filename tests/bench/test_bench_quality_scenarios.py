@@ -18,7 +18,7 @@ from weightsmith.bench.quality.scenarios import (
     load_suite,
     parse_lines,
 )
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 WEATHER = {
     "type": "function",

@@ -26,7 +26,7 @@ from weightsmith.bench.results import (
 )
 from weightsmith.bench.runner import QuietObserver, run_bench
 from weightsmith.bench.stats import SHOWN
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 KV_LINE = (
     "WARNING 05-14 10:41:43 [kv_cache.py:123] Using KV cache scaling factor 1.0 for fp8_e4m3. "

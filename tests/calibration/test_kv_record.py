@@ -6,13 +6,13 @@ import dataclasses
 import json
 from pathlib import Path
 
-from calibrated.synthetic import write_stats
+from calibration.synthetic import write_stats
 from synth import llama_tensors, write_checkpoint
-from weightsmith import calibrated
 from weightsmith.api import quantize
+from weightsmith.calibration import derived
 from weightsmith.card.cite import Citations
 from weightsmith.card.made import _calibration_lines
-from weightsmith.manifest import Manifest
+from weightsmith.io.manifest import Manifest
 
 
 def test_card_cites_the_kv_record_not_the_quantize_runs(tmp_path: Path) -> None:
@@ -20,7 +20,7 @@ def test_card_cites_the_kv_record_not_the_quantize_runs(tmp_path: Path) -> None:
     stats, recorded = write_stats(src, tmp_path / "stats.safetensors")
     result = quantize(src, tmp_path / "w4a4", "nvfp4", calibration=stats, workers=2)
     config = json.loads((result.output / "config.json").read_text())
-    config["quantization_config"]["kv_cache_scheme"] = calibrated.kv_cache_scheme("fp8")  # as calibrate-kv adds it
+    config["quantization_config"]["kv_cache_scheme"] = derived.kv_cache_scheme("fp8")  # as calibrate-kv adds it
     kv = dataclasses.replace(recorded.provenance, tokens=12345, text="builtin:prose", activations="quantized")
     manifest = dataclasses.replace(result.manifest, kv_calibration=kv)
     back = Manifest.from_json(json.loads(json.dumps(manifest.to_json())))

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 from tests.synth import llama_tensors, write_checkpoint
 
-from weightsmith import calibration
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.errors import CheckpointError, OutputError
+from weightsmith.calibration import stats_file
+from weightsmith.core.errors import CheckpointError, OutputError
+from weightsmith.io import provenance
+from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
 
-def _stats(fp: str = "sha256:" + "0" * 64) -> calibration.CalibrationStats:
-    prov = calibration.Provenance(fp, 8192, 4, 2048, "builtin:code", "ab" * 32, "original")
-    return calibration.CalibrationStats(
+def _stats(fp: str = "sha256:" + "0" * 64) -> stats_file.CalibrationStats:
+    prov = provenance.Provenance(fp, 8192, 4, 2048, "builtin:code", "ab" * 32, "original")
+    return stats_file.CalibrationStats(
         prov,
         kv={"model.layers.0.self_attn": (3.5, 0.25)},
         inputs={"model.layers.0.self_attn.q_proj": 12.0, "model.layers.0.mlp.down_proj": 80.5},
@@ -26,8 +27,8 @@ def _stats(fp: str = "sha256:" + "0" * 64) -> calibration.CalibrationStats:
 
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "stats.safetensors"
-    calibration.write(path, _stats())
-    back = calibration.read(path)
+    stats_file.write(path, _stats())
+    back = stats_file.read(path)
     assert back == _stats()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stats.safetensors"]
 
@@ -37,14 +38,14 @@ def test_existing_file_is_refused_unless_replaced(tmp_path: Path) -> None:
     path = tmp_path / "stats.safetensors"
     path.write_bytes(b"mine")
     with pytest.raises(OutputError, match="already exists"):
-        calibration.write(path, _stats())
+        stats_file.write(path, _stats())
     with pytest.raises(OutputError, match="not a weightsmith statistics file"):
-        calibration.write(path, _stats(), replace=True)
+        stats_file.write(path, _stats(), replace=True)
     assert path.read_bytes() == b"mine"
     path.unlink()
-    calibration.write(path, _stats())
-    calibration.write(path, _stats(), replace=True)
-    assert calibration.read(path).inputs["model.layers.0.mlp.down_proj"] == 80.5
+    stats_file.write(path, _stats())
+    stats_file.write(path, _stats(), replace=True)
+    assert stats_file.read(path).inputs["model.layers.0.mlp.down_proj"] == 80.5
 
 
 def _raw(tmp_path: Path, values: dict[str, np.ndarray], meta: dict[str, str]) -> Path:
@@ -56,8 +57,8 @@ def _raw(tmp_path: Path, values: dict[str, np.ndarray], meta: dict[str, str]) ->
 
 
 def _meta(**over: str) -> dict[str, str]:
-    base = {k: str(v) for k, v in calibration.Provenance("sha256:x", 1, 1, 1, "t", "h", "original").__dict__.items()}
-    return {"format": calibration.FORMAT, **base, **over}
+    base = {k: str(v) for k, v in provenance.Provenance("sha256:x", 1, 1, 1, "t", "h", "original").__dict__.items()}
+    return {"format": stats_file.FORMAT, **base, **over}
 
 
 @pytest.mark.parametrize(
@@ -77,7 +78,7 @@ def _meta(**over: str) -> dict[str, str]:
 def test_hostile_file_is_one_error(tmp_path: Path, values: dict, meta: dict, code: str) -> None:
     path = _raw(tmp_path, values, meta)
     with pytest.raises(CheckpointError) as err:
-        calibration.read(path)
+        stats_file.read(path)
     assert err.value.code == code
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
@@ -88,10 +89,10 @@ def test_fingerprint_tells_models_apart(tmp_path: Path) -> None:
     other = llama_tensors(seed=1)
     write_checkpoint(tmp_path / "b", other)
     a, b = Checkpoint.open(tmp_path / "a"), Checkpoint.open(tmp_path / "b")
-    assert calibration.fingerprint(a) == calibration.fingerprint(Checkpoint.open(tmp_path / "a"))
-    assert calibration.fingerprint(a) != calibration.fingerprint(b)
-    stats = _stats(calibration.fingerprint(a))
-    calibration.check_model("s.safetensors", stats, a)
+    assert provenance.fingerprint(a) == provenance.fingerprint(Checkpoint.open(tmp_path / "a"))
+    assert provenance.fingerprint(a) != provenance.fingerprint(b)
+    stats = _stats(provenance.fingerprint(a))
+    stats_file.check_model("s.safetensors", stats, a)
     with pytest.raises(CheckpointError, match="another model"):
-        calibration.check_model("s.safetensors", stats, b)
+        stats_file.check_model("s.safetensors", stats, b)
     json.dumps(stats.provenance.__dict__)

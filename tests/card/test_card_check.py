@@ -23,7 +23,7 @@ from weightsmith.bench.results import (
     to_jsonable,
 )
 from weightsmith.card.cite import find_cited
-from weightsmith.cli_quantize import run_quantize
+from weightsmith.quantize.cli import run_quantize
 
 
 def bench_results() -> BenchResults:
@@ -224,7 +224,7 @@ def test_bad_inputs_are_one_line_errors(
 def test_dflash_draft_card_names_its_target_layers_and_the_preset(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from weightsmith.demo import write_demo_checkpoint
+    from weightsmith.quantize.demo import write_demo_checkpoint
 
     src = write_demo_checkpoint(tmp_path / "draft")
     out = tmp_path / "draft-w4a16"

@@ -21,7 +21,7 @@ from weightsmith.bench.paths import local_paths
 from weightsmith.bench.results import ArmInfo, BenchResults, PromptInfo, RequestRecord, VisitResult, to_jsonable
 from weightsmith.card import publish
 from weightsmith.card.cite import Citations, find_cited
-from weightsmith.cli_quantize import run_quantize
+from weightsmith.quantize.cli import run_quantize
 
 SPEC = '{{"method":"dflash","model":"/home/alice/drafts/draft-w4a16","num_speculative_tokens":{k}}}'
 
@@ -63,7 +63,7 @@ def draft_bench(speeds: dict[str, float]) -> BenchResults:
 
 @pytest.fixture(scope="module")
 def draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from weightsmith.demo import write_demo_checkpoint
+    from weightsmith.quantize.demo import write_demo_checkpoint
 
     root = tmp_path_factory.mktemp("draft")
     src = write_demo_checkpoint(root / "src")

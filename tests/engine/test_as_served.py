@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from clirun import run
-from weightsmith import calibration
 from weightsmith.api import quantize
-from weightsmith.manifest import load_manifest
+from weightsmith.calibration import stats_file
+from weightsmith.io.manifest import load_manifest
 
 
 def _eval(capsys, monkeypatch, orig: Path, quant: Path, *extra: str) -> dict:
@@ -26,7 +26,7 @@ def test_w4a4_from_statistics_measured_as_served(tiny_llama: Path, tmp_path: Pat
     args = ("calibrate", a16, "--out", served, "--tokens", 128, "--seq-len", 64)
     code, _, err = run(capsys, monkeypatch, *args)
     assert code == 0, err
-    p = calibration.read(served).provenance
+    p = stats_file.read(served).provenance
     assert (
         p.activations == "quantized"
         and p.source_fingerprint == load_manifest(a16 / "weightsmith.json").source.fingerprint
@@ -53,8 +53,8 @@ def test_static_fp8_inputs_are_quantized_in_the_streamed_eval_too(tiny_llama: Pa
     quantized with the stored input_scale, exactly as the hooks compute them."""
     import torch
 
-    from calibrated.synthetic import write_stats
-    from weightsmith.engine.logits import _final_hidden
+    from calibration.synthetic import write_stats
+    from weightsmith.fidelity.streamed import _final_hidden
 
     stats, _ = write_stats(tiny_llama, tmp_path / "stats.safetensors")
     fp8 = quantize(tiny_llama, tmp_path / "fp8", "fp8", calibration=stats, workers=2).output

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine.tiny_models import FAMILIES, reference_stats, save_tiny
-from weightsmith import calibration
-from weightsmith.engine.calibrate import calibration_tokens, measure
-from weightsmith.errors import CheckpointError
+from weightsmith.calibration import stats_file
+from weightsmith.calibration.measure import calibration_tokens, measure
+from weightsmith.core.errors import CheckpointError
 
 REL = 1e-6
 
@@ -89,7 +89,7 @@ def test_quantized_checkpoint_runs_dequantized(tiny_llama: Path, tmp_path: Path)
 
     from fidelity.eval_checkpoints import quantize
     from models import quantized_modules
-    from weightsmith.engine import recorders
+    from weightsmith.calibration import recorders
     from weightsmith.engine.loading import opened
     from weightsmith.fidelity.logits import load_model
 
@@ -148,7 +148,7 @@ def test_calibration_tokens_from_a_file(smollm2: Path, tmp_path: Path) -> None:
     import hashlib
 
     assert sha == hashlib.sha256(text.read_bytes()).hexdigest()
-    assert calibration.MIN_TOKENS > 100
+    assert stats_file.MIN_TOKENS > 100
 
 
 @pytest.mark.parametrize("style", ["hf-fp8", "ct-fp8"])
@@ -179,8 +179,8 @@ def test_quantized_moe_experts_are_dequantized_then_merged(tmp_path: Path, token
     from safetensors.numpy import save_file
 
     from fidelity.eval_checkpoints import quantize
-    from weightsmith.checkpoint import Checkpoint
     from weightsmith.engine.source import TensorSource
+    from weightsmith.io.checkpoint import Checkpoint
 
     src = save_tiny(tmp_path / "moe", "qwen2_moe")
     quant = quantize(src, tmp_path / "w4", group=32)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from weightsmith.engine.gptq import quantize_weight
-from weightsmith.manifest import load_manifest
-from weightsmith.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
+from weightsmith.io.manifest import load_manifest
+from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
 from weightsmith.schemes import make_scheme
 from weightsmith.schemes.base import Chosen
 
@@ -231,10 +231,10 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
 def test_a_layers_groups_on_two_threads_give_the_values_of_one(tiny_llama: Path, tmp_path: Path) -> None:
     """`run` quantizes a layer's groups (q/k/v, o, gate/up, down) on `workers` threads at once, torch
     on one thread each: the values are those of one worker, byte for byte, for every module."""
-    from weightsmith.checkpoint import Checkpoint
+    from weightsmith.calibration.measure import calibration_tokens
     from weightsmith.engine import gptq
-    from weightsmith.engine.calibrate import calibration_tokens
-    from weightsmith.plan import QUANTIZE, build_plan
+    from weightsmith.io.checkpoint import Checkpoint
+    from weightsmith.quantize.plan import QUANTIZE, build_plan
 
     plan = build_plan(Checkpoint.open(tiny_llama), make_scheme("w4a16", 32, "none"))
     targets = {d.module: gptq.Target(d.rule.scheme, np.dtype(np.float32))

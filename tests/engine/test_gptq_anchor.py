@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from weightsmith.audit.verify import verify
-from weightsmith.cli_quantize import GptqOptions, run_quantize
 from weightsmith.fidelity.logits import compare
-from weightsmith.recipe import LLM_COMPRESSOR_DAMPENING
+from weightsmith.quantize.cli import GptqOptions, run_quantize
+from weightsmith.quantize.recipe import LLM_COMPRESSOR_DAMPENING
 
 pytest.importorskip("llmcompressor")
 torch = pytest.importorskip("torch")
@@ -84,8 +84,8 @@ def test_layer0_is_llm_compressors(smollm2: Path) -> None:
     """The hidden states, the q/k/v Hessian and the quantized q/k/v values of layer 0, against oneshot's."""
     import numpy as np
 
+    from weightsmith.calibration.measure import calibration_tokens
     from weightsmith.engine import gptq
-    from weightsmith.engine.calibrate import calibration_tokens
     from weightsmith.schemes import make_scheme
 
     token_ids, _, _ = calibration_tokens(smollm2, None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN)
@@ -191,7 +191,7 @@ def _ours(src: Path, out: Path, method: str) -> Path:
 
 
 def test_gptq_kl_within_noise_of_oneshots(smollm2: Path, tmp_path: Path) -> None:
-    from weightsmith.engine.calibrate import calibration_tokens
+    from weightsmith.calibration.measure import calibration_tokens
 
     token_ids, _, _ = calibration_tokens(smollm2, None, "code", KL_SEQUENCES * KL_SEQ_LEN, KL_SEQ_LEN)
     assert [len(s) for s in token_ids] == [KL_SEQ_LEN] * KL_SEQUENCES

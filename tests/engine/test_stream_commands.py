@@ -9,10 +9,10 @@ import pytest
 
 from clirun import run
 from models import stdlib_text
-from weightsmith import calibration
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.engine import logits as streamed
+from weightsmith.calibration import stats_file
 from weightsmith.fidelity import logits as in_memory
+from weightsmith.fidelity import streamed
+from weightsmith.io.checkpoint import Checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +26,12 @@ def test_calibrate_writes_stats_with_provenance(tiny_llama: Path, tmp_path: Path
     out = tmp_path / "stats.safetensors"
     code, _, err = run(capsys, monkeypatch, "calibrate", tiny_llama, "--out", out, "--tokens", 300, "--seq-len", 128)
     assert code == 0, err
-    assert f"warning: 300 calibration tokens, fewer than {calibration.MIN_TOKENS}" in err
-    stats = calibration.read(out)
+    assert f"warning: 300 calibration tokens, fewer than {stats_file.MIN_TOKENS}" in err
+    stats = stats_file.read(out)
     p = stats.provenance
     assert (p.tokens, p.sequences, p.seq_len, p.activations) == (300, 3, 128, "original")
     assert p.text.startswith("builtin:code") and len(p.text_sha256) == 64
-    calibration.check_model(out, stats, Checkpoint.open(tiny_llama))
+    stats_file.check_model(out, stats, Checkpoint.open(tiny_llama))
     assert sorted(stats.kv) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     assert len(stats.inputs) == 14 and all(v > 0 for v in stats.inputs.values())
 
@@ -41,7 +41,7 @@ def test_calibrate_quantized_source_says_so(tiny_w4: Path, tmp_path: Path, capsy
     args = ("calibrate", tiny_w4, "--out", out, "--builtin", "prose", "--tokens", 64, "--seq-len", 64)
     code, _, err = run(capsys, monkeypatch, *args)
     assert code == 0, err
-    p = calibration.read(out).provenance
+    p = stats_file.read(out).provenance
     assert p.activations == "quantized" and p.text.startswith("builtin:prose") and p.tokens == 64
 
 

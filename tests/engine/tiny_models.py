@@ -58,7 +58,7 @@ def reference_stats(
     import torch
     import transformers
 
-    from weightsmith.engine import recorders
+    from weightsmith.calibration import recorders
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     inputs: dict[str, float] = {}

@@ -10,9 +10,9 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from synth import LLAMA_CONFIG
-from weightsmith.cli_quantize import run_quantize
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import fp8
+from weightsmith.quantize.cli import run_quantize
 
 #: A Llama small enough to run in well under a second, with SmolLM2's real tokenizer and vocabulary.
 TINY_LM_CONFIG = dict(

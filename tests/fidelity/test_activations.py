@@ -62,12 +62,12 @@ def test_the_fp4_grid_and_its_ties() -> None:
 
 
 def test_input_quantizers_come_from_the_checkpoints_config_and_scales(tmp_path) -> None:
-    from calibrated.synthetic import write_stats
+    from calibration.synthetic import write_stats
     from synth import llama_tensors, write_checkpoint
     from weightsmith.api import quantize
-    from weightsmith.checkpoint import Checkpoint
     from weightsmith.fidelity.activations import input_quantizers
     from weightsmith.fidelity.quantized import quantized_modules
+    from weightsmith.io.checkpoint import Checkpoint
 
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
     stats, _ = write_stats(src, tmp_path / "stats.safetensors")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from eval_checkpoints import load_tensors, quantize
 
-from weightsmith import names
 from weightsmith.fidelity.weights import weight_error
+from weightsmith.io import names
 
 
 def _torch_tensors(folder: Path) -> dict[str, object]:

@@ -16,9 +16,10 @@ from safetensors.numpy import load_file, save_file
 
 from clirun import run
 from synth import llama_tensors
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.fidelity import logits
 from weightsmith.fidelity.logits import FAILED, OK, UNAVAILABLE, compare
+from weightsmith.io import texts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -62,7 +63,7 @@ def test_figures_match_a_direct_computation(tiny_lm: tuple[Path, Path], tmp_path
     orig, quant = tiny_lm
     if scheme == "nvfp4a16":
         quant = quantize(orig, tmp_path / "nvfp4", scheme=scheme, group=None)
-    text = logits.default_text().text
+    text = texts.default_text().text
     report = compare(orig, quant, text, TOKENS, text_source="sample")
     assert report.status == OK and report.reason is None
     assert report.tokens == TOKENS and report.text_source == "sample"

@@ -156,7 +156,7 @@ TINY_LLAMA = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_atten
 
 def tiny_pair(root: Path) -> tuple[Path, Path]:
     """(ORIG, QUANT) under `root`: a one-layer BF16 Llama and its W4A16 g32 copy, built once per module."""
-    from weightsmith.cli_quantize import run_quantize
+    from weightsmith.quantize.cli import run_quantize
 
     orig = write_checkpoint(root / "orig", llama_tensors(TINY_LLAMA), TINY_LLAMA)
     quant = root / "quant"

@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from calibrated.synthetic import write_stats
+from calibration.synthetic import write_stats
 from hostile.harness import Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith import calibration
 from weightsmith.api import quantize
-from weightsmith.checkpoint import Checkpoint
+from weightsmith.calibration import stats_file
+from weightsmith.io import provenance
+from weightsmith.io.checkpoint import Checkpoint
 
 TINY = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             head_dim=32, vocab_size=64, num_hidden_layers=2)  # fmt: skip
@@ -41,11 +42,11 @@ def test_statistics_of_another_models_quantization_are_refused(sandbox: Sandbox,
     src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), TINY)
     other = write_checkpoint(sandbox.root / "other", llama_tensors(TINY, seed=3), TINY)
     _, stats = write_stats(src, sandbox.root / "orig.safetensors")
-    other_fp = calibration.fingerprint(Checkpoint.open(other))
+    other_fp = provenance.fingerprint(Checkpoint.open(other))
     served = sandbox.root / "served.safetensors"
     prov = replace(stats.provenance, model_fingerprint="sha256:" + "2" * 64, activations="quantized",
                    source_fingerprint=other_fp)  # fmt: skip
-    calibration.write(served, calibration.CalibrationStats(prov, stats.kv, stats.inputs))
+    stats_file.write(served, stats_file.CalibrationStats(prov, stats.kv, stats.inputs))
     out = sandbox.root / "w4a4"
     sandbox.freeze()
     result = run_inprocess(capsys, monkeypatch, "quantize", src, out, "--scheme", "nvfp4", "--calibration", served)

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from calibrated.synthetic import write_stats
+from calibration.synthetic import write_stats
 from hostile.harness import Result, Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.api import quantize

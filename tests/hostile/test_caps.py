@@ -31,15 +31,15 @@ from rich.console import Console
 from audit.doctor_builders import raw_shard, tiny_moe, write
 from hostile.harness import TINY_LLAMA, Sandbox, run_inprocess, run_limited
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith import targets
 from weightsmith.bench.progress import RichProgress
 from weightsmith.bench.results import VISIT_FAILED, VisitResult
 from weightsmith.bench.schedule import Visit
-from weightsmith.demo import DEMO_CONFIG, write_demo_checkpoint
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import MAX_JSON_BYTES
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import MAX_JSON_BYTES
+from weightsmith.formats import targets
+from weightsmith.formats.targets import Targets
 from weightsmith.preflight.source import MAX_SOURCE_BYTES
-from weightsmith.targets import Targets
+from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
 
 METADATA = "vllm-0.1.dist-info/METADATA"
 REGISTRY = "vllm/model_executor/models/registry.py"

@@ -48,11 +48,11 @@ from weightsmith.bench.results import RequestRecord, VisitResult
 from weightsmith.bench.runner import new_results
 from weightsmith.card.check import MAX_CARD_BYTES
 from weightsmith.card.cite import find_cited
-from weightsmith.checkpoint import MAX_TOKENIZER_BYTES
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import MAX_JSON_BYTES
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import MAX_JSON_BYTES
+from weightsmith.core.terminal import env_line
+from weightsmith.io.checkpoint import MAX_TOKENIZER_BYTES
 from weightsmith.preflight.source import MAX_NODES_TOTAL, MAX_READ_TOTAL, MAX_SOURCE_BYTES
-from weightsmith.terminal import env_line
 
 
 def sparse(path: Path, size: int) -> None:

@@ -16,8 +16,8 @@ from hostile.harness import Result, Sandbox, copies, run_inprocess, tiny_pair
 from weightsmith.bench.logcheck import scan_lines
 from weightsmith.card.cite import find_cited
 from weightsmith.card.sources import CARD_RECORD as RECORD
-from weightsmith.errors import CheckpointError
-from weightsmith.terminal import printable
+from weightsmith.core.errors import CheckpointError
+from weightsmith.core.terminal import printable
 
 Q_SCALE = "model.layers.0.self_attn.q_proj.weight_scale"
 HOSTILE_NAME = "a\x1b[2Jb.weight"

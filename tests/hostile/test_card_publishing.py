@@ -12,7 +12,7 @@ import pytest
 from hostile.harness import Sandbox, run_inprocess
 from synth import llama_tensors, write_checkpoint
 from weightsmith.bench.paths import PathMap, local_paths
-from weightsmith.cli_quantize import run_quantize
+from weightsmith.quantize.cli import run_quantize
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip

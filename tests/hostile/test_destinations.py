@@ -29,14 +29,14 @@ from hostile.harness import (
     tiny_pair,
     tiny_source,
 )
-from weightsmith import files
 from weightsmith.bench.config import parse_config
 from weightsmith.bench.outdir import claim, own
 from weightsmith.bench.report import write_results_file
 from weightsmith.bench.results import PromptInfo, RequestRecord, VisitResult
 from weightsmith.bench.runner import new_results
-from weightsmith.manifest import MANIFEST_FILE
-from weightsmith.outputdir import LOCK_FILE
+from weightsmith.core import files
+from weightsmith.io.manifest import MANIFEST_FILE
+from weightsmith.io.outputdir import LOCK_FILE
 
 QUANTIZE = ("--scheme", "w4a16", "--group-size", "32", "--workers", "1", "--no-hash")
 
@@ -107,7 +107,7 @@ def test_a_users_folders_named_like_leftovers_are_left_alone(capsys, monkeypatch
 def test_a_marker_copied_into_another_folder_proves_nothing(capsys, monkeypatch, sandbox: Sandbox) -> None:
     """A replaced folder is ours only when its marker names that very folder (device and inode): a copy
     of a real leftover, marker included, is a user's folder."""
-    from weightsmith.outputdir import REPLACED_MARKER
+    from weightsmith.io.outputdir import REPLACED_MARKER
 
     src = tiny_source(sandbox, "src")
     copy = sandbox.root / f"out.replaced-{_dead_pid()}"
@@ -139,7 +139,7 @@ def test_a_folder_in_the_way_of_our_own_names_is_refused(capsys, monkeypatch, sa
 def test_a_killed_replace_leaves_a_marker_that_the_next_run_clears(capsys, monkeypatch, sandbox: Sandbox) -> None:
     """A run killed after marking OUT but before renaming it aside: the marker names a gone process,
     so the next run for OUT removes it, and OUT is otherwise untouched."""
-    from weightsmith.outputdir import REPLACED_MARKER, remove_stale
+    from weightsmith.io.outputdir import REPLACED_MARKER, remove_stale
 
     src = tiny_source(sandbox, "src")
     out = sandbox.root / "out"
@@ -176,7 +176,7 @@ def test_force_replaces_an_empty_folder_or_our_own_output(capsys, monkeypatch, s
 
 def test_gptq_refuses_a_users_folder_before_its_run(capsys, monkeypatch, sandbox: Sandbox) -> None:
     """The GPTQ values take hours: an OUT that --force may not replace is refused before the first token."""
-    from weightsmith.engine import calibrate
+    from weightsmith.calibration import measure as calibrate
 
     def too_late(*args: object, **kwargs: object) -> None:
         raise AssertionError("the calibration run started before the destination was checked")
@@ -395,7 +395,7 @@ def test_transplant_and_calibrate_kv_name_a_remedy_they_have(capsys, monkeypatch
 def _killed(script: str, *args: object) -> None:
     """Run `script` (Python, `sys.argv[1:]` = ARGS) in a process of its own that kills itself (`os._exit(9)`,
     as `kill -9` would: nothing cleans up) at the instant it chooses."""
-    src = Path(files.__file__).parents[1]
+    src = Path(files.__file__).parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, timeout=120)
     assert proc.returncode == 9, proc.stderr.decode()
@@ -404,7 +404,7 @@ def _killed(script: str, *args: object) -> None:
 _KILL_WHILE_STAGING = """
 import fcntl, os, sys
 from pathlib import Path
-from weightsmith import outputdir
+from weightsmith.io import outputdir
 
 def die(*args, **kwargs):
     os._exit(9)
@@ -426,7 +426,7 @@ def test_a_run_killed_while_making_its_partial_folder_leaves_nothing_for_good(sa
     """A run killed between creating `OUT.partial-<pid>` and locking it left a folder without a lock,
     which no later run could prove its own, so it stayed forever. The folder now appears under that
     name already locked; whatever instant the run dies at, the next run for OUT removes what it left."""
-    from weightsmith.outputdir import remove_stale
+    from weightsmith.io.outputdir import remove_stale
 
     out = sandbox.root / "out"
     sandbox.freeze()
@@ -440,7 +440,7 @@ def test_a_run_killed_while_making_its_partial_folder_leaves_nothing_for_good(sa
 
 def test_a_partial_folder_made_under_a_private_name_keeps_the_usual_mode(sandbox: Sandbox) -> None:
     """The folder becomes OUT: it has the mode `mkdir` gives (the umask's), not a private 0700."""
-    from weightsmith.outputdir import staged
+    from weightsmith.io.outputdir import staged
 
     with staged(sandbox.root / "out", force=False) as folder:
         (folder / "a.txt").write_text("a\n")
@@ -467,7 +467,7 @@ gptq.quantize(plan, Path(sys.argv[1]), [], None)
 def test_a_killed_gptq_runs_scratch_folder_is_removed_by_the_next_run(sandbox: Sandbox) -> None:
     """GPTQ's values waited in a temporary `OUT.partial-gptq-*` folder without a lock: a killed run's
     stayed forever. It is now a scratch folder locked as a partial folder is, which the next run removes."""
-    from weightsmith.outputdir import remove_stale
+    from weightsmith.io.outputdir import remove_stale
 
     src = tiny_source(sandbox, "src")
     out = sandbox.root / "out"
@@ -486,7 +486,7 @@ def test_a_gptq_scratch_folder_is_locked_while_its_run_lives(monkeypatch, sandbo
     from types import SimpleNamespace
 
     from weightsmith.engine import gptq
-    from weightsmith.outputdir import remove_stale
+    from weightsmith.io.outputdir import remove_stale
 
     out = sandbox.root / "out"
     seen: dict[str, object] = {}

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from hostile.harness import Sandbox, copies, run_inprocess, tiny_pair, tiny_source
-from weightsmith import files
-from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.core import files
+from weightsmith.io import provenance
+from weightsmith.io.manifest import MANIFEST_FILE
 
 QUANTIZE = ("--scheme", "w4a16", "--group-size", "32", "--workers", "1", "--no-hash")
 
@@ -89,25 +90,25 @@ def test_replace_file_keeps_the_mode_of_the_file_it_replaces(sandbox: Sandbox) -
 
 
 def test_calibration_write_never_removes_a_file_named_like_its_temporary(sandbox: Sandbox) -> None:
-    from weightsmith import calibration
+    from weightsmith.calibration import stats_file
 
     out = sandbox.root / "s7.safetensors"
     mine = sandbox.root / f".s7.safetensors.partial-{os.getpid()}"
     mine.write_text("precious\n")
-    stats = calibration.CalibrationStats(
-        calibration.Provenance("sha256:x", 64, 2, 32, "t", "ab" * 32, "original"),
+    stats = stats_file.CalibrationStats(
+        provenance.Provenance("sha256:x", 64, 2, 32, "t", "ab" * 32, "original"),
         {"model.layers.0.self_attn": (1.0, 2.0)},
         {},
     )
-    calibration.write(out, stats)
+    stats_file.write(out, stats)
     assert mine.read_text() == "precious\n"
-    assert calibration.read(out).kv == stats.kv
+    assert stats_file.read(out).kv == stats.kv
     assert sorted(p.name for p in sandbox.root.iterdir()) == sorted([mine.name, out.name])
 
 
 def test_calibrate_refuses_a_name_too_long_before_its_run(capsys, monkeypatch, sandbox: Sandbox) -> None:
     """A 300-byte --out name failed with ENAMETOOLONG only after the whole calibration run."""
-    from weightsmith.engine import calibrate
+    from weightsmith.calibration import measure as calibrate
 
     def too_late(*args: object, **kwargs: object) -> None:
         raise AssertionError("the calibration run started before the name was checked")

@@ -87,7 +87,7 @@ def test_too_few_tokens_and_a_singular_hessian(sandbox: Sandbox, capsys, monkeyp
     and the output is whole, verify clean, and records the fallbacks."""
     from fidelity.eval_checkpoints import TINY_LM_CONFIG
     from weightsmith.audit.verify import verify
-    from weightsmith.manifest import load_manifest
+    from weightsmith.io.manifest import load_manifest
 
     src = _with_tokenizer(sandbox, TINY_LM_CONFIG)
     sandbox.freeze()

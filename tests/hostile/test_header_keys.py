@@ -17,7 +17,7 @@ import pytest
 from doctor_builders import raw_shard
 
 from hostile.harness import Sandbox, run_inprocess
-from weightsmith.errors import HeaderError
+from weightsmith.core.errors import HeaderError
 from weightsmith.safetensors.header import parse_header
 
 SHARD = "model.safetensors"

@@ -19,7 +19,7 @@ import pytest
 
 from hostile.harness import Sandbox, run_inprocess, snapshot
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.outputdir import LOCK_FILE, REPLACED_MARKER, remove_stale
+from weightsmith.io.outputdir import LOCK_FILE, REPLACED_MARKER, remove_stale
 
 
 def _dead_pid() -> int:

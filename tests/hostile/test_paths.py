@@ -29,8 +29,8 @@ from audit.doctor_builders import halves, tiny_moe, write
 from hostile.harness import Result, Sandbox, run_inprocess, run_subprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.audit.survey import survey
-from weightsmith.checkpoint import INDEX_FILE, Checkpoint
-from weightsmith.errors import CheckpointError, OutputError
+from weightsmith.core.errors import CheckpointError, OutputError
+from weightsmith.io.checkpoint import INDEX_FILE, Checkpoint
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
 CONFIG = dict(

@@ -10,7 +10,7 @@ import pytest
 
 from hostile.harness import Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.targets import MATCH_TIMEOUT_S, Targets
+from weightsmith.formats.targets import MATCH_TIMEOUT_S, Targets
 
 #: Exponential for a backtracking matcher on a name of many `a`s that does not end where `$` wants.
 CATASTROPHIC = "re:(a|aa)+$"

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weightsmith.audit.verify import verify
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.errors import WeightsmithError
-from weightsmith.plan import build_plan
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.io.checkpoint import Checkpoint
+from weightsmith.quantize.plan import build_plan
 from weightsmith.schemes import make_scheme
 
 FUZZ = settings(

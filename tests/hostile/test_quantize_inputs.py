@@ -19,9 +19,9 @@ import pytest
 from audit.doctor_builders import raw_shard, write_shard
 from hostile.harness import Result, Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.dtypes import from_numpy
+from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import fp8
+from weightsmith.safetensors.dtypes import from_numpy
 from weightsmith.safetensors.header import MAX_TENSORS
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
@@ -98,7 +98,6 @@ def test_hf_fp8_block_scale_of_narrow_weights_matches_llmcompressor(sandbox: San
     pytest.importorskip("llmcompressor")
     from compressed_tensors.entrypoints.convert.converters import FP8BlockDequantizer
     from llmcompressor import model_free_ptq
-
     from test_fp8_inputs import IGNORE, _same_tensors
 
     tensors, config = _hf_fp8(llama_tensors(NARROW), NARROW)
@@ -127,7 +126,6 @@ def test_ct_fp8_scales_of_narrow_weights_match_llmcompressor(
     pytest.importorskip("llmcompressor")
     from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
     from llmcompressor import model_free_ptq
-
     from test_fp8_inputs import IGNORE, _ct_fp8_scheme, _load, _same_tensors
 
     bf16 = write_checkpoint(sandbox.root.parent / "bf16", llama_tensors(NARROW), NARROW)

@@ -212,7 +212,7 @@ def test_a_nested_non_finite_number_is_named_by_its_path(capsys, monkeypatch, sa
 
 def _fake_measurement(monkeypatch, maxima: tuple[float, float]) -> None:
     """Calibration tokens and KV maxima without a tokenizer or a model run: the command around them is tested."""
-    from weightsmith.engine import calibrate
+    from weightsmith.calibration import measure as calibrate
     from weightsmith.fidelity import logits
 
     def measure(folder, sequences, **_):

@@ -23,11 +23,11 @@ import pytest
 from audit.doctor_builders import FP8_KV, cli, tiny_moe, write, write_shard
 from small_demo import SMALL_DEMO
 from vllm_wheels import vllm_wheel
-from weightsmith.demo import write_demo_checkpoint
 from weightsmith.preflight import checks, code
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import LOAD, NOTE, SLOW, WRONG, Item, Preflight
 from weightsmith.preflight.source import VllmSource
+from weightsmith.quantize.demo import write_demo_checkpoint
 
 OLD, NEW = "0.25.1", "0.33.0"
 LAGUNA_DRAFT = ["DFlashLagunaForCausalLM"]

@@ -234,7 +234,7 @@ def test_an_fp8_kv_cache_declared_without_its_scales(
     1.0: it serves, other numbers (measured on AVX-512, 24 tokens of three prompts: the same tokens as
     the calibrated checkpoint for the first 13, 5 and 4, logprobs up to 0.52 nats apart before that;
     scales divided by 100 give other tokens from the first). On AVX2 vLLM CPU refuses any FP8 cache."""
-    from weightsmith.calibrate_kv import calibrate_kv
+    from weightsmith.calibration.kv import calibrate_kv
 
     calibrated = copy_of(healthy, tmp_path / "calibrated")
     calibrate_kv(calibrated, smollm2_fp32(), builtin="code", tokens=512, seq_len=128)

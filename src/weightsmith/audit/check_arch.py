@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.audit.modules import Located, Module, layer_of
 from weightsmith.audit.quant_config import QuantDeclaration
 from weightsmith.audit.values import SmallReads
+from weightsmith.io import names
 
 #: A config field an expectation needs, and the value it takes when absent (None: required).
 _FIELDS: dict[str, Callable[[dict[str, int]], int] | None] = {

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 
-from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, WARNING, Finding
 from weightsmith.audit.modules import Located, Module
 from weightsmith.audit.quant_config import QuantDeclaration
 from weightsmith.audit.values import SmallReads
+from weightsmith.io import names
 
 
 def attention_modules(modules: dict[str, Module]) -> list[str]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from weightsmith.audit.findings import ERROR, Finding
 from weightsmith.audit.modules import Located
-from weightsmith.names import RUNTIME_NAME_RULES, model_type
+from weightsmith.io.names import RUNTIME_NAME_RULES, model_type
 
 
 def check_runtime_names(config: dict[str, Any] | None, tensors: dict[str, Located]) -> tuple[list[Finding], str]:

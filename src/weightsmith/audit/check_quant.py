@@ -9,7 +9,6 @@ FP8 blocks have the shape vLLM builds such a layer with.
 
 from __future__ import annotations
 
-from weightsmith import names
 from weightsmith.audit import coverage as cov
 from weightsmith.audit.findings import ERROR, WARNING, Finding, Severity
 from weightsmith.audit.modules import Located, Module
@@ -17,6 +16,7 @@ from weightsmith.audit.quant_config import QuantDeclaration, Scheme
 from weightsmith.audit.values import SmallReads
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.layouts import Layout, Tensor
+from weightsmith.io import names
 
 
 def check_quantization(

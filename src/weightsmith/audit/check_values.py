@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from weightsmith import names
 from weightsmith.audit.findings import ERROR, WARNING, Finding
 from weightsmith.audit.modules import Located
 from weightsmith.audit.survey import Survey
 from weightsmith.audit.values import CHUNK_BYTES, chunks, non_finite_count, non_positive_count, scale_code
+from weightsmith.io import names
 from weightsmith.safetensors.reader import ShardReader
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from weightsmith.audit.modules import Located
 from weightsmith.audit.survey import Survey, survey
 from weightsmith.audit.values import CHUNK_BYTES
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightsmith.errors import WeightsmithError
-from weightsmith.severity import ERROR, INFO, SEVERITY_ORDER, WARNING, Severity
-from weightsmith.terminal import printable
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.severity import ERROR, INFO, SEVERITY_ORDER, WARNING, Severity
+from weightsmith.core.terminal import printable
 
 __all__ = ["ERROR", "INFO", "SEVERITY_ORDER", "WARNING", "Finding", "Severity", "from_error", "relative"]
 

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from weightsmith import names
 from weightsmith.audit.coverage import Coverage, coverage
 from weightsmith.audit.modules import Module, group_modules
 from weightsmith.audit.quant_config import QuantDeclaration, read_declaration
 from weightsmith.audit.survey import Survey, gc_paused, survey
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
+from weightsmith.io import names
 from weightsmith.safetensors.header import TensorInfo
 
 BY_CATEGORY, BY_DTYPE, BY_LAYER = "category", "dtype", "layer"

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from weightsmith import names
+from weightsmith.io import names
 from weightsmith.safetensors.header import Header, TensorInfo
 
 DENSE_WEIGHT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})

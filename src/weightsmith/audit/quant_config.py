@@ -13,15 +13,15 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from weightsmith import names
 from weightsmith.audit.findings import ERROR, INFO, Finding
-from weightsmith.checkpoint import CONFIG_FILE
+from weightsmith.core.terminal import short_repr
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8, layouts, modelopt
 from weightsmith.formats.layouts import Layout, parse_block
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS
-from weightsmith.targets import Groups, Targets, number_blind
-from weightsmith.terminal import short_repr
+from weightsmith.formats.targets import Groups, Targets, number_blind
+from weightsmith.io import names
+from weightsmith.io.checkpoint import CONFIG_FILE
 
 if TYPE_CHECKING:
     from weightsmith.audit.modules import Module

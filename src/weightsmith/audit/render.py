@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from weightsmith.terminal import printable
+from weightsmith.core.terminal import printable
 
 #: Piped output gets a wide virtual terminal so tables are never cut to 80 columns.
 console = Console(

@@ -19,7 +19,10 @@ from typing import Any
 
 from weightsmith.audit.findings import ERROR, WARNING, Finding, from_error, relative
 from weightsmith.audit.modules import Located
-from weightsmith.checkpoint import (
+from weightsmith.core.errors import CheckpointError, HeaderError
+from weightsmith.core.files import exists
+from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
+from weightsmith.io.checkpoint import (
     CONFIG_FILE,
     INDEX_FILE,
     SHARD_SUFFIX,
@@ -30,9 +33,6 @@ from weightsmith.checkpoint import (
     read_json,
     unsafe_shards,
 )
-from weightsmith.errors import CheckpointError, HeaderError
-from weightsmith.files import exists
-from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.safetensors.header import MAX_TENSORS, Header, read_header
 
 #: What to do about each problem the shared readers report (their messages say what is wrong).

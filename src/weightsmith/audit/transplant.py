@@ -24,22 +24,23 @@ from typing import Any
 
 import numpy as np
 
-from weightsmith import __version__, names
 from weightsmith.audit.findings import ERROR
 from weightsmith.audit.quant_config import MODELOPT, read_declaration
 from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
-from weightsmith.checkpoint import CONFIG_FILE, DEFAULT_SHARD, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
-from weightsmith.dtypes import from_numpy
-from weightsmith.errors import CheckpointError, OutputError
-from weightsmith.files import copy_new, name_problem, write_json_new
+from weightsmith.core.errors import CheckpointError, OutputError
+from weightsmith.core.files import copy_new, name_problem, write_json_new
+from weightsmith.core.version import __version__
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
-from weightsmith.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale, staged
+from weightsmith.formats.targets import Targets
+from weightsmith.io import names
+from weightsmith.io.checkpoint import CONFIG_FILE, DEFAULT_SHARD, INDEX_FILE, SHARD_SUFFIX, Checkpoint, read_json
+from weightsmith.io.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale, staged
+from weightsmith.safetensors.dtypes import from_numpy
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
-from weightsmith.targets import Targets
 
 HASH = "blake2b-256"
 #: What llm-compressor writes for a static, per-tensor FP8 KV cache (the scales' meaning).

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from weightsmith.dtypes import DTYPES
+from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.safetensors.header import Header, TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from weightsmith.errors import OutputError
-from weightsmith.terminal import markup_safe, printable
+from weightsmith.core.errors import OutputError
+from weightsmith.core.terminal import markup_safe, printable
 
 if TYPE_CHECKING:
     from weightsmith.bench.results import BenchResults
@@ -52,7 +52,7 @@ def run_command(
     from weightsmith.bench.results import VISIT_OK
     from weightsmith.bench.runner import QuietObserver, run_bench
     from weightsmith.bench.stats import SHOWN
-    from weightsmith.interrupt import terminate_as_interrupt
+    from weightsmith.core.interrupt import terminate_as_interrupt
 
     config = load_config(arms)
     plan = prepare(config, allow_unsandboxed)

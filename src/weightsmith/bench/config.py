@@ -24,9 +24,9 @@ from typing import Any
 from weightsmith.bench import kinds
 from weightsmith.bench.kinds import KIND_NAMES, ServerKind
 from weightsmith.bench.quality.scenarios import MAX_SCENARIOS
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import read_text_file
-from weightsmith.terminal import ENV_NAME
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import read_text_file
+from weightsmith.core.terminal import ENV_NAME
 
 #: Placeholder in a command (and its url/env) replaced by a free loopback port at start time.
 PORT_PLACEHOLDER = "{port}"

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightsmith.severity import ERROR, INFO, WARNING, Severity
+from weightsmith.core.severity import ERROR, INFO, WARNING, Severity
 
 #: Where a log pattern looks: the server's log, or the text of its responses.
 LOG = "log"

@@ -20,9 +20,9 @@ from pathlib import Path
 from weightsmith.bench import kinds
 from weightsmith.bench.kinds import CONTENT, KINDS, LOG, EvidencePattern
 from weightsmith.bench.results import Evidence
-from weightsmith.severity import ERROR, INFO, WARNING
+from weightsmith.core.severity import ERROR, INFO, WARNING
 
-# The severity scale is the project's (`weightsmith.severity`), re-exported for the log check's readers.
+# The severity scale is the project's (`weightsmith.core.severity`), re-exported for the log check's readers.
 __all__ = [
     "COMMAND_LINE_PREFIX",
     "CONTENT",

@@ -15,8 +15,8 @@ import os
 import stat
 from pathlib import Path
 
-from weightsmith.errors import OutputError
-from weightsmith.files import read_regular, replace_file
+from weightsmith.core.errors import OutputError
+from weightsmith.core.files import read_regular, replace_file
 
 #: Written into every output folder before anything else: `{"device", "inode", "files": [...]}`.
 MARKER = ".weightsmith-bench"

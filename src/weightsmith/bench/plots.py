@@ -33,7 +33,7 @@ from weightsmith.bench.analysis import Analysis
 from weightsmith.bench.config import sweep_base, sweep_point
 from weightsmith.bench.outdir import write_owned
 from weightsmith.bench.results import BenchResults
-from weightsmith.files import file_part
+from weightsmith.core.files import file_part
 
 _DPI = 110
 _COLOURS = cast("tuple[tuple[float, float, float], ...]", cast(ListedColormap, plt.get_cmap("tab10")).colors)

@@ -22,7 +22,7 @@ from rich.progress import (
 
 from weightsmith.bench.results import VISIT_OK, RequestRecord, VisitResult
 from weightsmith.bench.schedule import Visit
-from weightsmith.terminal import markup_safe
+from weightsmith.core.terminal import markup_safe
 
 
 class RichProgress:

@@ -20,7 +20,7 @@ from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
 from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN, PairedComparison
-from weightsmith.terminal import code_span, env_line, shell_line
+from weightsmith.core.terminal import code_span, env_line, shell_line
 
 _METRIC = {m.key: m for m in (*METRICS, ACCEPTANCE)}
 #: Prompt tokens per request a server may take from its cache without comment: the BOS token and

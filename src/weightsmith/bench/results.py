@@ -18,11 +18,11 @@ from typing import Any
 from weightsmith.bench.client import RequestTiming, TokenLogprob
 from weightsmith.bench.config import sweep_base
 from weightsmith.bench.metrics import SpecWindow
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import MAX_JSON_BYTES, TooLarge, read_regular, replace_file
-from weightsmith.jsonable import jsonable
-from weightsmith.severity import ERROR, WARNING, Severity
-from weightsmith.terminal import ENV_NAME, short_repr
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import MAX_JSON_BYTES, TooLarge, read_regular, replace_file
+from weightsmith.core.jsonable import jsonable
+from weightsmith.core.severity import ERROR, WARNING, Severity
+from weightsmith.core.terminal import ENV_NAME, short_repr
 
 SCHEMA = "weightsmith.bench.results"
 #: Bump on any change a reader of an older file would misread. Version 2 records paths portably

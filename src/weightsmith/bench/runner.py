@@ -28,7 +28,6 @@ from typing import Protocol
 
 import httpx
 
-from weightsmith import __version__
 from weightsmith.bench import client as cl
 from weightsmith.bench import logcheck
 from weightsmith.bench import metrics as m
@@ -59,8 +58,9 @@ from weightsmith.bench.workloads import (
     stdlib_corpus,
     unique_prefix,
 )
-from weightsmith.errors import OutputError
-from weightsmith.files import outside
+from weightsmith.core.errors import OutputError
+from weightsmith.core.files import outside
+from weightsmith.core.version import __version__
 
 #: Consecutive connection failures or timeouts after which a server counts as gone (alive or not):
 #: without it, a hung server would cost `request_timeout_s` for every remaining request.

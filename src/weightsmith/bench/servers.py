@@ -24,8 +24,8 @@ import httpx
 from weightsmith.bench import kinds
 from weightsmith.bench.config import PORT_PLACEHOLDER, ArmSpec
 from weightsmith.bench.logcheck import COMMAND_LINE_PREFIX
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import open_append
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import open_append
 
 
 class ServerError(Exception):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 #: Used when the server cannot tokenize; typical of code for Llama-style BPE vocabularies.
 FALLBACK_CHARS_PER_TOKEN = 3.2

@@ -17,7 +17,6 @@ from weightsmith.card.cite import find_cited
 from weightsmith.card.render import render_card
 from weightsmith.card.sources import (
     BENCH_FILE,
-    CARD_FILE,
     EVAL_FILE,
     INSPECT_FILE,
     PREFLIGHT_FILE,
@@ -25,8 +24,9 @@ from weightsmith.card.sources import (
     disagreements,
     reload,
 )
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import MAX_JSON_BYTES, TooLarge, read_regular
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import MAX_JSON_BYTES, TooLarge, read_regular
+from weightsmith.io.serving import CARD_FILE, read_metadata
 
 #: The files `card` writes beside the card: published with it, so held to the same rule about paths.
 WRITTEN = (INSPECT_FILE, VERIFY_FILE, EVAL_FILE, BENCH_FILE, PREFLIGHT_FILE)
@@ -116,7 +116,7 @@ def check_card(folder: Path) -> CheckResult:
     cited = find_cited(text)
     if not cited:
         raise WeightsmithError("cites no numbers; was it written by `weightsmith card`?", file=card)
-    meta = front.read_metadata(text, card)
+    meta = read_metadata(text, card)
     base, license_id = meta.get("base_model"), meta.get("license")
     repo = published_repo(text)
     src = reload(folder)
@@ -144,7 +144,7 @@ def check_card(folder: Path) -> CheckResult:
             result.mismatches.append(
                 f"{CARD_FILE}:{item.line}: {item.value} does not match {item.source}, which gives {expected.value}"
             )
-    meta_now = front.read_metadata(markdown)
+    meta_now = read_metadata(markdown)
     for key in dict.fromkeys([*meta, *meta_now]):
         if meta.get(key) != meta_now.get(key):
             result.mismatches.append(

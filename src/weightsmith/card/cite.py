@@ -14,7 +14,7 @@ import unicodedata
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from weightsmith.terminal import code_span
+from weightsmith.core.terminal import code_span
 
 #: What a plain-token value is made of.
 _TOKEN = r"[\w.,+%-]"

@@ -12,10 +12,11 @@ from weightsmith.card.check import check_card, read_card
 from weightsmith.card.cite import find_cited
 from weightsmith.card.front import check_repo_id
 from weightsmith.card.render import render_card
-from weightsmith.card.sources import CARD_FILE, cited_files, gather, keep, written_by_card
-from weightsmith.errors import OutputError, WeightsmithError
-from weightsmith.manifest import MANIFEST_FILE
-from weightsmith.terminal import printable
+from weightsmith.card.sources import cited_files, gather, keep, written_by_card
+from weightsmith.core.errors import OutputError, WeightsmithError
+from weightsmith.core.terminal import printable
+from weightsmith.io.manifest import MANIFEST_FILE
+from weightsmith.io.serving import CARD_FILE
 
 #: Every card cites the scheme in its first paragraph; a README written by anyone else does not.
 OWN_CITATION = f"{MANIFEST_FILE}: recipe.scheme"

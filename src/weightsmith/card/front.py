@@ -9,25 +9,12 @@ it, with what the sources give now.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from weightsmith.card import made
-from weightsmith.card.sources import CARD_FILE, CardSources
-from weightsmith.errors import WeightsmithError
-
-_INSTALL = "pip install 'weightsmith[card]'"
-
-
-def _hub() -> Any:
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise WeightsmithError(
-            f"the card's front matter is read with huggingface_hub, which is not installed ({_INSTALL})",
-            code="card.no-huggingface-hub",
-        ) from None
-    return huggingface_hub
+from weightsmith.card.sources import CardSources
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.io.serving import hub, read_metadata
 
 
 def is_repo_id(value: str) -> bool:
@@ -41,7 +28,7 @@ def is_repo_id(value: str) -> bool:
 
 def check_repo_id(value: str, option: str) -> str:
     """`value` if the Hub accepts it as a repository id (ORG/NAME), else one line naming the option."""
-    _hub()
+    hub()
     from huggingface_hub import utils
 
     try:
@@ -82,21 +69,6 @@ def front_matter(meta: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"{key}: {value}")
     return [*lines, "---"]
-
-
-def read_metadata(markdown: str, file: str | Path = CARD_FILE) -> dict[str, Any]:
-    """The card's metadata as `huggingface_hub.ModelCard` reads it, {} without front matter (offline;
-    a block that does not parse is one line naming `file`)."""
-    hub = _hub()
-    if not markdown.startswith("---"):
-        return {}
-    try:
-        card = hub.ModelCard(markdown, ignore_metadata_errors=False)
-    except Exception as exc:  # the parser raises YAML's and its own errors; any of them means unreadable
-        detail = " ".join(str(exc).split())[:200]
-        raise WeightsmithError(f"front matter is not readable: {detail}", file=file, code="card.front") from None
-    data: dict[str, Any] = card.data.to_dict()
-    return data
 
 
 def checked_front_matter(meta: dict[str, Any]) -> list[str]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightsmith import names
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import INSPECT_FILE, CardSources
-from weightsmith.card.target import named_target
-from weightsmith.checkpoint import CONFIG_FILE
-from weightsmith.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
-from weightsmith.plan import PRESETS
+from weightsmith.io import names
+from weightsmith.io.checkpoint import CONFIG_FILE
+from weightsmith.io.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
+from weightsmith.io.serving import named_target
+from weightsmith.quantize.plan import PRESETS
 from weightsmith.schemes import REGISTRY
 
 M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE

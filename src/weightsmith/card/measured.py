@@ -6,7 +6,7 @@ from typing import Any
 
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import EVAL_FILE, INSPECT_FILE, VERIFY_FILE, CardSources
-from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.io.manifest import MANIFEST_FILE
 
 M, INS, V, E = MANIFEST_FILE, INSPECT_FILE, VERIFY_FILE, EVAL_FILE
 

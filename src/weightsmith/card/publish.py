@@ -10,18 +10,16 @@ config.json declares an FP8 KV cache and `verify` found its scales; the speculat
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from typing import Any
 
 from weightsmith.card.cite import Citations
 from weightsmith.card.made import article, draft_kind
 from weightsmith.card.sources import BENCH_FILE, PREFLIGHT_FILE, VERIFY_FILE, CardSources
-from weightsmith.card.target import named_target
-from weightsmith.checkpoint import CONFIG_FILE
-from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.core.terminal import shell_line
+from weightsmith.io.checkpoint import CONFIG_FILE
+from weightsmith.io.manifest import MANIFEST_FILE
+from weightsmith.io.serving import TARGET_VARIABLE, named_target, serve_command
 from weightsmith.preflight.report import NOTE
-from weightsmith.terminal import shell_line
 
 #: vLLM's `--speculative-config` method for each draft kind the card recognises.
 METHODS = {"DFlash": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle", "Medusa": "medusa", "MTP": "mtp"}
@@ -30,16 +28,6 @@ B, C, V, M = BENCH_FILE, CONFIG_FILE, VERIFY_FILE, MANIFEST_FILE
 
 
 #: The target in a served command when the draft's folder does not name it: a variable the reader sets.
-TARGET_VARIABLE = "$TARGET"
-
-
-def serve_command(model: str | None, spec: dict[str, Any] | None = None, flags: Sequence[str] = ()) -> str:
-    """`vllm serve MODEL [--speculative-config 'JSON'] [FLAGS]`: the one spelling of the command, shared by
-    the card and `weightsmith preflight`. Every word is quoted (`shell_line`): a path or a config's name is a
-    stranger's text, and pasting the line must run exactly what it says. `model` None is `$TARGET`."""
-    words = ["--speculative-config", json.dumps(spec)] if spec is not None else []
-    served = TARGET_VARIABLE if model is None else shell_line([model])
-    return " ".join(["vllm serve", served, shell_line([*words, *flags])]).rstrip()
 
 
 def serving_it(src: CardSources, c: Citations, repo: str) -> list[str]:

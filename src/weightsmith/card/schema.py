@@ -4,7 +4,7 @@ Every source is a file a stranger may have edited (or a run of an older or newer
 written), so each field the card reads is declared here with its type. A missing field or a wrong
 type is one line naming the file and the field (`eval.json: logits.kl is a string, not an integer
 or a number`), never a traceback from deep inside the renderer. When the card reads a new field, it
-is added here. The manifest is not declared here: `weightsmith.manifest.Manifest` is its typed
+is added here. The manifest is not declared here: `weightsmith.io.manifest.Manifest` is its typed
 record, and reading one checks it with the same wording.
 
 A spec is a type or tuple of types (`int` never accepts a bool, `float` also takes an int, `None`
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightsmith.errors import WeightsmithError
-from weightsmith.terminal import short_repr
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import short_repr
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from weightsmith.bench.paths import PLACEHOLDERS, served_model
 from weightsmith.card.cite import Citations
 from weightsmith.card.measured import table
 from weightsmith.card.sources import BENCH_FILE, CardSources
-from weightsmith.terminal import env_line, shell_line
+from weightsmith.core.terminal import env_line, shell_line
 
 B = BENCH_FILE
 _LABEL = {m.key: m.label for m in METRICS}

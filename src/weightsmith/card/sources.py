@@ -26,15 +26,15 @@ from weightsmith.bench.analysis import Analysis, analyse
 from weightsmith.bench.paths import file_name, is_local_absolute, make_portable
 from weightsmith.bench.results import BenchResults, load_results, to_jsonable
 from weightsmith.card import schema
-from weightsmith.checkpoint import CONFIG_FILE, read_json
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import MAX_JSON_BYTES, read_regular, replace_file
 from weightsmith.fidelity.report import SCHEMA as EVAL_SCHEMA
 from weightsmith.fidelity.report import SCHEMA_VERSION as EVAL_SCHEMA_VERSION
-from weightsmith.files import MAX_JSON_BYTES, read_regular, replace_file
-from weightsmith.manifest import MANIFEST_FILE, Manifest, load_manifest
+from weightsmith.io.checkpoint import CONFIG_FILE, read_json
+from weightsmith.io.manifest import MANIFEST_FILE, Manifest, load_manifest
+from weightsmith.io.serving import CARD_FILE
 from weightsmith.preflight.report import SCHEMA as PREFLIGHT_SCHEMA
 
-CARD_FILE = "README.md"
 INSPECT_FILE = "inspect.json"
 VERIFY_FILE = "verify.json"
 EVAL_FILE = "eval.json"

@@ -8,37 +8,13 @@ draft's config.json, the bench arms that served it) and says plainly when nothin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from weightsmith.bench.paths import DRAFT, served_model
 from weightsmith.bench.results import ArmInfo
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import BENCH_FILE, CardSources
-from weightsmith.checkpoint import CONFIG_FILE
-from weightsmith.manifest import MANIFEST_FILE
-
-#: Where a draft's config.json may name its target, as the training tools write it.
-TARGET_FIELDS = ("target_model", "target_model_name_or_path", "dflash_config.target_model")
-
-
-@dataclass(frozen=True)
-class NamedTarget:
-    """The target a draft's config.json names, and the field that names it."""
-
-    name: str
-    field: str
-
-
-def named_target(config: dict[str, Any]) -> NamedTarget | None:
-    """The first target config.json names, or None."""
-    for path in TARGET_FIELDS:
-        value: object = config
-        for key in path.split("."):
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, str) and value:
-            return NamedTarget(value, path)
-    return None
+from weightsmith.io.checkpoint import CONFIG_FILE
+from weightsmith.io.manifest import MANIFEST_FILE
+from weightsmith.io.serving import TARGET_FIELDS, NamedTarget, named_target
 
 
 def drafted_arms(src: CardSources) -> list[ArmInfo]:

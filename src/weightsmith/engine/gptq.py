@@ -39,22 +39,22 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from weightsmith.calibration import Provenance
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.timesplit import adding
 from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.engine.lapack import factor_reversed, one_blas_thread
 from weightsmith.engine.loading import opened
 from weightsmith.engine.matmul import PRODUCT_BYTES, add_gram, linear, onednn_linears, symmetrize
 from weightsmith.engine.stream import layer_arguments
-from weightsmith.errors import WeightsmithError
-from weightsmith.manifest import MethodRecord
-from weightsmith.outputdir import scratch
-from weightsmith.pipeline import QuantizeResult, execute, kernel_dtype
-from weightsmith.plan import QUANTIZE, Plan
+from weightsmith.io.manifest import MethodRecord
+from weightsmith.io.outputdir import scratch
+from weightsmith.io.provenance import Provenance
 from weightsmith.quant.floatbits import round_to
 from weightsmith.quant.int4 import mode_of
-from weightsmith.recipe import GPTQ_DAMPENING
+from weightsmith.quantize.pipeline import QuantizeResult, execute, kernel_dtype
+from weightsmith.quantize.plan import QUANTIZE, Plan
+from weightsmith.quantize.recipe import GPTQ_DAMPENING
 from weightsmith.schemes.base import Chosen, Grid, Scheme
-from weightsmith.timesplit import adding
 
 #: Columns quantized before their error is propagated to the rest at once (llm-compressor's default).
 BLOCK_SIZE = 128
@@ -183,7 +183,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def compile_kernel() -> None:
-    """Compile the column kernel into numba's cache (`weightsmith.warm`), with the argument types
+    """Compile the column kernel into numba's cache (`weightsmith.quantize.warm`), with the argument types
     `quantize_weight` passes: values and codes are row slices of the whole matrix's."""
     values, codes = np.ones((8, 2), np.float32), np.zeros((8, 2), np.int8)
     _columns(values[4:], np.empty((4, 2), np.float32), codes[4:], np.eye(4, dtype=np.float32),

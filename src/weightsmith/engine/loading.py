@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from weightsmith.checkpoint import Checkpoint
+from weightsmith.core.errors import CheckpointError
 from weightsmith.engine.skeleton import Skeleton
 from weightsmith.engine.source import TensorSource
-from weightsmith.errors import CheckpointError
+from weightsmith.io.checkpoint import Checkpoint
 
 #: The unit of parameters outside every decoder layer (embeddings, final norm, head).
 TOP = -1

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightsmith.checkpoint import CONFIG_FILE, refuse_remote_code
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
+from weightsmith.io.checkpoint import CONFIG_FILE, refuse_remote_code
 
 
 @dataclass

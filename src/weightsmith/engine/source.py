@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
 from weightsmith.fidelity.original import OriginalWeights, TensorReader, source_format
 from weightsmith.fidelity.quantized import QuantizedModule, quantized_modules
 from weightsmith.fidelity.weights import _dequantize
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io import names
+from weightsmith.io.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     import torch

@@ -14,11 +14,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from weightsmith.calibration import MAX_TOKENS, TEXT_HELP, tokens_option
-from weightsmith.checkpoint import refuse_remote_code
+from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.fidelity import logits as logits_mod
 from weightsmith.fidelity.report import EvalReport, print_report, to_json
 from weightsmith.fidelity.weights import WeightReport, weight_error
+from weightsmith.io import texts
+from weightsmith.io.checkpoint import refuse_remote_code
+from weightsmith.io.texts import TEXT_HELP
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -80,7 +82,7 @@ def eval_command(
     ] = False,
 ) -> None:
     """How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity."""
-    sample = logits_mod.read_text(text) if text is not None else None  # a bad --text fails before any work
+    sample = texts.read_text(text) if text is not None else None  # a bad --text fails before any work
     if not no_logits:  # as early: code a checkpoint ships is refused before the weight pass, not after
         for folder in (orig, quant):
             refuse_remote_code(folder, trust_remote_code)
@@ -93,9 +95,9 @@ def eval_command(
     else:
         _quiet_loaders()
         if sample is None:
-            sample = logits_mod.default_text()
+            sample = texts.default_text()
         if stream:
-            from weightsmith.engine import logits as streamed
+            from weightsmith.fidelity import streamed
 
             logits = streamed.compare(
                 orig, quant, sample.text, tokens, sample.source, trust_remote_code=trust_remote_code

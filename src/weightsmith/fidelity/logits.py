@@ -18,18 +18,16 @@ from __future__ import annotations
 import gc
 import importlib
 import math
-import platform
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weightsmith.calibration import TEXT_LIMIT
-from weightsmith.checkpoint import CONFIG_FILE, Checkpoint, check_tokenizer_files, read_json, refuse_remote_code
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import read_text_file
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint, check_tokenizer_files, read_json, refuse_remote_code
+from weightsmith.io.texts import default_text
 
 REQUIRED_LIBRARIES = ("torch", "transformers", "compressed_tensors")
 #: What `quantize --method gptq` runs on: transformers' modules and torch (the checkpoint is read and decoded
@@ -43,14 +41,6 @@ MEMORY_HEADROOM = 1.5
 POSITIONS_PER_CHUNK = 64
 #: Names shown from a list of missing or unexpected weights before "and N more".
 SHOWN_KEYS = 3
-
-
-@dataclass(frozen=True)
-class TextSample:
-    """The text the models read, and where it came from (for the report)."""
-
-    text: str
-    source: str
 
 
 @dataclass
@@ -67,21 +57,6 @@ class LogitsReport:
     ppl_orig: float | None = None
     ppl_quant: float | None = None
     seconds: float = 0.0
-
-
-def default_text() -> TextSample:
-    """The standard library's JSON decoder source: real code, present wherever Python is."""
-    import json.decoder
-
-    path = Path(json.decoder.__file__)
-    return TextSample(path.read_text(encoding="utf-8"), f"json/decoder.py from Python {platform.python_version()}")
-
-
-def read_text(path: str | Path) -> TextSample:
-    """A user's `--text` file, or a one-line error naming it: a FIFO or device (`/dev/zero`) is
-    refused before it is opened, and no more than TEXT_LIMIT bytes are ever read."""
-    path = Path(path)
-    return TextSample(read_text_file(path, TEXT_LIMIT, "--text file", code="usage"), str(path))
 
 
 def missing_library(libraries: tuple[str, ...] = REQUIRED_LIBRARIES) -> str | None:

@@ -11,12 +11,12 @@ from typing import Self
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.dtypes import DENSE_FLOATS, FP8_FLOATS
-from weightsmith.errors import CheckpointError
-from weightsmith.plan import SourceFormat, detect_source_format
+from weightsmith.core.errors import CheckpointError
+from weightsmith.io import names
+from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import fp8
+from weightsmith.quantize.plan import SourceFormat, detect_source_format
+from weightsmith.safetensors.dtypes import DENSE_FLOATS, FP8_FLOATS
 from weightsmith.safetensors.reader import ShardReader
 
 

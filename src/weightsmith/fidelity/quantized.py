@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from weightsmith import names
-from weightsmith.checkpoint import CONFIG_FILE, Checkpoint
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import layouts
-from weightsmith.targets import Groups
+from weightsmith.formats.targets import Groups
+from weightsmith.io import names
+from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint
 
 #: Parameters of a module that belong to its quantized weight (passed to the dequantizer).
 WEIGHT_PARAMS = (

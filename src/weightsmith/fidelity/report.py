@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
-from weightsmith import __version__
+from weightsmith.core.jsonable import jsonable
+from weightsmith.core.terminal import printable
+from weightsmith.core.version import __version__
 from weightsmith.fidelity.logits import FAILED, OK, LogitsReport
 from weightsmith.fidelity.weights import ErrorSummary, LayerError, WeightReport
-from weightsmith.jsonable import jsonable
-from weightsmith.terminal import printable
 
 SCHEMA = "weightsmith.eval"
 SCHEMA_VERSION = 1

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.checkpoint import Checkpoint
-from weightsmith.errors import CheckpointError
+from weightsmith.core.errors import CheckpointError
 from weightsmith.fidelity.original import OriginalWeights, TensorReader
 from weightsmith.fidelity.quantized import QuantizedModule, quantized_modules
+from weightsmith.io import names
+from weightsmith.io.checkpoint import Checkpoint
 
 #: Elements per float64 chunk of the error sums (32 MiB per chunk array).
 CHUNK_ELEMENTS = 1 << 22

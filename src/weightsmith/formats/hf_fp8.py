@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightsmith import names
-from weightsmith.formats.layouts import Args, Block, Layout, parse_block
+from weightsmith.formats.layouts import Args, Layout, parse_block
+from weightsmith.io import names
+from weightsmith.quant.fp8 import Block
 
 QUANT_METHOD = "fp8"
 BLOCK_KEY = "weight_block_size"

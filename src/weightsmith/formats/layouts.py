@@ -21,10 +21,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from weightsmith import names
+from weightsmith.core.terminal import short_repr
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io import names
 from weightsmith.quant import MX_GROUP, NVFP4_GROUP
-from weightsmith.terminal import short_repr
+from weightsmith.quant.fp8 import Block
 
 #: `Tensor.dtype` of a float scale: stored in the weight's own float dtype, unless the config group
 #: declares a `scale_dtype` (compressed-tensors keeps a scale in the dtype of what it observed).
@@ -34,9 +35,6 @@ _UNPACKED_CODES = {"float": "F8_E4M3", "int": "I8"}
 #: Every compressed-tensors format a layout describes (`verify` says so of any other).
 FORMATS = frozenset({ct.PACK_QUANTIZED, ct.NVFP4_PACK_QUANTIZED, ct.MXFP4_PACK_QUANTIZED, ct.MXFP8_QUANTIZED})
 FORMATS |= frozenset(ct.UNPACKED_FORMATS)
-
-#: Rows x columns of weight one scale covers, recognised from the scale's shape (see `scale_block`).
-Block = tuple[int, int]
 
 
 def parse_block(value: object) -> Block:

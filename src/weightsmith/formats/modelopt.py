@@ -7,8 +7,8 @@ docs (the unified Hugging Face checkpoint: `hf_quant_config.json` beside `config
 
 from __future__ import annotations
 
-from weightsmith import names
 from weightsmith.formats.layouts import Args, Layout
+from weightsmith.io import names
 from weightsmith.quant import NVFP4_GROUP
 
 #: ModelOpt's own quantization config, beside config.json (vLLM `get_config_filenames`).

@@ -18,9 +18,10 @@ from weightsmith.audit.findings import ERROR
 from weightsmith.audit.modules import Module
 from weightsmith.audit.quant_config import MODELOPT, QuantDeclaration
 from weightsmith.audit.values import SmallReads
-from weightsmith.card.publish import serve_command
-from weightsmith.checkpoint import CONFIG_FILE
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import shell_line
+from weightsmith.io.checkpoint import CONFIG_FILE
+from weightsmith.io.serving import serve_command
 from weightsmith.preflight import code
 from weightsmith.preflight.draft import check_draft_code
 from weightsmith.preflight.linear_kernel import check_linear_kernels
@@ -29,7 +30,6 @@ from weightsmith.preflight.pair import check_pair
 from weightsmith.preflight.quant_layers import check_quant_layers
 from weightsmith.preflight.report import LOAD, NOTE, WRONG, Item, Preflight, Side, open_side
 from weightsmith.preflight.source import VllmSource
-from weightsmith.terminal import shell_line
 
 FRESH_CACHE = "VLLM_CACHE_ROOT=$(mktemp -d)"
 

@@ -14,9 +14,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from weightsmith.core.terminal import markup_safe
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, Preflight
-from weightsmith.terminal import markup_safe
 
 #: The most speculative tokens `--k` may name: no draft proposes more per step than this.
 MAX_K = 1024

@@ -7,8 +7,8 @@ or builds an embedding or LM head without the quant config while the draft store
 
 from __future__ import annotations
 
-from weightsmith import names
-from weightsmith.checkpoint import CONFIG_FILE
+from weightsmith.io import names
+from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.preflight import code
 from weightsmith.preflight.report import LOAD, NOTE, Item, Side
 from weightsmith.preflight.source import VllmSource

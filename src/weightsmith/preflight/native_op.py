@@ -20,7 +20,7 @@ import ast
 import platform
 from pathlib import Path
 
-from weightsmith.files import read_regular
+from weightsmith.core.files import read_regular
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.preflight import kernels
 from weightsmith.preflight.code import Evidence, _evidence

@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from weightsmith.card.sources import CARD_FILE
-from weightsmith.card.target import TARGET_FIELDS, named_target
-from weightsmith.checkpoint import CONFIG_FILE
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import open_regular
-from weightsmith.manifest import MANIFEST_FILE
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import open_regular
+from weightsmith.io.checkpoint import CONFIG_FILE
+from weightsmith.io.manifest import MANIFEST_FILE
+from weightsmith.io.serving import CARD_FILE, TARGET_FIELDS, named_target
 from weightsmith.preflight.report import LOAD, NOTE, SLOW, Item, Side
 
 #: The front matter that records a draft's base_model sits at the top of its card: this much is read.
@@ -103,7 +102,7 @@ def _recorded_target(tgt: Side, drf: Side, method: str) -> Item:
     card = drf.found.root / CARD_FILE
     head = _card_head(card)
     if head is not None:
-        from weightsmith.card.front import read_metadata
+        from weightsmith.io.serving import read_metadata
 
         try:
             base = read_metadata(head, card).get("base_model")

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import NotRegularFile, TooLarge, open_regular, read_regular
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import NotRegularFile, TooLarge, open_regular, read_regular
 
 _VERSION = re.compile(r"^Version:\s*(\S+)", re.MULTILINE)
 #: The most bytes one source file (or wheel member) may hold. vLLM's largest (0.25 and 0.33:

@@ -18,9 +18,9 @@ import math
 import ml_dtypes
 import numpy as np
 
-from weightsmith.formats.layouts import Block
-
 #: The block HF fp8 and compressed-tensors FP8_BLOCK checkpoints use.
+#: A weight-scale block: (rows, columns) of weights that share one scale.
+Block = tuple[int, int]
 DEFAULT_BLOCK: Block = (128, 128)
 
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from weightsmith.dtypes import DTYPES, DType
-from weightsmith.errors import HeaderError
-from weightsmith.files import NotRegularFile, open_regular
-from weightsmith.lfs import parse_pointer, pointer_message
+from weightsmith.core.errors import HeaderError
+from weightsmith.core.files import NotRegularFile, open_regular
+from weightsmith.core.lfs import parse_pointer, pointer_message
+from weightsmith.safetensors.dtypes import DTYPES, DType
 
 #: The reference reader's limit (`MAX_HEADER_SIZE` in tensor.rs).
 MAX_HEADER_BYTES = 100_000_000

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from weightsmith.errors import CheckpointError
-from weightsmith.files import NotRegularFile, open_regular
+from weightsmith.core.errors import CheckpointError
+from weightsmith.core.files import NotRegularFile, open_regular
 from weightsmith.safetensors.header import Header, TensorInfo, read_header
 from weightsmith.safetensors.writer import byte_view
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from weightsmith.dtypes import DTYPES, WRITE_ORDER
-from weightsmith.files import create_new
+from weightsmith.core.files import create_new
+from weightsmith.safetensors.dtypes import DTYPES, WRITE_ORDER
 
 COPY_CHUNK = 64 << 20
 _FADVISE = hasattr(os, "posix_fadvise")

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import layouts
 from weightsmith.formats.layouts import Layout
+from weightsmith.io import names
 from weightsmith.safetensors.writer import TensorSpec
 
 #: One write: (parameter name, data, byte offset within that tensor).

@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import layouts
+from weightsmith.io import names
 from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh
 

@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.dtypes import DTYPES
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io import names
 from weightsmith.quant import eightbit, int4, nvfp4
+from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.schemes.base import TENSOR, Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
 

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io import names
 from weightsmith.quant import int4, int4_search
 from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
 

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io import names
 from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Chosen, Grid, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options

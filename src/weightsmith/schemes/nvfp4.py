@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from weightsmith import names
-from weightsmith.dtypes import DTYPES
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io import names
 from weightsmith.quant import int4, nvfp4
+from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.schemes.base import FUSED, Alloc, Scheme, Write, fresh, fused_members, register
 
 

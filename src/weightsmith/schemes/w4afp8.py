@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from weightsmith import names
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.io import names
 from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import block_of, dynamic_activations

@@ -15,7 +15,7 @@ import regex
 from weightsmith.bench.client import Answer
 from weightsmith.bench.quality.sandbox import run_program
 from weightsmith.bench.quality.scenarios import Check, Scenario
-from weightsmith.targets import MATCH_TIMEOUT_S
+from weightsmith.formats.targets import MATCH_TIMEOUT_S
 
 Verdict = tuple[bool, str]
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightsmith.errors import WeightsmithError
+from weightsmith.core.errors import WeightsmithError
 
 #: What the program may use; generous for a unit test, small enough that a runaway stops soon.
 TIME_LIMIT_S = 10.0

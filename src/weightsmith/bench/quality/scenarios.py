@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightsmith.errors import WeightsmithError
-from weightsmith.files import read_text_file
-from weightsmith.targets import Pattern
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import read_text_file
+from weightsmith.formats.targets import Pattern
 
 BUILTIN = "builtin:"
 HUMANEVAL = "builtin:humaneval"

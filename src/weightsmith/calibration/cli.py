@@ -1,0 +1,170 @@
+"""`weightsmith calibrate SRC --out stats.safetensors`: activation maxima from a layer-streamed run; and
+`weightsmith calibrate-kv QUANT`: FP8 KV-cache scales measured and added to a checkpoint (`calibration.kv`).
+
+Exit status 0 when the statistics are written, 2 for bad input (one line from `cli.main`, nothing
+written). The file is written whole or not at all (`stats_file.write`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from weightsmith.calibration import kv, stats_file
+from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
+from weightsmith.core.errors import OutputError, WeightsmithError
+from weightsmith.core.files import check_file_name
+from weightsmith.core.terminal import markup_safe
+from weightsmith.io import provenance
+from weightsmith.io.checkpoint import Checkpoint
+from weightsmith.io.manifest import measured_activations, source_fingerprint
+from weightsmith.io.outputdir import refuse_inside
+from weightsmith.io.texts import BUILTINS, TEXT_HELP
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def _check_out(src: Path, out: Path, force: bool) -> None:
+    """Refuse an output the run could not or must not write, before the run: it may take hours."""
+    check_file_name(out)  # before anything stats it: a name too long is ENAMETOOLONG there
+    refuse_inside(out, src)
+    if out.is_dir():
+        raise OutputError("is a folder; --out names the statistics file", file=out, code="output.folder")
+    stats_file.check_replaceable(out, force)
+    if not out.parent.is_dir():
+        raise OutputError("is in a folder that does not exist", file=out, code="output.parent")
+
+
+def calibrate_command(
+    src: Annotated[Path, typer.Argument(help="The checkpoint folder to run (original, FP8 or quantized).")],
+    out: Annotated[Path, typer.Option("--out", help="The statistics file to write (.safetensors).")],
+    text: Annotated[Path | None, typer.Option("--text", help=f"UTF-8 calibration text ({TEXT_HELP}).")] = None,
+    builtin: Annotated[
+        str | None, typer.Option("--builtin", help=f"Built-in text: {', '.join(BUILTINS)} (default code).")
+    ] = None,
+    tokens: Annotated[
+        int,
+        typer.Option(
+            "--tokens",
+            parser=stats_file.tokens_option(),
+            help=f"Calibration tokens, at most (at most {stats_file.MAX_TOKENS:,}).",
+        ),
+    ] = DEFAULT_TOKENS,
+    seq_len: Annotated[
+        int, typer.Option("--seq-len", min=1, max=stats_file.MAX_TOKENS, help="Tokens per sequence.")
+    ] = DEFAULT_SEQ_LEN,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing statistics file.")] = False,
+) -> None:
+    """Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by layer."""
+    from weightsmith.fidelity.logits import missing_library
+
+    _check_out(src, out, force)
+    ckpt = Checkpoint.open(src)
+    missing = missing_library()
+    if missing is not None:
+        raise WeightsmithError(missing, code="engine.libraries")
+    from weightsmith.calibration.measure import calibration_tokens, measure
+    from weightsmith.engine.loading import opened
+
+    with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
+        activations = loader.source.activations
+    model = provenance.fingerprint(ckpt)
+    source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    sequences, label, sha = calibration_tokens(
+        src, str(text) if text else None, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
+    )
+    count = sum(map(len, sequences))
+    if count < stats_file.MIN_TOKENS:
+        err_console.print(
+            f"[yellow]warning:[/] {count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: "
+            "a maximum over so few is not stable",
+            soft_wrap=True,
+        )
+    started = time.perf_counter()
+    show = err_console.is_terminal
+    kv, inputs = measure(
+        src,
+        sequences,
+        trust_remote_code=trust_remote_code,
+        progress=(lambda line: err_console.print(f"calibrate: {markup_safe(line)}", end="\r")) if show else None,
+    )
+    seconds = time.perf_counter() - started
+    record = provenance.Provenance.of_run(
+        model, sequences, label, sha, measured_activations(activations, model, source), source
+    )
+    stats_file.write(out, stats_file.CalibrationStats(record, kv, inputs), replace=force)
+    err_console.print(
+        f"{markup_safe(out)}: {len(kv)} attention modules, {len(inputs)} Linear inputs; {count} tokens in "
+        f"{seconds:.1f} s ({count / seconds:.1f} tokens/s), activations {record.activations}",
+        soft_wrap=True,
+    )
+
+
+def _show(line: str) -> None:
+    err_console.print(markup_safe(line), end="\r")
+
+
+def calibrate_kv_command(
+    quant: Path = typer.Argument(..., help="Quantized checkpoint folder to add k_scale/v_scale to (in place)."),
+    source: Path | None = typer.Option(
+        None,
+        "--from",
+        help="Measure on this original checkpoint's activations (default: on QUANT's own, dequantized).",
+    ),
+    text: str | None = typer.Option(
+        None, "--text", help=f"Calibration text file ({TEXT_HELP}; default: --builtin code)."
+    ),
+    builtin: str | None = typer.Option(None, "--builtin", help="Built-in calibration text: code or prose."),
+    tokens: int = typer.Option(
+        DEFAULT_TOKENS,
+        "--tokens",
+        parser=stats_file.tokens_option(),
+        help=f"Calibration tokens to run (at most {stats_file.MAX_TOKENS:,}).",
+    ),
+    seq_len: int = typer.Option(
+        DEFAULT_SEQ_LEN, "--seq-len", min=1, max=stats_file.MAX_TOKENS, help="Tokens per sequence."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Write the result here instead of replacing QUANT."),
+    force: bool = typer.Option(False, "--force", help="Replace KV-cache scales QUANT already has."),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Let transformers run the checkpoint's own modelling code."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+) -> None:
+    """Measure FP8 KV-cache scales (k_scale, v_scale) on calibration text and add them to a checkpoint."""
+    output, entry = kv.calibrate_kv(
+        quant,
+        source,
+        text=text,
+        builtin=builtin,
+        tokens=tokens,
+        seq_len=seq_len,
+        force=force,
+        out=out,
+        trust_remote_code=trust_remote_code,
+        progress=None if json_out or not err_console.is_terminal else _show,
+    )
+    if json_out:
+        print(json.dumps({"output": str(output), "calibration": entry}, indent=2))
+        return
+    Console(highlight=False, soft_wrap=True).print(
+        f"[bold green]wrote[/] {entry['kv_scales']} KV-cache scales into {markup_safe(output / kv.SHARD)}, measured on "
+        f"{entry['tokens']:,} tokens of {markup_safe(entry['text'])} ({entry['activations']} activations)"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add `calibrate` and `calibrate-kv` to the project's command line."""
+    app.command("calibrate")(calibrate_command)
+    app.command("calibrate-kv")(calibrate_kv_command)

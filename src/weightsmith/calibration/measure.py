@@ -1,0 +1,111 @@
+"""Calibration statistics from a layer-streamed run: what `weightsmith calibrate` writes.
+
+`measure` runs the checkpoint one decoder layer at a time (`stream`) and records, per attention
+module, |K| max and |V| max as the KV cache receives them, and per Linear the largest |input|
+(`recorders`; per MoE expert, whose weights transformers merges into 3-D parameters: `experts`).
+Activations are those of the checkpoint given: an original's, or a quantized checkpoint's as
+served (its layers dequantized as they are read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from weightsmith.calibration import recorders
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.engine.experts import expert_inputs, expert_table
+from weightsmith.engine.loading import opened
+from weightsmith.engine.stream import layer_arguments, run_layers
+from weightsmith.fidelity.logits import load_tokenizer
+from weightsmith.io.texts import calibration_text
+
+#: Calibration tokens and tokens per sequence of `calibrate` and `calibrate-kv` unless told.
+DEFAULT_TOKENS = 65536
+DEFAULT_SEQ_LEN = 2048
+
+Progress = Callable[[str], None]
+
+
+def measure(
+    ckpt_dir: Path,
+    token_ids: list[list[int]],
+    *,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """(kv maxima per attention module, input maxima per Linear module) for these sequences, layer by layer."""
+    import torch
+
+    if not token_ids or any(len(ids) == 0 for ids in token_ids):
+        raise WeightsmithError("no calibration tokens to run", file=ckpt_dir, code="usage")
+    with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader:
+        skeleton = loader.skeleton
+        cache = recorders.kv_cache(skeleton.config)
+        experts = expert_table(loader.merged)
+        sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
+        hidden, calls = layer_arguments(loader, sequences, cache)
+        inputs: dict[str, float] = {}
+
+        @contextmanager
+        def recording(index: int) -> Iterator[None]:
+            layer, path = skeleton.layers[index], skeleton.layer_path(index)
+            with (
+                recorders.attention_modules(layer, path, cache),
+                recorders.input_maxima(layer, path, inputs),
+                expert_inputs(layer, path, experts, inputs),
+            ):
+                yield
+
+        def done(index: int, count: int) -> None:
+            if progress is not None:
+                progress(f"layer {index}/{count}")
+
+        run_layers(loader, hidden, calls, done, recording)
+        kv = {module: pair for module, pair in cache.maxima.items() if isinstance(module, str)}
+    return kv, recorders.share_fused(inputs)
+
+
+def calibration_tokens(
+    ckpt_dir: Path,
+    text: str | None,
+    builtin: str | None,
+    tokens: int,
+    seq_len: int,
+    *,
+    trust_remote_code: bool = False,
+) -> tuple[list[list[int]], str, str]:
+    """(sequences of token ids, text label, text sha256): the first `tokens` tokens of the text in
+    sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer.
+
+    `text` is the path of a UTF-8 file (`--text`), `builtin` a built-in corpus name (`--builtin`);
+    neither: the built-in `code`. No special tokens are added: the sequences are cut from one
+    stream of text, and a BOS in front of each would be a token the text does not have.
+    """
+    if tokens < 1 or seq_len < 1:
+        raise WeightsmithError(f"--tokens ({tokens}) and --seq-len ({seq_len}) must be positive", code="usage")
+    sample = calibration_text(text, builtin, tokens)
+    try:
+        tokenizer = load_tokenizer(ckpt_dir, trust_remote_code=trust_remote_code)
+    except WeightsmithError:
+        raise
+    except Exception as exc:  # transformers raises many types for a folder without a tokenizer
+        raise WeightsmithError(
+            f"has no tokenizer transformers can load ({type(exc).__name__})", file=ckpt_dir, code="engine.tokenizer"
+        ) from None
+    ids = _tokenize(tokenizer, sample.text, tokens)
+    sequences = [ids[s : s + seq_len] for s in range(0, len(ids), seq_len)]
+    return sequences, sample.source, hashlib.sha256(sample.text.encode()).hexdigest()
+
+
+def _tokenize(tokenizer: Any, text: str, tokens: int) -> list[int]:
+    """The first `tokens` tokens of `text`, tokenising only as much of it as that takes."""
+    chars = tokens * 16
+    while True:
+        ids: list[int] = tokenizer(text[:chars], add_special_tokens=False).input_ids
+        if len(ids) > tokens or chars >= len(text):
+            return ids[:tokens]
+        chars *= 4

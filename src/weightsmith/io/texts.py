@@ -1,0 +1,85 @@
+"""The text models read (calibration, eval): a user's file, or a built-in corpus every Python has.
+
+`code` is Python's own standard library source, starting with the text `eval` reads by default
+(`json/decoder.py`); `prose` is the English reference documentation CPython ships as a Python
+module (`pydoc_data/topics.py`). Both are read offline, and the label says which Python they came
+from, since another version's files give other tokens (the SHA-256 in the provenance pins them).
+"""
+
+from __future__ import annotations
+
+import platform
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import read_text_file
+
+#: The most bytes of a `--text` file read: far more than the text of MAX_TOKENS tokens (about 64 MiB
+#: at 4 bytes a token), far less than a machine's memory.
+TEXT_LIMIT = 256 * 2**20
+#: What `--text` takes, in the commands' help.
+TEXT_HELP = f"a regular file of at most {TEXT_LIMIT // 2**20} MiB"
+BUILTINS = ("code", "prose")
+#: The built-in text used when neither `--text` nor `--builtin` is given.
+DEFAULT_BUILTIN = "code"
+#: Characters read per token wanted: code and English tokenise at 3-4 characters a token.
+CHARS_PER_TOKEN = 6
+
+
+@dataclass(frozen=True)
+class TextSample:
+    """The text the models read, and where it came from (for the report)."""
+
+    text: str
+    source: str
+
+
+def default_text() -> TextSample:
+    """The standard library's JSON decoder source: real code, present wherever Python is."""
+    import json.decoder
+
+    path = Path(json.decoder.__file__)
+    return TextSample(path.read_text(encoding="utf-8"), f"json/decoder.py from Python {platform.python_version()}")
+
+
+def read_text(path: str | Path) -> TextSample:
+    """A user's `--text` file, or a one-line error naming it: a FIFO or device (`/dev/zero`) is
+    refused before it is opened, and no more than TEXT_LIMIT bytes are ever read."""
+    path = Path(path)
+    return TextSample(read_text_file(path, TEXT_LIMIT, "--text file", code="usage"), str(path))
+
+
+def builtin_text(name: str, tokens: int) -> TextSample:
+    """At least about `tokens` tokens of the built-in corpus `name` (all of it if it is shorter)."""
+    version = platform.python_version()
+    if name == "prose":
+        import pydoc_data.topics
+
+        path = Path(pydoc_data.topics.__file__)
+        return TextSample(path.read_text(encoding="utf-8"), f"builtin:prose (pydoc_data/topics.py, Python {version})")
+    if name != "code":
+        raise WeightsmithError(f"unknown built-in text {name!r} (choose from {', '.join(BUILTINS)})", code="usage")
+    wanted = tokens * CHARS_PER_TOKEN
+    first = default_text()
+    parts = [first.text]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    if sum(map(len, parts)) < wanted:
+        for path in sorted(stdlib.glob("*.py")):
+            try:
+                parts.append(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError):
+                continue
+            if sum(map(len, parts)) >= wanted:
+                break
+    return TextSample("\n".join(parts), f"builtin:code (Python {version} standard library)")
+
+
+def calibration_text(text: str | Path | None, builtin: str | None, tokens: int) -> TextSample:
+    """The text named by `--text FILE` or `--builtin NAME` (default: the built-in code)."""
+    if text is not None and builtin is not None:
+        raise WeightsmithError("give --text or --builtin, not both", code="usage")
+    if text is not None:
+        return read_text(text)
+    return builtin_text(builtin or DEFAULT_BUILTIN, tokens)

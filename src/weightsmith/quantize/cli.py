@@ -1,0 +1,705 @@
+"""`weightsmith quantize` and `weightsmith demo`."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from weightsmith.api import plan_quantize
+from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_option
+from weightsmith.cli import paused_gc
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.files import read_regular
+from weightsmith.core.interrupt import terminate_as_interrupt
+from weightsmith.core.terminal import markup_safe
+from weightsmith.core.timesplit import adding
+from weightsmith.io.outputdir import check_destination, remove_stale
+from weightsmith.io.provenance import Provenance, fingerprint
+from weightsmith.io.texts import TEXT_HELP
+from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantize.pipeline import MAX_WORKERS, QuantizeResult, default_workers, execute, work_bytes
+from weightsmith.quantize.plan import PRESETS, Plan
+from weightsmith.quantize.recipe import (
+    GPTQ_DAMPENING,
+    GPTQ_GRID_ONLY,
+    GPTQ_REFUSED_SEARCH,
+    LLM_COMPRESSOR_DAMPENING,
+    MAX_GROUP_SIZE,
+    Recipe,
+    load_recipe,
+)
+from weightsmith.schemes import REGISTRY, SCHEME_NAMES, Scheme, make_scheme
+
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def plan_table(plan: Plan) -> Table:
+    what = (
+        f"recipe {markup_safe(plan.recipe.file)}, {len(plan.recipe.rules)} rules"
+        if plan.recipe.mixed
+        else f"{plan.scheme.name}, group {plan.scheme.group_size}"
+    )
+    table = Table(title=f"plan: {markup_safe(plan.source.root)} ({what})")
+    for col in ("tensor", "dtype", "shape", "action", "why"):
+        table.add_column(col, overflow="fold")
+    for d in plan.decisions:
+        table.add_row(
+            markup_safe(d.name), d.dtype, "x".join(map(str, d.shape)) or "scalar", d.action, markup_safe(d.reason)
+        )
+    stats = plan.calibration.path if plan.calibration else None
+    if plan.calibration is not None:
+        prov = plan.calibration.stats.provenance
+        table.caption = (
+            f"static scales from {markup_safe(stats)}: {prov.tokens:,} tokens measured on "
+            f"{markup_safe(plan.calibration.measured_on)} "
+            f"({prov.activations} activations)"
+        )
+    for shard, specs in plan.added.items():
+        for spec in specs:
+            why = markup_safe(f"{plan.kv_cache} KV-cache scale measured in {stats}, written to {shard}")
+            table.add_row(markup_safe(spec.name), spec.dtype, "x".join(map(str, spec.shape)), "add", why)
+    return table
+
+
+def _warn_unmatched(plan: Plan) -> None:
+    for number, target in plan.unmatched_targets():
+        err.print(f"[yellow]warning:[/] rule {number} target {markup_safe(repr(target))} matches no Linear-like weight")
+
+
+def _warn_few_tokens(plan: Plan) -> None:
+    cal = plan.calibration
+    if cal is not None and cal.stats.provenance.tokens < MIN_TOKENS:
+        err.print(
+            f"[yellow]warning:[/] {markup_safe(cal.path)} was measured on {cal.stats.provenance.tokens:,} tokens; "
+            f"a maximum over fewer than {MIN_TOKENS:,} is not stable"
+        )
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "source": str(plan.source.root),
+        "scheme": plan.scheme.name,
+        "group_size": plan.scheme.group_size,
+        "preset": plan.preset,
+        "rules": [{"targets": list(r.targets), "scheme": r.scheme.name} for r in plan.recipe.rules],
+        "unmatched_targets": [{"rule": n, "target": t} for n, t in plan.unmatched_targets()],
+        "predicted": plan.breakdown(),
+        "ignore": plan.ignore,
+        "bytes_in": plan.bytes_in,
+        "bytes_out_predicted": plan.bytes_out,
+        "calibration": str(plan.calibration.path) if plan.calibration else None,
+        "calibration_measured_on": plan.calibration.measured_on if plan.calibration else None,
+        "kv_cache": plan.kv_cache,
+        "added": [
+            {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "shard": shard}
+            for shard, specs in plan.added.items()
+            for s in specs
+        ],
+        "tensors": [
+            {
+                "name": d.name,
+                "dtype": d.dtype,
+                "shape": list(d.shape),
+                "action": d.action,
+                "reason": d.reason,
+                "outputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in d.outputs],
+            }
+            for d in plan.decisions
+        ],
+    }
+
+
+def _summary(result: QuantizeResult, seconds: float) -> None:
+    m = result.manifest
+    s, t = m.sizes, m.tensors
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {markup_safe(note)}")
+    console.print(f"[bold green]wrote[/] {markup_safe(result.output)}")
+    console.print(
+        f"  tensors   {t.quantize} quantized, {t.keep} kept, "
+        f"{t.decode} FP8 decoded to BF16, {t.drop} scales consumed"
+    )
+    console.print(
+        f"  size      {_mib(s.bytes_before)} -> {_mib(s.bytes_after)} "
+        f"(saved {s.gib_saved:.3f} GiB); "
+        f"bits/param {s.bits_per_parameter_before:.2f} -> {s.bits_per_parameter_after:.2f}"
+    )
+    console.print(f"  ignore    {markup_safe(', '.join(m.recipe.ignore) or '(none)')}")
+    if m.calibration is not None:
+        cal = m.calibration
+        console.print(
+            f"  measured  scales from {cal.tokens:,} calibration tokens of {markup_safe(cal.text)} "
+            f"({cal.activations} activations)"
+        )
+    console.print("  verified  headers re-read strictly, file sizes exact, index resolves both ways")
+    for rel, why in result.skipped_files.items():
+        console.print(f"  [yellow]skipped[/]   {markup_safe(rel)}: {markup_safe(why)} (not copied)")
+    rate = s.bytes_before / seconds / 2**20 if seconds > 0 else 0.0
+    console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
+
+
+def _recipe(
+    scheme: str | None,
+    group_size: int | None,
+    scale_search: str | None,
+    recipe: Path | None,
+    *,
+    gptq: bool = False,
+) -> Recipe:
+    """`--recipe FILE`, or the one-rule recipe of `--scheme` (w4a16 when neither is given).
+
+    `gptq`: a recipe rule naming a search GPTQ cannot start from is refused (see `load_recipe`)."""
+    if recipe is None:
+        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search))
+    given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
+             if v is not None]
+    if given:
+        raise WeightsmithError(
+            f"{given[0]} and --recipe both set the scheme; put it in the recipe's rules", file=recipe, code="usage"
+        )
+    return load_recipe(recipe, gptq=gptq)
+
+
+def _breakdown_tables(plan: Plan) -> list[Table]:
+    """Predicted bytes and bits per parameter by rule and by category (the dry run's summary)."""
+    tables = []
+    for kind, rows in plan.breakdown().items():
+        table = Table(title=f"predicted by {kind}")
+        for col in (kind, "tensors", "params", "bytes in", "bytes out", "bits/param"):
+            table.add_column(col, justify="left" if col == kind else "right")
+        for key, row in rows.items():
+            bits = f"{row['bytes_out'] * 8 / row['params']:.3f}" if row["params"] else "-"
+            table.add_row(
+                markup_safe(key),
+                f"{row['tensors']:,}",
+                f"{row['params']:,}",
+                _mib(row["bytes_in"]),
+                _mib(row["bytes_out"]),
+                bits,
+            )
+        tables.append(table)
+    return tables
+
+
+def compile_notice(scheme: Scheme, dtype: np.dtype) -> None:
+    """Say, before numba compiles kernels that are not in its cache yet, which and for about how long.
+
+    The pipeline calls it at most once per scheme and dtype, and only for a compile: a run whose
+    kernels are cached says nothing. Without it a first run is slower than later ones for no stated
+    reason (it compiles only what it uses, once; `python -m weightsmith.quantize.warm` compiles everything).
+    """
+    search = f" ({scheme.scale_search} search)" if scheme.scale_search else ""
+    err.print(
+        f"compiling the {scheme.name}{search} kernels for {dtype.name} weights once, about "
+        f"{scheme.COMPILE_SECONDS} s; later runs load them from numba's cache",
+        soft_wrap=True,
+    )
+
+
+@paused_gc()  # the run loads numba's kernels: long-lived objects; reference counting frees the rest
+def run_quantize(
+    src: Path,
+    out: Path,
+    *,
+    scheme: str | None,
+    group_size: int | None,
+    ignore: list[str],
+    preset: str | None,
+    workers: int,
+    force: bool,
+    show_progress: bool,
+    hash_sources: bool = True,
+    scale_search: str | None = None,
+    recipe: Path | None = None,
+    calibration: Path | None = None,
+    kv_cache: str | None = None,
+    gptq: GptqOptions | None = None,
+) -> tuple[QuantizeResult, float]:
+    """Open, plan and execute; returns the result and wall seconds."""
+    started = time.perf_counter()
+    plan = plan_quantize(
+        src,
+        recipe=_recipe(scheme, group_size, scale_search, recipe, gptq=gptq is not None),
+        ignore=ignore,
+        preset=preset,
+        calibration=calibration,
+        kv_cache=kv_cache,
+    )
+    _warn_unmatched(plan)
+    _warn_few_tokens(plan)
+    with terminate_as_interrupt():  # the partial output is removed either way
+        try:
+            if gptq is not None:
+                result = _run_gptq(plan, out, gptq, workers=workers, force=force, hash_sources=hash_sources)
+                return result, time.perf_counter() - started
+            if not show_progress:
+                result = execute(
+                    plan, out, workers=workers, force=force, hash_sources=hash_sources, on_compile=compile_notice
+                )
+                return result, time.perf_counter() - started
+            # imported here: a run without a bar (--json, no terminal) starts without them
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            columns = (
+                TextColumn("quantizing"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+            )
+            with Progress(*columns, console=err, transient=True) as bar:
+                task = bar.add_task("quantize", total=work_bytes(plan))
+                result = execute(
+                    plan,
+                    out,
+                    workers=workers,
+                    force=force,
+                    hash_sources=hash_sources,
+                    progress=lambda n: bar.advance(task, n),
+                    on_compile=compile_notice,
+                )
+            return result, time.perf_counter() - started
+        except KeyboardInterrupt:
+            err.print(
+                f"[bold red]interrupted[/]: {markup_safe(out)} was not written and no partial output was left behind"
+            )
+            raise typer.Exit(130) from None
+
+
+@dataclass(frozen=True)
+class GptqOptions:
+    """`--method gptq`: where its calibration tokens come from and its dampening."""
+
+    text: Path | None
+    builtin: str | None
+    tokens: int
+    seq_len: int
+    dampening: float
+    trust_remote_code: bool = False
+    actorder: str = "static"
+
+    def calibration_source(self) -> tuple[str, str]:
+        """The calibration text as (a label, words for a sentence): the file's path both times, or
+        `builtin:NAME` and "the built-in NAME text" (the default built-in when neither is given)."""
+        if self.text:
+            return str(self.text), str(self.text)
+        from weightsmith.io.texts import DEFAULT_BUILTIN
+
+        name = self.builtin or DEFAULT_BUILTIN
+        return f"builtin:{name}", f"the built-in {name} text"
+
+
+def _gptq_json(opts: GptqOptions) -> dict[str, object]:
+    """What `--method gptq` would run, for `--dry-run --json`."""
+    return {
+        "name": "gptq",
+        "text": opts.calibration_source()[0],
+        "tokens_at_most": opts.tokens,
+        "seq_len": opts.seq_len,
+        "actorder": opts.actorder,
+        "dampening": opts.dampening,
+    }
+
+
+def _gptq_line(opts: GptqOptions) -> str:
+    """What `--method gptq` would run, for `--dry-run`: the quantized Linears' values chosen by GPTQ."""
+    text = opts.calibration_source()[1]
+    return (
+        f"method: gptq on at most {opts.tokens:,} tokens of {text} in sequences of {opts.seq_len}, one decoder "
+        f"layer at a time (actorder {opts.actorder}, dampening {opts.dampening} of each Hessian's mean diagonal); "
+        "the grid and the files are the plan's, only the integer values differ"
+    )
+
+
+def _run_gptq(
+    plan: Plan, out: Path, opts: GptqOptions, *, workers: int, force: bool, hash_sources: bool
+) -> QuantizeResult:
+    """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run."""
+    import os
+
+    # now, not after the hours the values take; what a killed run left goes first (a killed GPTQ run's
+    # scratch folder frees its disk, a previous OUT it had set aside is back before OUT is judged)
+    stale = remove_stale(out, keep=[plan.source.root])
+    check_destination(plan.source.root, out, force)
+    seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
+    with adding(seconds, "libraries"):
+        from weightsmith.calibration.measure import calibration_tokens
+        from weightsmith.engine import gptq
+        from weightsmith.engine.loading import opened
+        from weightsmith.fidelity.logits import ENGINE_LIBRARIES, missing_library
+
+        missing = missing_library(ENGINE_LIBRARIES)
+    if missing is not None:
+        raise WeightsmithError(missing, code="engine.libraries")
+    src = plan.source.root
+    with adding(seconds, "tokens"):
+        with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model it cannot run fails now
+            activations = loader.source.activations
+            vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        text = str(opts.text) if opts.text else None
+        sequences, label, sha = calibration_tokens(
+            src, text, opts.builtin, opts.tokens, opts.seq_len, trust_remote_code=opts.trust_remote_code
+        )
+    count = sum(map(len, sequences))
+    largest = max(max(ids) for ids in sequences)
+    if largest >= vocab:
+        raise WeightsmithError(
+            f"its tokenizer gives token id {largest:,} but the model embeds {vocab:,} tokens: "
+            "not this model's tokenizer",
+            file=src,
+            code="engine.tokenizer",
+        )
+    widest = max((d.shape[1] for d in plan.decisions if d.action == "quantize"), default=0)
+    if count < widest:
+        err.print(
+            f"[yellow]warning:[/] {count:,} calibration tokens, fewer than the widest quantized input "
+            f"({widest:,} columns): its Hessian has rank at most {count:,} and is made invertible only by "
+            f"the dampening ({opts.dampening} of its mean diagonal); pass more --tokens",
+            soft_wrap=True,
+        )
+    provenance = Provenance.of_run(fingerprint(plan.source), sequences, label, sha, activations)
+    show = err.is_terminal
+    result = gptq.quantize(
+        plan,
+        out,
+        sequences,
+        provenance,
+        dampening=opts.dampening,
+        actorder=opts.actorder,
+        workers=workers,
+        force=force,
+        hash_sources=hash_sources,
+        trust_remote_code=opts.trust_remote_code,
+        progress=(lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if show else None,
+    )
+    result.engine = {**seconds, **result.engine}
+    result.notes[:0] = stale
+    method = result.manifest.method
+    for module, why in (method.rtn_fallback if method else {}).items():
+        err.print(f"[yellow]warning:[/] {markup_safe(module)}: round-to-nearest, {markup_safe(why)}", soft_wrap=True)
+    return result
+
+
+METHODS = ("rtn", "gptq")
+
+
+def _default_searches() -> str:
+    """The schemes' default searches in the help's words, e.g. `wmse for w4a16, w4a16-asym`."""
+    by_search: dict[str, list[str]] = {}
+    for name, cls in REGISTRY.items():
+        if cls.DEFAULT_SEARCH is not None:
+            by_search.setdefault(cls.DEFAULT_SEARCH, []).append(name)
+    return "; ".join(f"{search} for {', '.join(names)}" for search, names in by_search.items())
+
+
+def gptq_actorders() -> tuple[str, ...]:
+    """`--actorder`'s choices, from the engine (imported only when asked: it loads numba)."""
+    from weightsmith.engine.gptq import ACTORDERS
+
+    return ACTORDERS
+
+
+def quantize(
+    src: Path = typer.Argument(
+        ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
+    ),
+    out: Path = typer.Argument(..., help="Output folder (must not exist unless --force)."),
+    scheme: str | None = typer.Option(None, help=f"One of: {', '.join(SCHEME_NAMES)} (default w4a16)."),
+    recipe: Path | None = typer.Option(
+        None,
+        "--recipe",
+        help="TOML file of ordered rules (targets -> scheme), several schemes in one checkpoint; see the README.",
+    ),
+    group_size: int | None = typer.Option(
+        None,
+        "--group-size",
+        min=1,
+        max=MAX_GROUP_SIZE,
+        help="Input columns per scale (default 128; nvfp4a16 is fixed at 16).",
+    ),
+    scale_search: str | None = typer.Option(
+        None,
+        "--scale-search",
+        help="How each group's scale is chosen: none (plain RTN, byte-identical to llm-compressor model_free_ptq), "
+        "wmse (clipping or widening by magnitude-weighted error: lower KL than RTN on two real models, "
+        "docs/scale-search-study.md), mse (the same, unweighted), noclip (symmetric: largest weight on the grid's "
+        f"end) or memoryless_mse (llm-compressor's symmetric observer, exactly). Default: {_default_searches()}; "
+        "none for the other schemes.",
+    ),
+    ignore: list[str] = typer.Option(
+        [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."
+    ),
+    preset: str | None = typer.Option(None, help=f"Known case: {', '.join(PRESETS)}."),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        help="Statistics file of `weightsmith calibrate` on SRC: needed by nvfp4 and fp8 (static activation "
+        "scales) and by --kv-cache.",
+    ),
+    kv_cache: str | None = typer.Option(
+        None, "--kv-cache", help="Declare an FP8 KV cache with k_scale/v_scale measured on --calibration: fp8."
+    ),
+    method: str = typer.Option(
+        "rtn",
+        "--method",
+        help="rtn (round-to-nearest, data-free) or gptq (GPTQ on calibration text, one decoder layer at a time).",
+    ),
+    text: Path | None = typer.Option(
+        None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."
+    ),
+    builtin: str | None = typer.Option(
+        None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
+    ),
+    tokens: int = typer.Option(
+        2048,
+        "--tokens",
+        parser=tokens_option(),
+        help=f"--method gptq: calibration tokens, at most (at most {MAX_TOKENS:,}).",
+    ),
+    seq_len: int = typer.Option(256, "--seq-len", min=1, max=MAX_TOKENS, help="--method gptq: tokens per sequence."),
+    dampening: float = typer.Option(
+        GPTQ_DAMPENING,
+        "--dampening",
+        help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal, "
+        f"0 to under 1 (llm-compressor's: {LLM_COMPRESSOR_DAMPENING}).",
+    ),
+    actorder: str = typer.Option(
+        "static",
+        "--actorder",
+        help="--method gptq: static (columns in order of decreasing Hessian diagonal, each on its own group's "
+        "grid; llm-compressor's default, same stored format) or none (columns in stored order).",
+    ),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."
+    ),
+    workers: int = typer.Option(0, min=0, max=MAX_WORKERS, help="Worker threads (0: one per core)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    force: bool = typer.Option(False, help="Replace an existing output folder."),
+    no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
+) -> None:
+    """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
+    gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search, actorder)
+    if dry_run:
+        rules = _recipe(scheme, group_size, scale_search, recipe, gptq=gptq is not None)
+        plan = plan_quantize(
+            src, recipe=rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache
+        )
+        _warn_unmatched(plan)
+        _warn_few_tokens(plan)
+        if json_out:
+            print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
+        else:
+            console.print(plan_table(plan))
+            for table in _breakdown_tables(plan):
+                console.print(table)
+            console.print(
+                f"predicted: {_mib(plan.bytes_in)} -> {_mib(plan.bytes_out)}; "
+                f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
+                f"ignore: {markup_safe(', '.join(plan.ignore) or '(none)')}"
+            )
+            if gptq is not None:
+                console.print(markup_safe(_gptq_line(gptq)), soft_wrap=True)
+        return
+    result, seconds = run_quantize(
+        src,
+        out,
+        scheme=scheme,
+        group_size=group_size,
+        ignore=ignore,
+        preset=preset,
+        workers=workers or default_workers(),
+        force=force,
+        show_progress=not json_out and err.is_terminal,
+        hash_sources=not no_hash,
+        scale_search=scale_search,
+        recipe=recipe,
+        calibration=calibration,
+        kv_cache=kv_cache,
+        gptq=gptq,
+    )
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "output": str(result.output),
+                    "seconds": round(seconds, 3),
+                    "time_split": result.timing.to_json(),
+                    "engine_split": {phase: round(t, 3) for phase, t in result.engine.items()},
+                    "notes": result.notes,
+                    "manifest": result.manifest.to_json(),
+                }, indent=2
+            )
+        )
+    else:
+        _summary(result, seconds)
+
+
+def _gptq_options(
+    method: str,
+    text: Path | None,
+    builtin: str | None,
+    tokens: int,
+    seq_len: int,
+    dampening: float,
+    trust_remote_code: bool,
+    scale_search: str | None,
+    actorder: str = "static",
+) -> GptqOptions | None:
+    """The GPTQ options when `--method gptq`, after checking them; a usage error for ones that do not fit."""
+    if method not in METHODS:
+        raise WeightsmithError(f"unknown method {method!r} (choose from {', '.join(METHODS)})", code="usage")
+    if method == "rtn":
+        if text is not None or builtin is not None:
+            raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
+        return None
+    if scale_search == GPTQ_REFUSED_SEARCH:
+        raise WeightsmithError(
+            f"{GPTQ_GRID_ONLY}; it does not take --scale-search {scale_search} (whose factors need the whole tensor "
+            "first); wmse, mse and noclip choose a grid GPTQ can start from",
+            code="usage",
+        )
+    if not 0 <= dampening < 1 or dampening != dampening:
+        raise WeightsmithError(f"--dampening {dampening} must be in [0, 1)", code="usage")
+    if actorder not in gptq_actorders():
+        raise WeightsmithError(_actorder_refusal(actorder), code="usage")
+    return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code, actorder)
+
+
+#: compressed-tensors' names for group ordering (a g_idx per column): "dynamic" is its alias of "group".
+_GROUP_ACTORDERS = ("group", "dynamic")
+
+
+def _actorder_refusal(actorder: str) -> str:
+    """Why `--actorder` refuses `actorder`: group ordering is refused for a reason; anything else is unknown."""
+    choices = ", ".join(gptq_actorders())
+    if actorder in _GROUP_ACTORDERS:
+        alias = "" if actorder == "group" else ", compressed-tensors' other name for group"
+        return (
+            f"--actorder {actorder!r}{alias}: group ordering (a g_idx per column) is not offered: compressed-tensors "
+            f"deprecates it and llm-compressor's GPTQ refuses it; choose from {choices}"
+        )
+    return f"--actorder {actorder!r} is not an activation ordering; choose from {choices}"
+
+
+#: What `write_demo_checkpoint` writes into the demo's draft folder, and nothing else.
+_DEMO_DRAFT_FILES = ("config.json", "model.safetensors")
+
+
+def _check_demo_folder(folder: Path) -> None:
+    """Refuse a `--dir` whose contents the demo would replace but did not provably write.
+
+    The demo replaces its draft folder and its quantized copy. The draft is replaced only when it is
+    a real folder (not a link) holding the demo's two files and nothing else, its config.json the
+    demo's own; the quantized copy only as `quantize --force` replaces any output (its manifest
+    accounts for everything in it). A file or marker in `--dir` proves nothing.
+    """
+    if not os.path.lexists(folder):
+        return
+    if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise WeightsmithError("is not a folder; choose another --dir", file=folder, code="usage")
+    draft = folder / "draft-bf16"
+    if not os.path.lexists(draft):
+        return
+    try:
+        ours = (
+            stat.S_ISDIR(os.lstat(draft).st_mode)
+            and sorted(os.listdir(draft)) == sorted(_DEMO_DRAFT_FILES)
+            and all(stat.S_ISREG(os.lstat(draft / name).st_mode) for name in _DEMO_DRAFT_FILES)
+            and json.loads(read_regular(draft / "config.json", 1 << 20)) == DEMO_CONFIG
+        )
+    except (OSError, ValueError, RecursionError):
+        ours = False
+    if not ours:
+        raise WeightsmithError(
+            "holds files the demo did not write (it holds only config.json and model.safetensors, not a link); "
+            "choose another --dir",
+            file=draft,
+            code="usage",
+        )
+
+
+def demo(
+    folder: Path = typer.Option(
+        Path("weightsmith-demo"), "--dir", help="Where the demo draft and its quantized copy go."
+    ),
+    workers: int = typer.Option(0, min=0, max=MAX_WORKERS, help="Worker threads (0: one per core)."),
+) -> None:
+    """Make a DFlash-like draft, quantize it with the dflash-draft preset, verify it, print sizes."""
+    from weightsmith.audit.verify import verify  # here: `quantize` starts without the audit modules
+
+    src, out = folder / "draft-bf16", folder / "draft-w4a16"
+    _check_demo_folder(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        console.print(f"[bold]1. generating[/] a DFlash-like BF16 draft in {markup_safe(src)}")
+        write_demo_checkpoint(Path(tmp) / "draft")
+        if os.path.lexists(src):  # the demo's own draft (`_check_demo_folder`): its two files
+            for name in _DEMO_DRAFT_FILES:
+                os.unlink(src / name)
+            os.rmdir(src)
+        (Path(tmp) / "draft").rename(src)
+    console.print("[bold]2. plan[/] with preset dflash-draft:")
+    plan = plan_quantize(src, "w4a16", preset="dflash-draft")
+    kept: dict[str, list[str]] = {}
+    for d in plan.decisions:
+        if d.action != "quantize" and len(d.shape) == 2:
+            kept.setdefault(d.reason, []).append(d.name)
+    for reason, tensors in kept.items():
+        leaves = ", ".join(sorted({t.split(".")[-2] for t in tensors}))
+        console.print(f"   keep {len(tensors)} weights ({leaves}): {reason}")
+    console.print(f"   {plan.count('quantize')} Linear weights to quantize, {plan.count('keep')} tensors kept")
+    console.print(f"[bold]3. quantizing[/] to {markup_safe(out)}")
+    result, seconds = run_quantize(
+        src,
+        out,
+        scheme="w4a16",
+        group_size=128,
+        ignore=[],
+        preset="dflash-draft",
+        workers=workers or default_workers(),
+        force=True,
+        show_progress=err.is_terminal,
+    )
+    _summary(result, seconds)
+    console.print(
+        f"[bold]4. verify[/] (the checks `weightsmith verify` runs, values scanned too) on {markup_safe(out)}"
+    )
+    report = verify(out, scan=True)
+    for check in report.checks:
+        status = "FAIL" if check.errors else "ok  " if check.ran else "skip"
+        console.print(f"   {status} {markup_safe(check.title)}")
+    console.print(f"   {markup_safe(report.summary)}")
+    if not report.clean:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `quantize` and `demo` to `app`."""
+    app.command()(quantize)
+    app.command()(demo)
