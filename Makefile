@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test bench fidelity fidelity-study stream-memory vllm-cpu vllm-table bench-vllm-sample \
+.PHONY: demo test test-e2e bench fidelity fidelity-study stream-memory vllm-cpu vllm-table bench-vllm-sample \
 	bench-quality-vllm-sample clean
 
 $(BIN)/python:
@@ -47,11 +47,19 @@ $(VLLM_VENV)/.installed:
 
 vllm-cpu: $(VLLM_VENV)/.installed
 
+# The unit and contract tiers, and the end-to-end tests that each prove what no cheaper test does (real
+# vLLM serving our outputs, transformers loading them): about 15 minutes on two cores from a fresh clone.
 test: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/python tests/vllm_wheels.py
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not e2e"
+
+# The end-to-end studies `make test` leaves out (marker `e2e`): llama.cpp's llama-server built from its
+# registry package (about 23 minutes), the GPTQ KL study against llm-compressor's oneshots, every HumanEval
+# reference solution in the sandbox, and the oneshot references on real models. About 45 minutes.
+test-e2e: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
+	$(BIN)/python -m pytest -q -m e2e
 
 # Speed: each benchmark prints its figures and writes them to benchmarks/results/; the last step
 # regenerates the README's speed table and docs/scaling.png from them.

@@ -149,9 +149,9 @@ def _judge_all(every: int) -> None:
 
 
 def test_humaneval_reference_solutions_pass_in_the_sandbox_and_a_stub_fails() -> None:
-    _judge_all(every=20)  # 9 problems spread over the set; the slow test below runs all 164
+    _judge_all(every=20)  # 9 problems spread over the set; the e2e test below runs all 164
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_every_humaneval_reference_solution_passes_in_the_sandbox() -> None:
     _judge_all(every=1)

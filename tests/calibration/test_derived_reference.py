@@ -32,7 +32,7 @@ from weightsmith.quantize.cli import run_quantize
 llmcompressor = pytest.importorskip("llmcompressor")
 torch = pytest.importorskip("torch")
 # two oneshot runs and an engine run on a real model: about a minute on an idle machine
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e  # llm-compressor's oneshot on a real model
 
 SEQUENCES, SEQ_LEN = 4, 128
 KV_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}

@@ -27,7 +27,6 @@ from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.slow  # three layer-streamed runs of a real model
 
 TOKENS, SEQ_LEN = 256, 128
 

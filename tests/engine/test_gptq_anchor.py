@@ -33,7 +33,6 @@ from weightsmith.quantize.recipe import LLM_COMPRESSOR_DAMPENING
 pytest.importorskip("llmcompressor")
 torch = pytest.importorskip("torch")
 # a oneshot run, a streamed GPTQ run and three evals on a real model
-pytestmark = pytest.mark.slow
 
 SEQUENCES, SEQ_LEN, GROUP = 4, 128, 64
 #: The end-to-end comparison calibrates on 2,048 tokens: on 512, GPTQ is no better than round-to-nearest
@@ -190,6 +189,7 @@ def _ours(src: Path, out: Path, method: str) -> Path:
     return out
 
 
+@pytest.mark.e2e  # five oneshots and five of ours on a real model, about 9 minutes
 def test_gptq_kl_within_noise_of_oneshots(smollm2: Path, tmp_path: Path) -> None:
     from weightsmith.calibration.measure import calibration_tokens
 

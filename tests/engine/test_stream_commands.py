@@ -57,7 +57,6 @@ def test_eval_stream_equals_in_memory_on_the_command_line(tiny_llama: Path, tiny
         assert stream[key] == pytest.approx(memory[key], rel=1e-4, abs=1e-4), key
 
 
-@pytest.mark.slow
 def test_smollm2_w4a16_stream_equals_in_memory(smollm2: Path, tmp_path: Path) -> None:
     """The bar of the issue: on SmolLM2-135M W4A16 group 64 (as tests/fidelity measures it), the
     layer-streamed figures equal the in-memory eval's to 1e-4."""

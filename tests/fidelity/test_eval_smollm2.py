@@ -17,7 +17,6 @@ pytest.importorskip("compressed_tensors")
 
 from models import fake_quant, quantized_modules, smollm2_fp32, stdlib_text
 
-pytestmark = pytest.mark.slow
 GROUP = 64
 
 

@@ -86,7 +86,6 @@ def test_verify_flags_a_block_fp8_layer_vllm_refuses(tmp_path: Path, monkeypatch
     assert report.errors == len(found)
 
 
-@pytest.mark.slow
 def test_smollm2_fp8_block_keeps_qkv_and_serves_the_rest(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from models import smollm2_fp32

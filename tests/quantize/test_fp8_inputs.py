@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from fp8_reference import IGNORE, ct_fp8_scheme, load, same_tensors
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import fp8
@@ -17,9 +18,6 @@ from weightsmith.quantize.cli import run_quantize
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
-
-IGNORE = ["lm_head", "model.embed_tokens"]
-
 
 def _ours(src: Path, out: Path) -> Checkpoint:
     run_quantize(
@@ -37,29 +35,6 @@ def _ours(src: Path, out: Path) -> Checkpoint:
     return Checkpoint.open(out)
 
 
-def _load(folder: Path) -> dict:
-    from safetensors.torch import load_file as load_torch
-
-    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_torch(str(f)).items()}
-
-
-def _same_tensors(a: Path, b: Path) -> None:
-    """Every tensor of two checkpoints equal in dtype, shape and bytes (read by the safetensors library)."""
-    ta, tb = _load(a), _load(b)
-    assert set(ta) == set(tb)
-    for k in ta:
-        assert ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape, k
-        assert torch.equal(ta[k].view(torch.uint8), tb[k].view(torch.uint8)), k
-
-
-def _ct_fp8_scheme(strategy: str):
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-
-    block = [128, 128] if strategy == "block" else None
-    args = QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, block_structure=block)
-    return QuantizationScheme(targets=["Linear"], weights=args)
-
-
 @pytest.mark.parametrize("strategy", ["tensor", "channel", "block"])
 def test_compressed_tensors_fp8_matches_llmcompressor(tmp_path: Path, strategy: str) -> None:
     from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
@@ -67,8 +42,8 @@ def test_compressed_tensors_fp8_matches_llmcompressor(tmp_path: Path, strategy: 
 
     bf16 = write_checkpoint(tmp_path / "bf16", llama_tensors(), shards=2)
     fp8_dir = tmp_path / "fp8"
-    model_free_ptq(str(bf16), str(fp8_dir), scheme=_ct_fp8_scheme(strategy), ignore=IGNORE, device="cpu")
-    scales = {k: v for k, v in _load(fp8_dir).items() if k.endswith("weight_scale")}
+    model_free_ptq(str(bf16), str(fp8_dir), scheme=ct_fp8_scheme(strategy), ignore=IGNORE, device="cpu")
+    scales = {k: v for k, v in load(fp8_dir).items() if k.endswith("weight_scale")}
     expected_shape = {"tensor": (1,), "channel": None, "block": None}[strategy]
     if expected_shape:
         assert all(tuple(v.shape) == expected_shape for v in scales.values())
@@ -83,7 +58,7 @@ def test_compressed_tensors_fp8_matches_llmcompressor(tmp_path: Path, strategy: 
         converter=CompressedTensorsDequantizer(str(fp8_dir), ignore=["re:.*norm$"]),
     )
     ours = _ours(fp8_dir, tmp_path / "ours")
-    _same_tensors(ref, tmp_path / "ours")
+    same_tensors(ref, tmp_path / "ours")
     assert all(ref.info.dtype.code != "F8_E4M3" for ref in ours.tensors.values())
 
 
@@ -139,7 +114,7 @@ def test_hf_fp8_block_matches_llmcompressor(tmp_path: Path, scale_fmt: str) -> N
     ref_ignore = [*IGNORE, "re:.*down_proj$"]
     model_free_ptq(str(ref_src), str(ref), scheme="W4A16", ignore=ref_ignore, device="cpu", converter=converter)
     ours = _ours(src, tmp_path / "ours")
-    _same_tensors(ref, tmp_path / "ours")
+    same_tensors(ref, tmp_path / "ours")
     # down_proj (448 inputs) cannot take group 128: kept in BF16 and listed in ignore.
     down = "model.layers.0.mlp.down_proj"
     assert ours.tensors[f"{down}.weight"].info.dtype.code == "BF16"

@@ -21,7 +21,6 @@ pytest.importorskip("compressed_tensors")
 from models import fake_quant, quantized_modules, smollm2_fp32, stdlib_text  # noqa: E402
 from weightsmith.fidelity.logits import kl_divergence, next_token_logits, perplexity, top1_agreement  # noqa: E402
 
-pytestmark = pytest.mark.slow
 N_TOKENS = 512
 
 

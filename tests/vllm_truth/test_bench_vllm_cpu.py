@@ -53,7 +53,6 @@ def _quantized_draft(target: Path, out: Path) -> tuple[str, str, str, str]:
     return "w8a8-draft", "float32", "CPUInt8ScaledMMLinearKernel", "CompressedTensorsW8A8Int8"
 
 
-@pytest.mark.slow
 def test_self_draft_accepts_everything_and_a_quantized_draft_is_measured(tmp_path: Path) -> None:
     target = smollm2_fp32()
     name, dtype, kernel, scheme = _quantized_draft(target, tmp_path / "draft")

@@ -33,7 +33,6 @@ from weightsmith.preflight.report import LOAD, WRONG
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-pytestmark = pytest.mark.slow
 
 PROMPT = "The capital of France is"
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
@@ -162,6 +161,7 @@ def test_a_truncated_shard(healthy, healthy_completion, vllm_site, tmp_path, cap
     assert len(healthy_completion.ids) == 4
 
 
+@pytest.mark.e2e  # another vLLM server start; verify's own tests hold the finding
 def test_a_quantized_linear_no_config_group_targets(
     healthy, healthy_completion, vllm_site, tmp_path, capsys, monkeypatch
 ):
@@ -186,6 +186,7 @@ def test_a_quantized_linear_no_config_group_targets(
     assert len(healthy_completion.ids) == 4
 
 
+@pytest.mark.e2e  # another vLLM server start; verify's own tests hold the finding
 def test_a_dense_linear_a_config_group_targets(healthy, healthy_completion, vllm_site, tmp_path, capsys, monkeypatch):
     """Not a refusal: vLLM starts, builds the FP8 layer, casts the dense weight into it and never writes
     its scale, so it serves numbers made from uninitialised memory (seen: non-finite logprobs, which the
@@ -227,6 +228,7 @@ def test_a_dense_linear_a_config_group_targets(healthy, healthy_completion, vllm
 KV_FP8 = ["--kv-cache-dtype", "fp8"]
 
 
+@pytest.mark.e2e  # another vLLM server start; verify's own tests hold the finding
 def test_an_fp8_kv_cache_declared_without_its_scales(
     healthy, healthy_completion, vllm_site, tmp_path, capsys, monkeypatch
 ):
