@@ -16,6 +16,7 @@ from weightsmith.api import quantize
 from weightsmith.audit.verify import verify
 from weightsmith.calibration import derived
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats import compressors
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import nvfp4
@@ -79,7 +80,7 @@ def test_static_fp8_weights_scales_and_input_scales(tmp_path: Path, src: Path) -
         partners = names.fused_partners(module)
         amax = max(recorded.inputs[m] for m in (partners[1] if partners else (module,)))
         assert written[f"{module}.input_scale"][0] == np.float32(np.float32(amax).astype(bf16) / 448).astype(bf16)
-        decoded = schemes.decode("float-quantized", schemes.make_scheme("fp8").weight_args(), {
+        decoded = compressors.decompress("float-quantized", schemes.make_scheme("fp8").weight_args(), {
             "weight": written[f"{module}.weight"], "weight_scale": scale
         })  # fmt: skip
         assert np.array_equal(decoded.astype(np.float32), (q.astype(np.float32) * s).astype(bf16).astype(np.float32))

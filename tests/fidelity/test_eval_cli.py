@@ -12,9 +12,9 @@ from safetensors.numpy import load_file, save_file
 
 from clirun import run
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith import schemes
 from weightsmith.fidelity.report import SCHEMA, SCHEMA_VERSION, fmt_rel
 from weightsmith.fidelity.weights import weight_error
+from weightsmith.formats import compressors
 
 
 def test_table(synthetic: Path, synthetic_w4: Path, capsys, monkeypatch) -> None:
@@ -72,7 +72,7 @@ def test_unsupported_format_is_a_line_not_a_crash(
     def not_yet(fmt: str, weights: dict, params: dict) -> None:
         raise NotImplementedError(f"dequantizing {fmt}")
 
-    monkeypatch.setattr(schemes, "decode", not_yet)
+    monkeypatch.setattr(compressors, "decompress", not_yet)
     code, out, _ = run(capsys, monkeypatch, "eval", str(synthetic), str(synthetic_w4), "--no-logits")
     assert code == 0
     assert "format not supported yet, 14 layers not measured (pack-quantized: dequantizing pack-quantized)" in out

@@ -163,9 +163,9 @@ def test_unsupported_format_is_listed_not_raised(
     def not_yet(fmt: str, weights: dict, params: dict) -> np.ndarray:
         raise NotImplementedError(f"dequantizing {fmt}")
 
-    from weightsmith import schemes
+    from weightsmith.formats import compressors
 
-    monkeypatch.setattr(schemes, "decode", not_yet)
+    monkeypatch.setattr(compressors, "decompress", not_yet)
     report = weight_error(synthetic, synthetic_w4)
     assert report.layers == [] and report.categories == []
     assert len(report.unsupported) == 14

@@ -3,7 +3,7 @@
 For every registered scheme and a few weight shapes, the tensors `Scheme.outputs` plans are written
 (filled with ones, `weight_shape` holding the shape) under the scheme's own `quantization_config`, and
 `verify` must find nothing wrong with them; the layout `verify` derives from the written config must
-equal the writer's tensors; `eval` must find every parameter it needs; and the scheme's decoder
+equal the writer's tensors; `eval` must find every parameter it needs; and the format's decoder
 must read them back to a weight of the logical shape. A copy with one tensor's shape off by one
 must be caught, so the check is known to bite.
 """
@@ -24,7 +24,7 @@ from weightsmith.audit.quant_config import read_declaration
 from weightsmith.audit.verify import verify
 from weightsmith.fidelity.quantized import quantized_modules
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import layouts
+from weightsmith.formats import compressors, layouts
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.safetensors.dtypes import DTYPES
@@ -87,7 +87,7 @@ def test_writer_verify_and_eval_agree(tmp_path: Path, name: str, shape: tuple[in
     params = {p: _array(s, shape) for p, s in ((s.name.rsplit(".", 1)[1], s) for s in specs)}
     params.pop(layout.input_scale or "", None)
     assert set(found.params) == set(params)
-    assert schemes.decode(found.format or "", found.weights, params).shape == shape
+    assert compressors.decompress(found.format or "", found.weights, params).shape == shape
 
 
 @pytest.mark.parametrize(("name", "shape"), CASES, ids=[f"{n}-{o}x{i}" for n, (o, i) in CASES])
@@ -133,18 +133,18 @@ def test_static_activations_add_their_scale() -> None:
     """Calibrated schemes slot in: static activations add `input_scale`, NVFP4's `input_global_scale`."""
     fp8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True}
     static = dict(fp8, dynamic=False)
-    layout = layouts.of_group(ct.FLOAT_QUANTIZED, dict(fp8, strategy="channel"), static)
+    layout = compressors.of_group(ct.FLOAT_QUANTIZED, dict(fp8, strategy="channel"), static)
     assert layout is not None
     assert layout.dtypes() == {names.WEIGHT: "F8_E4M3", names.WEIGHT_SCALE: None, names.INPUT_SCALE: None}
     assert layout.tensors(4, 8)[names.INPUT_SCALE].scalar
     assert names.INPUT_SCALE not in layout.dtypes(inputs=False)
-    assert layouts.of_group(ct.FLOAT_QUANTIZED, fp8, dict(fp8, dynamic=True)).dtypes() == {  # type: ignore[union-attr]
+    assert compressors.of_group(ct.FLOAT_QUANTIZED, fp8, dict(fp8, dynamic=True)).dtypes() == {  # type: ignore[union-attr]
         names.WEIGHT: "F8_E4M3",
         names.WEIGHT_SCALE: None,
     }
     nvfp4 = schemes.make_scheme("nvfp4a16").weight_args()
     local = dict(nvfp4, dynamic="local")
-    layout = layouts.of_group(ct.NVFP4_PACK_QUANTIZED, nvfp4, local)
+    layout = compressors.of_group(ct.NVFP4_PACK_QUANTIZED, nvfp4, local)
     assert layout is not None
     assert layout.tensors(4, 32)[names.INPUT_GLOBAL_SCALE] == layouts.Tensor("F32", (1,), scalar=True)
 

@@ -10,6 +10,7 @@ import pytest
 
 from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import int4, int4_search
 from weightsmith.quantize.cli import run_quantize
@@ -162,9 +163,10 @@ def test_asymmetric_search_beats_asymmetric_rtn_and_stays_exact_in_format(seed: 
     hi = torch.clamp((x.amax(-1).float() * p).to(torch.bfloat16), min=0)
     scale, zp = calculate_qparams(lo, hi, args)
     q = _quantize(x, scale.unsqueeze(-1), zp.unsqueeze(-1), torch.tensor(-8), torch.tensor(7), args)
-    assert np.array_equal(int4.unpack_nibbles(ours.packed, 1024, axis=1), q.reshape(256, 1024).to(torch.int8).numpy())
+    codes = q.reshape(256, 1024).to(torch.int8).numpy()
+    assert np.array_equal(PackQuantized.unpack(ours.packed, 4, 1024, axis=1), codes)
     assert np.array_equal(ours.scale.view(np.uint16), scale.view(torch.int16).numpy().view(np.uint16))
-    assert np.array_equal(int4.unpack_nibbles(ours.zero_point, 256, axis=0), zp.to(torch.int8).numpy())
+    assert np.array_equal(PackQuantized.unpack(ours.zero_point, 4, 256, axis=0), zp.to(torch.int8).numpy())
 
 
 def test_search_modes_and_names() -> None:

@@ -12,6 +12,7 @@ import pytest
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith import schemes
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats import compressors
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quantize.cli import run_quantize
 
@@ -100,7 +101,7 @@ def test_encode_and_decode_match_compressed_tensors(name: str) -> None:
         assert arr.dtype == want.dtype and arr.shape == want.shape, param
         assert arr.tobytes() == want.tobytes(), param
     dense = compressor.decompress({k: _torch(v) for k, v in ours.items()}, ct_scheme)["weight"]
-    decoded = schemes.decode(scheme.FORMAT, scheme.weight_args(), ours)
+    decoded = compressors.decompress(scheme.FORMAT, scheme.weight_args(), ours)
     assert decoded.dtype == ml_dtypes.bfloat16 and decoded.shape == w.shape
     assert decoded.tobytes() == _numpy(dense).tobytes()
 

@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.quant import int4
 
 torch = pytest.importorskip("torch")
@@ -61,13 +62,13 @@ def test_kernel_matches_compressed_tensors(dtype: object, torch_dtype: str, symm
         w = _awkward(dtype, seed=seed)
         ours = int4.quantize(w, group, symmetric)
         q, scale, zp = _reference(w, torch_dtype, group, symmetric)
-        assert np.array_equal(int4.unpack_nibbles(ours.packed, w.shape[1], axis=1), q)
+        assert np.array_equal(PackQuantized.unpack(ours.packed, 4, w.shape[1], axis=1), q)
         assert np.array_equal(ours.scale.astype(np.float32), scale)
         assert ours.scale.dtype == np.dtype(dtype)
         if symmetric:
             assert ours.zero_point is None
         else:
-            assert np.array_equal(int4.unpack_nibbles(ours.zero_point, w.shape[0], axis=0), zp)
+            assert np.array_equal(PackQuantized.unpack(ours.zero_point, 4, w.shape[0], axis=0), zp)
 
 
 @pytest.mark.parametrize("dtype,torch_dtype", DTYPES)
@@ -100,13 +101,13 @@ def test_dequantize_matches_compressed_tensors_decompressor(dtype: object, torch
 
 def test_packing_matches_documented_examples() -> None:
     def words(q: list[int]) -> list[str]:
-        return [hex(int(v)) for v in int4.pack_nibbles(np.array([q]), axis=1)[0].view(np.uint32)]
+        return [hex(int(v)) for v in PackQuantized.pack(np.array([q]), 4, axis=1)[0].view(np.uint32)]
 
     assert words(list(range(-8, 8))) == ["0x76543210", "0xfedcba98"]
     assert words([1, 0, 0, 0, 0, 0, 0, 0]) == ["0x88888889"]
     assert words([0, 0, 0, 0, 0, 0, 0, 1]) == ["0x98888888"]
     q = np.random.default_rng(0).integers(-8, 8, size=(13, 24))
-    assert np.array_equal(int4.unpack_nibbles(int4.pack_nibbles(q, axis=0), 13, axis=0), q)
+    assert np.array_equal(PackQuantized.unpack(PackQuantized.pack(q, 4, axis=0), 4, 13, axis=0), q)
 
 
 @pytest.mark.parametrize("dtype", [d for d, _ in DTYPES])
@@ -124,8 +125,8 @@ def test_non_finite_and_bad_shapes_are_refused(dtype: object) -> None:
 
 
 def test_format_level_dequantize_reads_disk_parameters() -> None:
-    from weightsmith import schemes
     from weightsmith.formats import compressed_tensors as ct
+    from weightsmith.formats import compressors
 
     w = _awkward(ml_dtypes.bfloat16, rows=16, cols=256)
     for symmetric in (True, False):
@@ -134,6 +135,6 @@ def test_format_level_dequantize_reads_disk_parameters() -> None:
         if not symmetric:
             params["weight_zero_point"] = q.zero_point
         args = ct.weight_args(4, symmetric, 128)
-        assert np.array_equal(schemes.decode(ct.PACK_QUANTIZED, args, params), int4.dequantize(q, 128))
+        assert np.array_equal(compressors.decompress(ct.PACK_QUANTIZED, args, params), int4.dequantize(q, 128))
     with pytest.raises(NotImplementedError):
-        schemes.decode("float-quantized", {"num_bits": 8}, {})
+        compressors.decompress("float-quantized", {"num_bits": 8}, {})

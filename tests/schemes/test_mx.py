@@ -9,9 +9,10 @@ import pytest
 from clirun import one_error_line, run
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats.compressors import decompress
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import mx
-from weightsmith.schemes import decode, make_scheme
+from weightsmith.schemes import make_scheme
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
@@ -92,7 +93,7 @@ def test_decode_matches_compressed_tensors_decompressor(bits: int) -> None:
     # Through the registry, as `eval` asks: the config group's format picks the scheme.
     fmt, param = ("mxfp4-pack-quantized", "weight_packed") if bits == 4 else ("mxfp8-quantized", "weight")
     weights = make_scheme(PRESETS[bits].lower()).weight_args()
-    dense = decode(fmt, weights, {param: codes, "weight_scale": scale})
+    dense = decompress(fmt, weights, {param: codes, "weight_scale": scale})
     assert dense.view(np.uint16).tobytes() == ours.view(np.uint16).tobytes()
 
 

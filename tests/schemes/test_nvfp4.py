@@ -11,6 +11,7 @@ import pytest
 
 from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats.compressors.fp4_pack_quantized import E2M1, Nvfp4PackQuantized
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import nvfp4
 from weightsmith.quantize.cli import run_quantize
@@ -113,7 +114,7 @@ def test_packing_matches_the_documented_example() -> None:
     q = nvfp4.Nvfp4Weight(
         np.array([[0xF1, 0x42]], np.uint8), np.ones((1, 1), ml_dtypes.float8_e4m3fn), np.ones(1, np.float32)
     )
-    assert nvfp4.unpack(q.packed).tolist() == [[0.5, -6.0, 1.0, 2.0]]
+    assert Nvfp4PackQuantized.unpack(q.packed).tolist() == [[0.5, -6.0, 1.0, 2.0]]
 
 
 def _rel(w: np.ndarray, q: nvfp4.Nvfp4Weight) -> float:
@@ -159,7 +160,7 @@ def test_branch_free_rounding_matches_compressed_tensors_cast_to_fp4() -> None:
     from numba import njit
 
     index, value = njit(lambda t: nvfp4.fp4_index(t)), njit(lambda i: nvfp4.e2m1_value(i))
-    assert [value(i) for i in range(8)] == list(nvfp4.E2M1)
+    assert [value(i) for i in range(8)] == list(E2M1)
     # every threshold, just either side of it, and a fine grid over [-6, 6]
     edges = np.float32([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
     ts = np.concatenate(

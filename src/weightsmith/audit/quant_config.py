@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.core.terminal import short_repr
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import hf_fp8, layouts, modelopt
+from weightsmith.formats import compressors, hf_fp8, layouts, modelopt
 from weightsmith.formats.layouts import Layout, parse_block
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE, MODELOPT_NVFP4, MODELOPT_NVFP4_REQUIRED_KEYS
 from weightsmith.formats.targets import Groups, Targets, number_blind
@@ -167,7 +167,7 @@ class QuantDeclaration:
             elif self.method == HF_FP8:
                 self._layouts[scheme] = hf_fp8.layout(scheme.block)
             else:
-                self._layouts[scheme] = layouts.compressed_tensors(scheme.format, scheme.args, scheme.input_scale)
+                self._layouts[scheme] = compressors.layout_of(scheme.format, scheme.args, scheme.input_scale)
         return self._layouts[scheme]
 
 
@@ -318,7 +318,7 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantDeclaration:
             )
         )
     for scheme in schemes:
-        if scheme.format not in layouts.FORMATS:
+        if scheme.format not in compressors.REGISTRY:
             problems.append(
                 _info(
                     f"format {scheme.format!r} of group {scheme.name!r} is not one the doctor checks tensor by tensor"

@@ -2,7 +2,7 @@
 
 A dense or FP8 original is read as the quantizer reads it (FP8 decoded exactly as `quantize` and
 `eval` decode it, `fidelity.original`); a compressed-tensors checkpoint's quantized modules are
-dequantized by our own decoders (`schemes.decode`, as `eval`'s weight error does), so the model run
+dequantized by our own decoders (`compressors.decompress`, as `eval`'s weight error does), so the model run
 is the quantized model as served. Only names are held; bytes are read when a layer is built.
 """
 

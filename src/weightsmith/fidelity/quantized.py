@@ -15,7 +15,7 @@ from typing import Any
 
 from weightsmith.core.errors import CheckpointError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import layouts
+from weightsmith.formats import compressors
 from weightsmith.formats.targets import Groups
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint
@@ -83,7 +83,7 @@ def _groups(ckpt: Checkpoint) -> tuple[dict[str, Any], dict[str, dict[str, Any]]
 
 def _required_params(fmt: str | None, weights: dict[str, Any]) -> list[str]:
     """The weight's tensors in its format's layout (activation scales are not needed to dequantize)."""
-    layout = layouts.of_group(fmt, weights)
+    layout = compressors.of_group(fmt, weights)
     return list(layout.dtypes(inputs=False)) if layout is not None else []
 
 

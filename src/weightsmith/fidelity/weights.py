@@ -145,9 +145,9 @@ def _dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:
     """The module's dense weight from QUANT. NotImplementedError: the format is not supported yet."""
     params = {param: reader.read(name) for param, name in qm.params.items()}
     try:
-        from weightsmith import schemes  # the kernels: reading a config must not pay numba's start-up
+        from weightsmith.formats import compressors  # decoding starts numba: reading a config must not
 
-        return schemes.decode(qm.format or "", qm.weights, params)
+        return compressors.decompress(qm.format or "", qm.weights, params)
     except (ValueError, IndexError, KeyError, TypeError) as exc:
         marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
         raise CheckpointError(

@@ -2,7 +2,7 @@
 
 Facts from compressed-tensors (`compressors/pack_quantized`, `compressors/nvfp4`,
 `quantization/quant_args.py`) and vLLM's loader; see docs/formats.md for sources. What each
-format stores per quantized module is in formats/layouts.py.
+format stores per quantized module, and how, is in its module of formats/compressors/.
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ NAIVE_QUANTIZED = "naive-quantized"
 #: The compressed-tensors release whose config schema we write (the one llm-compressor pins).
 SCHEMA_VERSION = "0.19.0"
 
-#: Formats that store weights one value per byte, by `QuantizationArgs.type` (`compressors/naive_quantized`):
-#: `float-quantized` (FP8), `int-quantized` (int8, or int4 values in int8 as W4AFP8 writes them) and
-#: `naive-quantized`. Every format's tensors are described in formats/layouts.py.
-UNPACKED_FORMATS = (FLOAT_QUANTIZED, INT_QUANTIZED, NAIVE_QUANTIZED)
 #: What a scale "in the original weight's dtype" (a layout's FLOAT_SCALE) may be: a float dtype a weight has.
 ORIGINAL_FLOATS = frozenset({"BF16", "F16", "F32", "F64"})
 #: `QuantizationArgs.scale_dtype` values -> safetensors dtype codes.

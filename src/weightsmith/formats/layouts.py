@@ -1,18 +1,17 @@
-"""Each on-disk format's tensors, described once: what a quantized Linear stores in place of `weight`.
+"""The description of a format's tensors: what a quantized Linear stores in place of `weight`.
 
 A `Layout` gives, for a module whose logical weight is [out, in], every tensor it stores: name,
-safetensors dtype and shape. compressed-tensors layouts follow from a config group's `format`, its
-`weights` QuantizationArgs and whether its activations keep a static scale (`compressed_tensors`);
-ModelOpt's and the HF fp8 format's are fixed by their own configs (formats/modelopt.py,
-formats/hf_fp8.py). The writer (`Scheme.outputs`), `verify` (audit/check_quant.py), `eval`
-(fidelity/quantized.py) and the card (`Scheme.stored_words`) all read the layout, so what is
-written, what is checked and what is said about it cannot drift apart.
+safetensors dtype and shape. Each compressed-tensors format builds its layouts from a config
+group's `weights` QuantizationArgs (`Args`) and whether its activations keep a static scale
+(`input_scale`), in its own module of formats/compressors/ (`compressors.of_group` finds it by the
+group's `format`); ModelOpt's and the HF fp8 format's are fixed by their own configs
+(formats/modelopt.py, formats/hf_fp8.py). The writer (`Scheme.outputs`), `verify`
+(audit/check_quant.py), `eval` (fidelity/quantized.py) and the card (`Scheme.stored_words`) all read
+the layout, so what is written, what is checked and what is said about it cannot drift apart.
 
 Facts from compressed-tensors 0.19: `quantization/lifecycle/initialize.py` (scale shapes per
-strategy, scales in the weight's float dtype, a float32 `*_global_scale` for `tensor_group`),
-`compressors/pack_quantized` (int32 words, `weight_shape`, zero points packed along the output
-dimension), `compressors/nvfp4`, `compressors/mx` (E8M0 scales as uint8) and
-`compressors/naive_quantized` (one value per byte); vLLM's loaders for ModelOpt and HF fp8.
+strategy, scales in the weight's float dtype, a float32 `*_global_scale` for `tensor_group`);
+vLLM's loaders for ModelOpt and HF fp8.
 """
 
 from __future__ import annotations
@@ -22,19 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weightsmith.core.terminal import short_repr
-from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
-from weightsmith.quant import MX_GROUP, NVFP4_GROUP
 from weightsmith.quant.fp8 import Block
 
 #: `Tensor.dtype` of a float scale: stored in the weight's own float dtype, unless the config group
 #: declares a `scale_dtype` (compressed-tensors keeps a scale in the dtype of what it observed).
 FLOAT_SCALE = None
-#: Code dtypes of the formats that store one value per byte, by `QuantizationArgs.type`.
-_UNPACKED_CODES = {"float": "F8_E4M3", "int": "I8"}
-#: Every compressed-tensors format a layout describes (`verify` says so of any other).
-FORMATS = frozenset({ct.PACK_QUANTIZED, ct.NVFP4_PACK_QUANTIZED, ct.MXFP4_PACK_QUANTIZED, ct.MXFP8_QUANTIZED})
-FORMATS |= frozenset(ct.UNPACKED_FORMATS)
 
 
 def parse_block(value: object) -> Block:
@@ -214,64 +206,3 @@ def input_scale(input_activations: object) -> str | None:
     if input_activations.get("strategy") == "tensor_group":
         return names.INPUT_GLOBAL_SCALE if dynamic is False or dynamic == "local" else None
     return names.INPUT_SCALE if dynamic is False else None
-
-
-def compressed_tensors(fmt: str | None, args: Args, inputs: str | None = None) -> Layout | None:
-    """The layout of a compressed-tensors config group (`inputs`: what `input_scale` gave), or None
-    for a format or argument combination no layout describes."""
-    # a global activation scale is float32 as every `*_global_scale`; a per-tensor one a float scale
-    input_dtype = "F32" if inputs == names.INPUT_GLOBAL_SCALE else FLOAT_SCALE
-    if fmt == ct.PACK_QUANTIZED:
-        bits = args.num_bits or 4
-        return Layout(
-            args,
-            names.WEIGHT_PACKED,
-            "I32",
-            bits,
-            32,
-            scale_block=args.scale_block,
-            weight_shape=True,
-            zero_point=not args.symmetric,
-            input_scale=inputs,
-            input_dtype=input_dtype,
-        )
-    if fmt == ct.NVFP4_PACK_QUANTIZED:
-        return Layout(
-            args,
-            names.WEIGHT_PACKED,
-            "U8",
-            4,
-            8,
-            scale_dtype="F8_E4M3",
-            scale_block=(1, args.group_size or NVFP4_GROUP),
-            global_scale=names.WEIGHT_GLOBAL_SCALE,
-            input_scale=inputs,
-            input_dtype=input_dtype,
-        )
-    if fmt in (ct.MXFP4_PACK_QUANTIZED, ct.MXFP8_QUANTIZED):
-        fp4 = fmt == ct.MXFP4_PACK_QUANTIZED
-        codes, dtype = (names.WEIGHT_PACKED, "U8") if fp4 else (names.WEIGHT, "F8_E4M3")
-        group = (1, args.group_size or MX_GROUP)
-        return Layout(
-            args,
-            codes,
-            dtype,
-            4 if fp4 else 8,
-            8,
-            scale_dtype="U8",
-            scale_block=group,
-            input_scale=inputs,
-            input_dtype=input_dtype,
-        )
-    # one value per byte: FP8, int8, and int4 in int8 (W4AFP8)
-    code = _UNPACKED_CODES.get(args.type or "")
-    if fmt in ct.UNPACKED_FORMATS and code is not None and (args.num_bits == 8 or args.type == "int"):
-        return Layout(
-            args, names.WEIGHT, code, scale_block=args.scale_block, input_scale=inputs, input_dtype=input_dtype
-        )
-    return None
-
-
-def of_group(fmt: str | None, weights: dict[str, Any], input_activations: object = None) -> Layout | None:
-    """The layout of a config group as JSON gives it (its `format`, `weights` and `input_activations`)."""
-    return compressed_tensors(fmt, Args.of(weights), input_scale(input_activations))

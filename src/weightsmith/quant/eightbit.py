@@ -220,10 +220,14 @@ class EightBitWeight:
 
     q: np.ndarray  # int8 or float8_e4m3fn [out, in]
     scale: np.ndarray  # [out, 1], [out, in/group] or [ceil(out/128), ceil(in/128)]
+    #: Integer zero points, one per scale, unpacked (asymmetric `pack-quantized`); None when symmetric.
+    zero_point: np.ndarray | None = None
 
 
 def dequantize(weight: EightBitWeight, block: Block) -> np.ndarray:
-    """`q * scale` in float32, rounded once to the scale dtype, as compressed-tensors' decompressor does."""
+    """`(q - zp) * scale` in float32, rounded once to the scale dtype, as compressed-tensors' decompressor does."""
     q = np.asarray(weight.q).astype(np.float32)
+    if weight.zero_point is not None:
+        q = q - expand(weight.zero_point, q.shape, block)
     values: np.ndarray = (q * expand(weight.scale, q.shape, block)).astype(weight.scale.dtype)
     return values

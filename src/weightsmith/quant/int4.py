@@ -9,9 +9,10 @@ intermediate rounded to the weight dtype:
                                                                q = round(clamp(x / scale + zp, -8, 7))
 
 A zero scale becomes the dtype's eps; `round` is half to even. Dequantization is
-`(q - zp) * scale` in the scale dtype. Storage: `weight_packed` int32 with q+8 nibbles, column 0 in
-the lowest nibble; `weight_scale` in the weight dtype; asymmetric `weight_zero_point` as zp+8
-nibbles packed along the output dimension. Bit-exact with llm-compressor 0.14 / compressed-tensors
+`(q - zp) * scale` in the scale dtype. Storage: `pack-quantized` (formats/compressors/pack_quantized.py),
+which the kernel writes directly: `weight_packed` int32 with q+8 nibbles, column 0 in the lowest
+nibble; `weight_scale` in the weight dtype; asymmetric `weight_zero_point` as zp+8 nibbles packed
+along the output dimension. Bit-exact with llm-compressor 0.14 / compressed-tensors
 0.19 on CPU (tests/test_reference_llmcompressor.py).
 """
 
@@ -24,6 +25,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from weightsmith.formats.compressors.pack_quantized import PackQuantized, per_word
 from weightsmith.quant.floatbits import (
     MODE_BF16,
     MODE_F16,
@@ -36,7 +38,7 @@ from weightsmith.quant.floatbits import (
 )
 
 Q_MIN, Q_MAX, OFFSET = -8, 7, 8
-PACK = 8  # int4 values per int32
+PACK = per_word(4)  # int4 values per int32 word of pack-quantized
 
 #: numpy storage dtype of each emulated mode (for scales and dequantized values).
 MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfloat16), MODE_F16: np.dtype(np.float16)}
@@ -248,32 +250,6 @@ def supports(cols: int, group: int) -> str | None:
     return None
 
 
-def pack_nibbles(q: np.ndarray, axis: int) -> np.ndarray:
-    """Pack int values in [-8, 7] as q+8 nibbles, 8 per int32 along `axis`, first element lowest.
-
-    A length that is not a multiple of 8 is padded with zero nibbles, as compressed-tensors does.
-    """
-    q = np.moveaxis(np.asarray(q, dtype=np.int64), axis, -1)
-    n = q.shape[-1]
-    pad = -n % PACK
-    u = (q + OFFSET).astype(np.uint32)
-    if pad:
-        u = np.concatenate([u, np.zeros((*u.shape[:-1], pad), np.uint32)], axis=-1)
-    u = u.reshape(*u.shape[:-1], -1, PACK)
-    words = np.zeros(u.shape[:-1], np.uint32)
-    for j in range(PACK):
-        words |= u[..., j] << np.uint32(4 * j)
-    return np.moveaxis(words.view(np.int32), -1, axis)
-
-
-def unpack_nibbles(packed: np.ndarray, n: int, axis: int) -> np.ndarray:
-    """Inverse of `pack_nibbles`: int8 values in [-8, 7], `n` of them along `axis`."""
-    w = np.moveaxis(np.asarray(packed).view(np.uint32), axis, -1)
-    nib = np.stack([(w >> np.uint32(4 * j)) & np.uint32(0xF) for j in range(PACK)], axis=-1)
-    q = nib.reshape(*w.shape[:-1], -1)[..., :n].astype(np.int8) - OFFSET
-    return np.moveaxis(q, -1, axis)
-
-
 @dataclass(frozen=True)
 class Int4Weight:
     """One quantized weight as stored on disk."""
@@ -325,7 +301,7 @@ def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True, shrink: np
     return Int4Weight(
         packed.view(np.int32),
         scale_storage(scale, mode),
-        None if symmetric else pack_nibbles(zp, axis=0),
+        None if symmetric else PackQuantized.pack(zp, 4, axis=0),
         (rows, cols),
     )
 
@@ -333,10 +309,10 @@ def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True, shrink: np
 def dequantize(weight: Int4Weight, group: int) -> np.ndarray:
     """`(q - zp) * scale`, rounded to the scale dtype as compressed-tensors does."""
     rows, cols = weight.shape
-    q = unpack_nibbles(weight.packed, cols, axis=1).astype(np.float32)
+    q = PackQuantized.unpack(weight.packed, 4, cols, axis=1).astype(np.float32)
     scale = np.repeat(weight.scale.astype(np.float32), group, axis=1)
     if weight.zero_point is not None:
-        zp = unpack_nibbles(weight.zero_point, rows, axis=0).astype(np.float32)
+        zp = PackQuantized.unpack(weight.zero_point, 4, rows, axis=0).astype(np.float32)
         q = q - np.repeat(zp, group, axis=1)
     return (q * scale).astype(weight.scale.dtype)
 

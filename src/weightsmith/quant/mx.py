@@ -27,6 +27,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from weightsmith.formats.compressors.fp4_pack_quantized import Mxfp4PackQuantized
 from weightsmith.quant import MX_GROUP
 from weightsmith.quant.eightbit import e4m3
 from weightsmith.quant.floatbits import (
@@ -40,7 +41,7 @@ from weightsmith.quant.floatbits import (
     scalar_helper,
 )
 from weightsmith.quant.int4 import kernel_input, mode_of
-from weightsmith.quant.nvfp4 import FP4_MAX, FP8_MAX, fp4_nibble, unpack
+from weightsmith.quant.nvfp4 import FP4_MAX, FP8_MAX, fp4_nibble
 
 GROUP = MX_GROUP
 #: floor(log2(largest element)) per element width: what maps a group's amax into range.
@@ -176,6 +177,6 @@ def quantize(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantize(q: np.ndarray, scale: np.ndarray, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
     """`q * 2**(byte - 127)`, as compressed-tensors' decompressors do: the scale in BF16, product in `dtype`."""
-    values = unpack(q) if q.dtype == np.uint8 else q.astype(np.float32)  # uint8: packed FP4
+    values = Mxfp4PackQuantized.unpack(q) if q.dtype == np.uint8 else q.astype(np.float32)  # uint8: packed FP4
     mult = np.exp2(scale.astype(np.float32) - 127).astype(ml_dtypes.bfloat16).astype(np.float32)
     return (values * np.repeat(mult, GROUP, axis=1)).astype(dtype)

@@ -29,6 +29,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from weightsmith.formats.compressors.fp4_pack_quantized import Nvfp4PackQuantized
 from weightsmith.quant import NVFP4_GROUP
 from weightsmith.quant.floatbits import (
     MODE_BF16,
@@ -46,7 +47,6 @@ GROUP = NVFP4_GROUP
 FP4_MAX, FP8_MAX = 6.0, 448.0
 FP8_EPS = 0.125  # torch.finfo(float8_e4m3fn).eps: what a zero block scale becomes
 FP8_EPS_CODE = 0x20  # its float8_e4m3fn code (exponent field 4: 2**(4 - 7))
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 #: float32 value of every float8_e4m3fn code (NaN codes included, never produced).
 FP8_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 #: Candidate block scale codes relative to RTN's: the same code and the next four larger ones (up to
@@ -317,17 +317,9 @@ def quantize(w: np.ndarray, gs: np.float32 | None = None, search: bool = False) 
     return Nvfp4Weight(packed, codes.view(ml_dtypes.float8_e4m3fn), np.array([gs], np.float32))
 
 
-def unpack(packed: np.ndarray) -> np.ndarray:
-    """E2M1 values (float32) of packed nibbles, element 2k from the low nibble."""
-    nibbles = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[0], -1)
-    mags = E2M1[nibbles & 7]
-    values: np.ndarray = np.where(nibbles & 8, -mags, mags).astype(np.float32)
-    return values
-
-
 def dequantize(weight: Nvfp4Weight, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
     """`q * (block_scale / global_scale)` in float32, cast to `dtype` (BF16, as compressed-tensors unpacks)."""
     eff = weight.scale.astype(np.float32) / weight.global_scale.astype(np.float32)[0]
-    values = unpack(weight.packed) * np.repeat(eff, GROUP, axis=1)
+    values = Nvfp4PackQuantized.unpack(weight.packed) * np.repeat(eff, GROUP, axis=1)
     cast: np.ndarray = values.astype(dtype)
     return cast

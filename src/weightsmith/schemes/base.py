@@ -1,13 +1,14 @@
 """What a quantization scheme is to the rest of weightsmith, and the registry of schemes by name.
 
-A scheme owns everything its format means: which command-line names select it and how their
-options are checked, which weights it can take, its compressed-tensors config group (whose
-format's layout in formats/layouts.py gives the tensors it writes per quantized Linear), an
-optional first pass over whole tensors (NVFP4's global scale from each fused set's absolute
-maximum; llm-compressor's observer, which decides over a whole tensor), the encoding of a block
-of rows, the decoding back to a dense weight, and the words that describe it in a plan and a
-card. The pipeline, the plan, `eval` and `verify` ask the scheme; none
-of them knows a scheme by name. Adding a scheme is one module in this package plus its tests.
+A scheme is its quantization arithmetic and the format it writes: which command-line names select
+it and how their options are checked, which weights it can take, its compressed-tensors config
+group (whose format, formats/compressors/, gives the tensors it writes per quantized Linear and
+reads them back to a dense weight), an optional first pass over whole tensors (NVFP4's global
+scale from each fused set's absolute maximum; llm-compressor's observer, which decides over a
+whole tensor), the encoding of a block of rows with its kernel (quant/), packed as its format
+packs, and the words that describe it in a plan and a card. The pipeline and the plan ask the
+scheme; `eval` and `verify` ask the format a checkpoint declares; none of them knows a scheme by
+name. Adding a scheme on an existing format is one module in this package plus its kernel and tests.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import layouts
+from weightsmith.formats import compressors, layouts
 from weightsmith.formats.layouts import Layout
 from weightsmith.io import names
 from weightsmith.safetensors.writer import TensorSpec
@@ -89,7 +90,7 @@ class Scheme(ABC):
     #: The scale search used when none is named (None: plain round-to-nearest). `make_scheme` applies
     #: it; `--scale-search none` asks for round-to-nearest whatever the default.
     DEFAULT_SEARCH: ClassVar[str | None] = None
-    #: The compressed-tensors format of its config group.
+    #: The compressed-tensors format of its config group: a name in `compressors.REGISTRY`.
     FORMAT: ClassVar[str]
     #: Row blocks are cut at multiples of this many rows (packed zero points span 8 rows).
     ROW_MULTIPLE: ClassVar[int] = 1
@@ -145,9 +146,9 @@ class Scheme(ABC):
     @property
     def layout(self) -> Layout:
         """What the scheme stores per quantized Linear: its format's layout for its arguments."""
-        layout = layouts.of_group(self.FORMAT, self.weight_args(), self.input_args())
+        layout = compressors.of_group(self.FORMAT, self.weight_args(), self.input_args())
         if layout is None:
-            raise TypeError(f"{type(self).__name__}: formats/layouts.py describes no {self.FORMAT} layout for its args")
+            raise TypeError(f"{type(self).__name__}: no {self.FORMAT} layout in formats/compressors/ for its args")
         return layout
 
     def outputs(self, module: str, shape: tuple[int, int], weight_dtype: str) -> list[TensorSpec]:
@@ -228,18 +229,6 @@ class Scheme(ABC):
         `tensor_param` is what `conclude` gave for this weight's module (None without a first pass).
         """
 
-    # --- reading it back ---
-
-    @classmethod
-    @abstractmethod
-    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
-        """Whether a config group of this format and `weights` block is this scheme's on disk."""
-
-    @classmethod
-    @abstractmethod
-    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-        """The dense weight a module stands for, from its on-disk parameters (as compressed-tensors gives it)."""
-
 
 #: Command-line name -> the class that serves it, in registration order.
 REGISTRY: dict[str, type[Scheme]] = {}
@@ -270,16 +259,6 @@ def make_scheme(name: str, group_size: int | None = None, scale_search: str | No
     if scale_search is None:
         scale_search = cls.DEFAULT_SEARCH
     return cls.make(name, group_size, None if scale_search == NONE else scale_search)
-
-
-def decode(fmt: str, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-    """The dense weight of a quantized module, by whichever registered scheme recognizes its group."""
-    for cls in dict.fromkeys(REGISTRY.values()):
-        if cls.recognizes(fmt, weights):
-            return cls.decode(weights, params)
-    raise NotImplementedError(
-        f"dequantizing {fmt} with {weights.get('num_bits')}-bit {weights.get('strategy')} weights"
-    )
 
 
 def fused_members(module: str, present: dict[str, Any]) -> list[str]:

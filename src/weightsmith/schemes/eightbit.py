@@ -1,7 +1,7 @@
 """What the 8-bit schemes share: one int8 or FP8 value per byte, a scale per channel, group or block.
 
 compressed-tensors stores these weights unpacked (`float-quantized`, `int-quantized`; the tensors
-are in formats/layouts.py). The arithmetic is in
+and their reading back are in formats/compressors/naive_quantized.py). The arithmetic is in
 quant/eightbit.py. This module registers no scheme; `fp8.py` and `int8.py` subclass `EightBit`.
 """
 
@@ -14,7 +14,6 @@ import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import layouts
 from weightsmith.io import names
 from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh
@@ -32,12 +31,6 @@ def refuse_options(name: str, group_size: int | None, scale_search: str | None) 
         raise WeightsmithError(f"{name} takes no --scale-search (it is plain round-to-nearest)", code="usage")
     if group_size is not None:
         raise WeightsmithError(f"{name} takes no --group-size (its scale layout is fixed)", code="usage")
-
-
-def block_of(weights: dict[str, Any], shape: tuple[int, int]) -> eightbit.Block:
-    """The rows x columns one scale covers, from a config group's `weights` block (the format's layout rule)."""
-    block = layouts.Args.of(weights).scale_block
-    return block if block is not None else (max(shape[0], 1), None)
 
 
 @dataclass(frozen=True)
@@ -78,12 +71,3 @@ class EightBit(Scheme):
             (names.WEIGHT, q, r0 * shape[1]),
             (names.WEIGHT_SCALE, stored, (r0 // self.ROW_MULTIPLE) * stored.shape[1] * stored.itemsize),
         ], -1
-
-    @classmethod
-    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
-        return fmt in ct.UNPACKED_FORMATS and weights.get("type") == cls.KIND and weights.get("num_bits") == 8
-
-    @classmethod
-    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-        q = params[names.WEIGHT]
-        return eightbit.dequantize(eightbit.EightBitWeight(q, params[names.WEIGHT_SCALE]), block_of(weights, q.shape))

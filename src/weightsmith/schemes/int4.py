@@ -18,6 +18,7 @@ import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io import names
 from weightsmith.quant import int4, int4_search
 from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
@@ -145,7 +146,7 @@ class Int4(Scheme):
         bad = int4.quantize_rows(xin, mode, g, self.symmetric, shrink, packed, scale, zp)
         if isinstance(tensor_param, Chosen):  # in `packed`'s layout: nibbles, or one int8 per value (W4AFP8)
             codes = tensor_param.codes[r0 : r0 + n]
-            packed[:] = codes if packed.dtype == np.int8 else int4.pack_nibbles(codes, axis=1).view(np.uint32)
+            packed[:] = codes if packed.dtype == np.int8 else PackQuantized.pack(codes, 4, axis=1).view(np.uint32)
         return int4.scale_storage(scale, mode), zp, bad
 
     def encode(
@@ -162,19 +163,8 @@ class Int4(Scheme):
             (names.WEIGHT_SCALE, stored_scale, r0 * (cols // g) * stored_scale.itemsize),
         ]
         if not self.symmetric:
-            writes.append((names.WEIGHT_ZERO_POINT, int4.pack_nibbles(zp, axis=0), (r0 // int4.PACK) * (cols // g) * 4))
+            zero_point = PackQuantized.pack(zp, 4, axis=0)
+            writes.append((names.WEIGHT_ZERO_POINT, zero_point, (r0 // int4.PACK) * (cols // g) * 4))
         if r0 == 0:
             writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
         return writes, -1
-
-    @classmethod
-    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
-        return fmt == ct.PACK_QUANTIZED and weights.get("num_bits") == 4 and weights.get("strategy") == "group"
-
-    @classmethod
-    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-        rows, cols = (int(v) for v in params[names.WEIGHT_SHAPE])
-        weight = int4.Int4Weight(
-            params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE], params.get(names.WEIGHT_ZERO_POINT), (rows, cols)
-        )
-        return int4.dequantize(weight, int(weights["group_size"]))

@@ -2,8 +2,8 @@
 
 W8A8 scales each output channel and quantizes activations per token at run time (no calibration).
 W8A16 is compressed-tensors' `_int_wnam(8)` preset: symmetric groups of 128 input columns,
-weight-only, stored as W4A16 is (`weight_packed` int32 holding four q+128 bytes, first column in
-the lowest byte; `weight_scale`; `weight_shape`).
+weight-only, stored as W4A16 is (`pack-quantized`, formats/compressors/pack_quantized.py: four int8
+values to an int32 word; `weight_scale`; `weight_shape`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.compressors.pack_quantized import PackQuantized, per_word
 from weightsmith.io import names
 from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Chosen, Grid, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
 
 DEFAULT_GROUP = 128
-PER_WORD = 4  # int8 values per packed int32
-OFFSET = 128  # stored as q + 128, unsigned
+PER_WORD = per_word(8)  # int8 values per packed int32
 Q_MIN, Q_MAX = -128, 127  # compressed-tensors' range for 8-bit integers
 
 
@@ -84,22 +84,8 @@ class W8A16(EightBit):
         (_, q, offset), scale = writes
         if isinstance(tensor_param, Chosen):  # the grid is these rows' own; the points on it were chosen
             q = np.array(tensor_param.codes[r0 : r0 + len(x)], np.int8)
-        raw = q.view(np.uint8)
-        raw ^= np.uint8(OFFSET)  # q + 128 in two's complement, in place: q is this call's buffer
-        packed = raw.view(np.int32)
+        packed = PackQuantized.pack(q, 8, axis=1, in_place=True)  # q is this call's buffer
         writes = [(names.WEIGHT_PACKED, packed, offset), scale]
         if r0 == 0:
             writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
         return writes, -1
-
-    @classmethod
-    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
-        return fmt == ct.PACK_QUANTIZED and weights.get("num_bits") == 8 and weights.get("strategy") == "group"
-
-    @classmethod
-    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-        rows, cols = (int(v) for v in params[names.WEIGHT_SHAPE])
-        raw = np.ascontiguousarray(params[names.WEIGHT_PACKED]).view(np.uint8).reshape(rows, -1)[:, :cols]
-        q = (raw ^ np.uint8(OFFSET)).view(np.int8)
-        weight = eightbit.EightBitWeight(q, params[names.WEIGHT_SCALE])
-        return eightbit.dequantize(weight, (1, int(weights["group_size"])))

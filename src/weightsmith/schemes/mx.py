@@ -16,7 +16,6 @@ import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import layouts
 from weightsmith.io import names
 from weightsmith.quant import int4, mx
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
@@ -66,16 +65,6 @@ class _Mx(Scheme):
         scale = alloc("scale", (n, cols // mx.GROUP), np.uint8)
         bad = mx.quantize_rows(int4.kernel_input(x), int4.mode_of(x.dtype), self.num_bits, out, scale)
         return [(self.layout.codes, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
-
-    @classmethod
-    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
-        return fmt == cls.FORMAT
-
-    @classmethod
-    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-        layout = layouts.of_group(cls.FORMAT, weights)
-        assert layout is not None  # every MX format has one
-        return mx.dequantize(params[layout.codes], params[layout.scale])
 
 
 @register

@@ -81,15 +81,6 @@ class Nvfp4(Scheme):
             writes.append((names.WEIGHT_GLOBAL_SCALE, np.array([gs], np.float32), 0))
         return writes, bad
 
-    @classmethod
-    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
-        return fmt == ct.NVFP4_PACK_QUANTIZED
-
-    @classmethod
-    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-        packed, scale = params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE]
-        return nvfp4.dequantize(nvfp4.Nvfp4Weight(packed, scale, params[names.WEIGHT_GLOBAL_SCALE]))
-
 
 @register
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
 from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
-from weightsmith.schemes.eightbit import block_of, dynamic_activations
+from weightsmith.schemes.eightbit import dynamic_activations
 from weightsmith.schemes.int4 import Int4
 
 
@@ -54,12 +54,3 @@ class W4Afp8(Int4):
             (names.WEIGHT, q, r0 * cols),
             (names.WEIGHT_SCALE, stored_scale, r0 * groups * stored_scale.itemsize),
         ], -1
-
-    @classmethod
-    def recognizes(cls, fmt: str, weights: dict[str, Any]) -> bool:
-        return fmt in ct.UNPACKED_FORMATS and weights.get("type") == "int" and weights.get("num_bits") == 4
-
-    @classmethod
-    def decode(cls, weights: dict[str, Any], params: dict[str, np.ndarray]) -> np.ndarray:
-        q = params[names.WEIGHT]
-        return eightbit.dequantize(eightbit.EightBitWeight(q, params[names.WEIGHT_SCALE]), block_of(weights, q.shape))
