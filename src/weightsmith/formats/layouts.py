@@ -5,7 +5,7 @@ safetensors dtype and shape. compressed-tensors layouts follow from a config gro
 `weights` QuantizationArgs and whether its activations keep a static scale (`compressed_tensors`);
 ModelOpt's and the HF fp8 format's are fixed by their own configs (formats/modelopt.py,
 formats/hf_fp8.py). The writer (`Scheme.outputs`), `verify` (audit/check_quant.py), `eval`
-(fidelity/quantized.py) and the card (`Scheme.stored_words`) all read the layout, so what is
+(formats/declaration.py) and the card (`Scheme.stored_words`) all read the layout, so what is
 written, what is checked and what is said about it cannot drift apart.
 
 Facts from compressed-tensors 0.19: `quantization/lifecycle/initialize.py` (scale shapes per

@@ -1,7 +1,8 @@
 """The quantization schemes a user can ask for, one class each (see `base.py` for what a scheme owns).
 
-Every module of this package registers its schemes on import; this file imports them all, so a
-new scheme is one new module here, found without editing any list.
+Every module of this package but `base` (what a scheme owns) and `dequantize` (a checkpoint's
+quantized module decoded with them) registers its schemes on import; this file imports them all, so
+a new scheme is one new module here, found without editing any list.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pkgutil
 from weightsmith.schemes.base import NONE, REGISTRY, Alloc, Scheme, Write, decode, fresh, make_scheme
 
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "base":
+    if _module.name not in ("base", "dequantize"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 #: Every command-line scheme name, in registration order.
