@@ -17,7 +17,7 @@ from typing import Any
 
 from weightsmith.fidelity.activations import input_quantizers, quantized_inputs
 from weightsmith.fidelity.logits import load_model
-from weightsmith.fidelity.quantized import quantized_modules
+from weightsmith.formats.declaration import quantized_modules
 from weightsmith.io.checkpoint import Checkpoint
 
 

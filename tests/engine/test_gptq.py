@@ -12,12 +12,17 @@ import numpy as np
 import pytest
 
 from weightsmith.engine.gptq import quantize_weight
+from weightsmith.formats import compressors
 from weightsmith.io.manifest import load_manifest
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
 from weightsmith.schemes import make_scheme
 from weightsmith.schemes.base import Chosen
 
 torch = pytest.importorskip("torch")
+
+
+def _decompress(scheme, stored: dict) -> np.ndarray:
+    return compressors.decompress(scheme.FORMAT, scheme.weight_args(), stored)
 
 
 def _problem(rows: int = 96, cols: int = 192, tokens: int = 300, seed: int = 0) -> tuple:
@@ -102,7 +107,7 @@ def test_values_are_llm_compressors(name: str, dtype: str, actorder: str) -> Non
     dq = torch.from_numpy(q).to(scale.dtype) * steps
     assert torch.equal(dq.float(), ours)
     # and GPTQ lowers the output error against round-to-nearest on the same grid
-    rtn = torch.from_numpy(scheme.decode(scheme.weight_args(), _stored(scheme, W.numpy(), None)))
+    rtn = torch.from_numpy(_decompress(scheme, _stored(scheme, W.numpy(), None)))
 
     def loss(Wq: torch.Tensor) -> float:
         D = Wq - W
@@ -137,7 +142,7 @@ def test_chosen_values_are_stored_with_the_schemes_own_encoding(name: str) -> No
     values = "weight_packed" if "weight_packed" in plain else "weight"  # W4AFP8 stores one int8 per value
     assert not np.array_equal(chosen[values], plain[values])
     assert all(np.array_equal(plain[k], chosen[k]) for k in plain if k != values)
-    assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
+    assert np.array_equal(_decompress(scheme, chosen).astype(np.float32), dequantized.numpy())
 
 
 @pytest.mark.parametrize(("name", "search"), [("w4a16", "wmse"), ("w4a16-asym", "wmse"), ("w4a16", "mse"),
@@ -158,7 +163,7 @@ def test_gptq_on_a_searched_grid_stores_that_grids_scales(name: str, search: str
     chosen = _stored(scheme, w, Chosen(codes, grid.shrink))
     assert not np.array_equal(chosen["weight_packed"], searched["weight_packed"])
     assert all(np.array_equal(searched[k], chosen[k]) for k in searched if k != "weight_packed")
-    assert np.array_equal(scheme.decode(scheme.weight_args(), chosen).astype(np.float32), dequantized.numpy())
+    assert np.array_equal(_decompress(scheme, chosen).astype(np.float32), dequantized.numpy())
 
 
 def test_singular_hessian_falls_back_to_round_to_nearest() -> None:
@@ -167,7 +172,7 @@ def test_singular_hessian_falls_back_to_round_to_nearest() -> None:
     H = -torch.eye(W.shape[1])  # not positive definite, whatever the dampening
     _, dequantized, singular = quantize_weight(W, H, scheme.grid(W.numpy()))
     assert singular
-    rtn = scheme.decode(scheme.weight_args(), _stored(scheme, W.numpy(), None))
+    rtn = _decompress(scheme, _stored(scheme, W.numpy(), None))
     assert np.array_equal(dequantized.numpy(), rtn)
 
 

@@ -66,7 +66,7 @@ def test_input_quantizers_come_from_the_checkpoints_config_and_scales(tmp_path) 
     from synth import llama_tensors, write_checkpoint
     from weightsmith.api import quantize
     from weightsmith.fidelity.activations import input_quantizers
-    from weightsmith.fidelity.quantized import quantized_modules
+    from weightsmith.formats.declaration import quantized_modules
     from weightsmith.io.checkpoint import Checkpoint
 
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)

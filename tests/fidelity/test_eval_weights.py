@@ -12,8 +12,8 @@ import pytest
 from eval_checkpoints import load_tensors, quantize, write_fp8
 
 from synth import LLAMA_CONFIG, llama_tensors
-from weightsmith.fidelity.original import TensorReader
 from weightsmith.fidelity.weights import relative_mse, sqnr_db, squared_error, weight_error
+from weightsmith.formats.source import TensorReader
 from weightsmith.io import names
 from weightsmith.quant import int4
 

@@ -20,11 +20,10 @@ import pytest
 
 from weightsmith import schemes
 from weightsmith.audit.findings import ERROR, WARNING
-from weightsmith.audit.quant_config import read_declaration
 from weightsmith.audit.verify import verify
-from weightsmith.fidelity.quantized import quantized_modules
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import compressors, layouts
+from weightsmith.formats.declaration import quantized_modules, read_declaration
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.safetensors.dtypes import DTYPES

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from audit.doctor_builders import tiny_moe, write
-from weightsmith.audit.quant_config import read_declaration
 from weightsmith.audit.verify import verify
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats.declaration import read_declaration
 from weightsmith.formats.targets import Groups, Targets
 from weightsmith.quantize.config_groups import mixed_config
 from weightsmith.quantize.recipe import Recipe, Rule

@@ -19,7 +19,7 @@ from audit.doctor_builders import cli
 from small_demo import quantized_small_demos
 from vllm_cpu import site_packages as vllm_cpu_site
 from vllm_wheels import vllm_wheel
-from weightsmith.audit.quant_config import read_declaration
+from weightsmith.formats.declaration import read_declaration
 from weightsmith.preflight import checks
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.linear_kernel import CHECK, MIXED, NVFP4, served_schemes, vllm_scheme

@@ -17,9 +17,9 @@ import pytest
 
 from clirun import one_error_line, run
 from synth import write_checkpoint
-from weightsmith.audit.quant_config import read_declaration
 from weightsmith.audit.verify import verify
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats.declaration import read_declaration
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quantize.plan import build_plan
 from weightsmith.quantize.recipe import load_recipe

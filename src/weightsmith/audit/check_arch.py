@@ -19,8 +19,8 @@ from typing import Any
 
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.audit.modules import Located, Module, layer_of
-from weightsmith.audit.quant_config import QuantDeclaration
 from weightsmith.audit.values import SmallReads
+from weightsmith.formats.declaration import QuantDeclaration
 from weightsmith.io import names
 
 #: A config field an expectation needs, and the value it takes when absent (None: required).

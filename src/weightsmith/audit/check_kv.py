@@ -11,8 +11,8 @@ import math
 
 from weightsmith.audit.findings import ERROR, INFO, WARNING, Finding
 from weightsmith.audit.modules import Located, Module
-from weightsmith.audit.quant_config import QuantDeclaration
 from weightsmith.audit.values import SmallReads
+from weightsmith.formats.declaration import QuantDeclaration
 from weightsmith.io import names
 
 

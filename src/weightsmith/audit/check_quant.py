@@ -10,13 +10,14 @@ FP8 blocks have the shape vLLM builds such a layer with.
 from __future__ import annotations
 
 from weightsmith.audit import coverage as cov
-from weightsmith.audit.findings import ERROR, WARNING, Finding, Severity
+from weightsmith.audit.findings import ERROR, INFO, WARNING, Finding, Severity
 from weightsmith.audit.modules import Located, Module
-from weightsmith.audit.quant_config import QuantDeclaration, Scheme
 from weightsmith.audit.values import SmallReads
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.declaration import MODELOPT, DeclaredGroup, QuantDeclaration
 from weightsmith.formats.layouts import Layout, Tensor
 from weightsmith.io import names
+from weightsmith.io.checkpoint import CONFIG_FILE
 
 
 def check_quantization(
@@ -36,7 +37,7 @@ def check_quantization(
             if m.quantized
         ]
         return found, f"{len(linear):,} Linear-like modules; config.json declares no quantization"
-    found = list(decl.problems)
+    found = declaration_findings(decl)
     for module in linear:
         found += _module_findings(decl, module, reads)
     found += _fused_findings(decl, linear, reads)
@@ -44,6 +45,30 @@ def check_quantization(
     found += _precedence_findings(decl, linear)
     formats = ", ".join(sorted({s.format for s in decl.schemes if s.format})) or "no weight format"
     return found, f"{len(linear):,} Linear-like modules against {decl.method} {formats} ({decl.source})"
+
+
+def declaration_findings(decl: QuantDeclaration) -> list[Finding]:
+    """What the declaration itself says is wrong (`quant.config-invalid`: a loader refuses it) or
+    left unchecked (`quant.unchecked`: what the tensors could not be compared with)."""
+    found = [Finding("quant.config-invalid", ERROR, p.message, p.file) for p in decl.problems]
+    unchecked = []
+    if decl.unread_method is not None:
+        unchecked.append(
+            f"quant_method {decl.unread_method} is not one the doctor checks; its tensors were not compared with it"
+        )
+    if decl.class_targets:
+        unchecked.append(
+            f"targets {list(decl.class_targets)} may be class names other than Linear, which tensor names cannot "
+            "reveal; each was matched as an exact module name only"
+        )
+    for group in decl.undescribed:
+        if decl.method == MODELOPT:
+            unchecked.append(f"ModelOpt quant_algo {group.format!r} is not one the doctor checks tensor by tensor")
+        else:
+            unchecked.append(
+                f"format {group.format!r} of group {group.name!r} is not one the doctor checks tensor by tensor"
+            )
+    return found + [Finding("quant.unchecked", INFO, message, CONFIG_FILE) for message in unchecked]
 
 
 def _main_param(module: Module) -> str:
@@ -65,7 +90,7 @@ def _finding(module: Module, check: str, severity: Severity, message: str, param
     return Finding(check, severity, message, shard, f"{module.name}.{param}")
 
 
-def _describe(scheme: Scheme) -> str:
+def _describe(scheme: DeclaredGroup) -> str:
     return f"config group {scheme.name!r} ({scheme.format})"
 
 
@@ -124,7 +149,7 @@ def _module_findings(decl: QuantDeclaration, module: Module, reads: SmallReads) 
     return _tensor_set_findings(module, scheme, layout.dtypes()) + _shape_findings(scheme, layout, module, reads)
 
 
-def _tensor_set_findings(module: Module, scheme: Scheme, expected: dict[str, str | None]) -> list[Finding]:
+def _tensor_set_findings(module: Module, scheme: DeclaredGroup, expected: dict[str, str | None]) -> list[Finding]:
     found = []
     for param, dtype in expected.items():
         located = module.params.get(param)
@@ -166,7 +191,7 @@ def _tensor_set_findings(module: Module, scheme: Scheme, expected: dict[str, str
     return found
 
 
-def _shape_findings(scheme: Scheme, layout: Layout, module: Module, reads: SmallReads) -> list[Finding]:
+def _shape_findings(scheme: DeclaredGroup, layout: Layout, module: Module, reads: SmallReads) -> list[Finding]:
     expected, problems = _expected_shapes(layout, module, reads)
     found = [_finding(module, "quant.param-shape", ERROR, message, param) for param, message in problems]
     for param, tensor in expected.items():

@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from weightsmith.audit.modules import Module
-from weightsmith.audit.quant_config import QuantDeclaration
+from weightsmith.formats.declaration import QuantDeclaration
 
 QUANTIZED = "quantized"
 IGNORED = "ignored, kept dense"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from weightsmith.audit.coverage import Coverage, coverage
 from weightsmith.audit.modules import Module, group_modules
-from weightsmith.audit.quant_config import QuantDeclaration, read_declaration
 from weightsmith.audit.survey import Survey, gc_paused, survey
 from weightsmith.core.errors import CheckpointError
+from weightsmith.formats.declaration import QuantDeclaration, read_declaration
 from weightsmith.io import names
 from weightsmith.safetensors.header import TensorInfo
 

@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from weightsmith.audit.findings import ERROR
-from weightsmith.audit.quant_config import MODELOPT, read_declaration
 from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
 from weightsmith.core.errors import CheckpointError, OutputError
 from weightsmith.core.files import copy_new, name_problem, write_json_new
 from weightsmith.core.version import __version__
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.declaration import MODELOPT, read_declaration
 from weightsmith.formats.modelopt import HF_QUANT_CONFIG_FILE
 from weightsmith.formats.targets import Targets
 from weightsmith.io import names

@@ -24,9 +24,9 @@ from weightsmith.audit.check_quant import check_quantization
 from weightsmith.audit.check_values import scan_values
 from weightsmith.audit.findings import ERROR, SEVERITY_ORDER, WARNING, Finding
 from weightsmith.audit.modules import Module, group_modules
-from weightsmith.audit.quant_config import QuantDeclaration, read_declaration
 from weightsmith.audit.survey import Survey, gc_paused, survey
 from weightsmith.audit.values import SmallReads
+from weightsmith.formats.declaration import QuantDeclaration, read_declaration
 
 #: What a family may need beyond the survey: a config.json to compare the tensors with, or leave
 #: to read every value (`--scan-values`). A family that needs neither is structural: it reports

@@ -1,9 +1,10 @@
 """A checkpoint's tensors as dense float32 torch tensors, one module at a time.
 
 A dense or FP8 original is read as the quantizer reads it (FP8 decoded exactly as `quantize` and
-`eval` decode it, `fidelity.original`); a compressed-tensors checkpoint's quantized modules are
-dequantized by our own decoders (`compressors.decompress`, as `eval`'s weight error does), so the model run
-is the quantized model as served. Only names are held; bytes are read when a layer is built.
+`eval` decode it, `formats.source`); a compressed-tensors checkpoint's quantized modules are
+dequantized by our own decoders (`formats.dequantize`: each format's `decompress`, as `eval`'s
+weight error does), so the model run is the quantized model as served. Only names are held; bytes
+are read when a layer is built.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weightsmith.core.errors import CheckpointError
-from weightsmith.fidelity.original import OriginalWeights, TensorReader, source_format
-from weightsmith.fidelity.quantized import QuantizedModule, quantized_modules
-from weightsmith.fidelity.weights import _dequantize
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.declaration import QuantizedModule, quantized_modules
+from weightsmith.formats.dequantize import dequantize
+from weightsmith.formats.source import OriginalWeights, TensorReader, source_format
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
 
@@ -71,7 +72,7 @@ class TensorSource:
         qm = self.quantized.get(name)
         if qm is not None:
             try:
-                array = _dequantize(qm, self.reader)
+                array = dequantize(qm, self.reader)
             except NotImplementedError as exc:  # a format our decoders do not read yet
                 marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
                 raise CheckpointError(

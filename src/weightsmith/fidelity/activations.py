@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from weightsmith.core.errors import CheckpointError
-from weightsmith.fidelity.original import TensorReader
-from weightsmith.fidelity.quantized import quantized_modules
 from weightsmith.formats import layouts
+from weightsmith.formats.declaration import quantized_modules
+from weightsmith.formats.source import TensorReader
 from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint
 
 #: One module's input fake-quantization: a float32 tensor in, the values the server computes with out.

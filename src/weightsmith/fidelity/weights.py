@@ -2,7 +2,7 @@
 
 For each quantized module: relative MSE `||W - Q(W)||^2 / ||W||^2` and SQNR `-10 log10(rel MSE)`
 in dB, where `Q(W)` is the dense weight the compressed-tensors decompressor gives
-(each scheme's `decode`). Categories and the overall row add squared errors and
+(each format's `decompress`, `formats.dequantize`). Categories and the overall row add squared errors and
 squared norms before dividing, so large matrices weigh in proportion to their size.
 
 Only headers are held for the whole run; tensor data is one module at a time (its quantized
@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from weightsmith.core.errors import CheckpointError
-from weightsmith.fidelity.original import OriginalWeights, TensorReader
-from weightsmith.fidelity.quantized import QuantizedModule, quantized_modules
+from weightsmith.formats.declaration import QuantizedModule, quantized_modules
+from weightsmith.formats.dequantize import dequantize
+from weightsmith.formats.source import OriginalWeights, TensorReader
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
 
@@ -141,23 +142,6 @@ def _natural_key(module: str) -> list[int | str]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", module)]
 
 
-def _dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:
-    """The module's dense weight from QUANT. NotImplementedError: the format is not supported yet."""
-    params = {param: reader.read(name) for param, name in qm.params.items()}
-    try:
-        from weightsmith.formats import compressors  # decoding starts numba: reading a config must not
-
-        return compressors.decompress(qm.format or "", qm.weights, params)
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
-        marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
-        raise CheckpointError(
-            f"cannot be dequantized as {qm.format} ({type(exc).__name__}: {exc})",
-            file=reader.ckpt.file_of(marker),
-            tensor=marker,
-            code="eval.dequantize",
-        ) from None
-
-
 def _kept_weights(quant: Checkpoint, quantized: set[str]) -> list[str]:
     kept = []
     for name, ref in quant.tensors.items():
@@ -248,7 +232,7 @@ def grid_blocks(weight: np.ndarray) -> tuple[int, int]:
 def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReader, grid: GridCheck) -> LayerError:
     """One module's error (and its grid count added to `grid`). NotImplementedError: QUANT's format
     cannot be dequantized yet."""
-    dequant = _dequantize(qm, reader)
+    dequant = dequantize(qm, reader)
     expected = original.shape(qm.module)
     if tuple(dequant.shape) != tuple(expected):
         marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]

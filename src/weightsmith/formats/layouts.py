@@ -6,7 +6,7 @@ group's `weights` QuantizationArgs (`Args`) and whether its activations keep a s
 (`input_scale`), in its own module of formats/compressors/ (`compressors.of_group` finds it by the
 group's `format`); ModelOpt's and the HF fp8 format's are fixed by their own configs
 (formats/modelopt.py, formats/hf_fp8.py). The writer (`Scheme.outputs`), `verify`
-(audit/check_quant.py), `eval` (fidelity/quantized.py) and the card (`Scheme.stored_words`) all read
+(audit/check_quant.py), `eval` (formats/declaration.py) and the card (`Scheme.stored_words`) all read
 the layout, so what is written, what is checked and what is said about it cannot drift apart.
 
 Facts from compressed-tensors 0.19: `quantization/lifecycle/initialize.py` (scale shapes per

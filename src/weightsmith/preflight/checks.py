@@ -16,10 +16,10 @@ from typing import Any
 from weightsmith.audit.check_kv import check_kv_scales
 from weightsmith.audit.findings import ERROR
 from weightsmith.audit.modules import Module
-from weightsmith.audit.quant_config import MODELOPT, QuantDeclaration
 from weightsmith.audit.values import SmallReads
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import shell_line
+from weightsmith.formats.declaration import MODELOPT, QuantDeclaration
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.serving import serve_command
 from weightsmith.preflight import code

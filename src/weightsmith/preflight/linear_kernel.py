@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weightsmith.audit.modules import Module
-from weightsmith.audit.quant_config import QuantDeclaration, Scheme, read_declaration
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.declaration import DeclaredGroup, QuantDeclaration, read_declaration
 from weightsmith.preflight import kernels
 from weightsmith.preflight.code import Evidence
 from weightsmith.preflight.report import LOAD, NOTE, Item, Side
@@ -47,7 +47,7 @@ class Choice:
     keyword: str | None = None
 
 
-def vllm_scheme(s: Scheme) -> Choice | None:
+def vllm_scheme(s: DeclaredGroup) -> Choice | None:
     """What `_get_scheme_from_parts` builds for group `s`, taking its branches in their order, or None
     for a group this check does not map (it then says nothing of it).
 
@@ -215,7 +215,7 @@ def _modules_words(modules: list[Module]) -> str:
     return f"{len(modules)} Linear(s): {names}{more}"
 
 
-def _fix(src: VllmSource, scheme: Scheme) -> str:
+def _fix(src: VllmSource, scheme: DeclaredGroup) -> str:
     served = served_schemes(src)
     if not served:
         return "serve this checkpoint on a build for another platform"

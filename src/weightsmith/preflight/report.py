@@ -13,9 +13,9 @@ from typing import Any
 
 from weightsmith.audit.findings import ERROR, INFO, WARNING, Finding, Severity
 from weightsmith.audit.modules import Module, group_modules
-from weightsmith.audit.quant_config import MODELOPT, QuantDeclaration, read_declaration
 from weightsmith.audit.survey import Survey, survey
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats.declaration import MODELOPT, QuantDeclaration, read_declaration
 from weightsmith.preflight.code import Evidence
 
 LOAD, WRONG, SLOW, NOTE = "will not load", "serves wrong numbers", "slower than it could", "note"

@@ -21,17 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from weightsmith.audit.findings import ERROR
-from weightsmith.audit.quant_config import read_declaration
 from weightsmith.calibration import derived
 from weightsmith.calibration.derived import Calibration
 from weightsmith.core.errors import CheckpointError, WeightsmithError
-from weightsmith.formats import compressed_tensors as ct
-from weightsmith.formats import hf_fp8
+from weightsmith.formats.source import SourceFormat, detect_source_format
 from weightsmith.formats.targets import Targets
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quant import fp8
 from weightsmith.quant.fp8 import Block
 from weightsmith.quantize.config_groups import mixed_config
 from weightsmith.quantize.recipe import Recipe, Rule
@@ -80,116 +76,6 @@ PRESETS: dict[str, Preset] = {
         runtime_names="vLLM loads midlayer.* as model.layers.{the target's layer count}.* and fc as model.fc",
     ),
 }
-
-
-@dataclass(frozen=True)
-class SourceFormat:
-    """How the input checkpoint stores its weights, and what an FP8 weight's scale may be."""
-
-    kind: str  # "dense", "ct-fp8" or "hf-fp8"
-    scale_param: str | None = None  # the FP8 scale parameter name
-    #: Declared blocks a scale may follow (`weight_block_size`, `block_structure`, a group as [1, group]).
-    blocks: tuple[Block, ...] = ()
-    #: compressed-tensors also stores per-channel scales, `[out, 1]`.
-    per_channel: bool = False
-    #: Dtypes a scale may be stored in: the facts `verify` checks against (formats/).
-    scale_dtypes: frozenset[str] = frozenset()
-
-    def scale_block(self, ckpt: Checkpoint, weight: str) -> Block:
-        """The block each element of `weight`'s scale covers; a one-line error when the scale cannot be used.
-
-        Checked from the headers alone, before any output exists: a scale the loaders refuse (an
-        integer dtype that would decode to zeros, a shape matching no layout) is refused here too.
-        """
-        info = ckpt.tensors[weight].info
-        scale = f"{names.split(weight)[0]}.{self.scale_param}"
-        ref = ckpt.tensors.get(scale)
-        if ref is None:
-            raise CheckpointError(
-                f"is FP8 but its scale {scale} is missing",
-                file=ckpt.file_of(weight),
-                tensor=weight,
-                code="source.fp8-scale",
-            )
-        where: dict[str, Any] = {"file": ckpt.path(ref.shard), "tensor": scale}
-        if ref.info.dtype.code not in self.scale_dtypes:
-            raise CheckpointError(
-                f"is {ref.info.dtype.code}, but config.json declares FP8 scales stored as "
-                f"{' or '.join(sorted(self.scale_dtypes))}; decoding {weight} with it would be wrong",
-                code="source.fp8-scale-dtype",
-                **where,
-            )
-        out, inp = info.shape
-        block = fp8.scale_block(ref.info.shape, (out, inp), self.blocks, self.per_channel)
-        if block is None:
-            layouts = ["[1] per tensor"]
-            layouts += [f"{[-(-out // r), -(-inp // c)]} for {r}x{c} blocks" for r, c in self.blocks]
-            if self.per_channel:
-                layouts.append(f"{[out, 1]} per channel")
-            raise CheckpointError(
-                f"has shape {list(ref.info.shape)}, which fits no scale layout of its weight {weight} "
-                f"{list(info.shape)} (expected {', '.join(layouts)})",
-                code="source.fp8-scale-shape",
-                **where,
-            )
-        return block
-
-
-def detect_source_format(ckpt: Checkpoint) -> SourceFormat:
-    """Dense, or one of the FP8 styles we can decode; anything else already quantized is refused.
-
-    The config is read by the same code as `verify` reads it, and anything it reports as an error
-    (a value of the wrong JSON type anywhere in `quantization_config`) refuses the run with that line.
-    """
-    cfg_path = ckpt.root / "config.json"
-    if ckpt.config.get("quantization_config") is None:
-        return SourceFormat("dense")
-    decl = read_declaration(ckpt.config, None)
-    assert decl is not None
-    problem = next((f for f in decl.problems if f.severity == ERROR), None)
-    if problem is not None:
-        raise CheckpointError(problem.message, file=cfg_path, code="source.config")
-    qc = ckpt.quantization_config or {}
-    method = qc.get("quant_method")
-    if method == hf_fp8.QUANT_METHOD:
-        block = hf_fp8.block_size(qc)  # already checked by read_declaration
-        return SourceFormat(
-            "hf-fp8", hf_fp8.scale_param(block), (block,) if block else (), scale_dtypes=hf_fp8.scale_dtypes(qc)
-        )
-    if method == ct.QUANT_METHOD:
-        schemes = decl.schemes
-        formats = {s.format for s in schemes}
-        if (
-            schemes
-            and all(s.weight_type == "float" and s.num_bits == 8 for s in schemes)
-            and formats <= {ct.FLOAT_QUANTIZED, ct.NAIVE_QUANTIZED}
-        ):
-            blocks = {s.block for s in schemes if s.block}
-            blocks |= {
-                (1, s.group_size)
-                for s in schemes
-                if s.strategy == "group" and s.group_size is not None and s.group_size > 0
-            }
-            if len(blocks) > 1:
-                raise CheckpointError(
-                    f"quantization_config.config_groups declare different FP8 blocks {sorted(blocks)}; "
-                    "a scale's shape cannot say which one it follows",
-                    file=cfg_path,
-                    code="source.config",
-                )
-            dtypes = frozenset().union(*(s.scale_dtypes for s in schemes))
-            return SourceFormat("ct-fp8", names.WEIGHT_SCALE, tuple(blocks), True, dtypes)
-        raise CheckpointError(
-            f"is already quantized (compressed-tensors format {', '.join(sorted(map(str, formats)))}); "
-            "quantize from the unquantized or FP8 checkpoint",
-            file=cfg_path,
-            code="source.already-quantized",
-        )
-    raise CheckpointError(
-        f"is already quantized (quant_method {str(method)[:40]!r}); quantize from the unquantized or FP8 checkpoint",
-        file=cfg_path,
-        code="source.already-quantized",
-    )
 
 
 @dataclass(slots=True)

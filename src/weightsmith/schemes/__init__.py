@@ -1,7 +1,7 @@
 """The quantization schemes a user can ask for, one class each (see `base.py` for what a scheme owns).
 
-Every module of this package registers its schemes on import; this file imports them all, so a
-new scheme is one new module here, found without editing any list.
+Every module of this package but `base` (what a scheme owns) registers its schemes on import; this
+file imports them all, so a new scheme is one new module here, found without editing any list.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from weightsmith.audit.modules import Module, layer_of, pattern_of
-from weightsmith.audit.quant_config import QuantDeclaration, read_declaration
 from weightsmith.formats import compressed_tensors as ct
+from weightsmith.formats.declaration import QuantDeclaration, read_declaration
 from weightsmith.formats.targets import number_blind
 from weightsmith.io.names import is_lm_head
 

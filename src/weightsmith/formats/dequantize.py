@@ -1,0 +1,32 @@
+"""Dequantizing one quantized module of a checkpoint: its on-disk parameters read, then decompressed.
+
+`eval` measures a module's weight error against this dense weight, and the engine runs the model
+with it, so both see the weight exactly as the compressed-tensors decompressor gives it (each
+format's `decompress`, formats/compressors/). Which modules are quantized, and by which config
+group, is the declaration's business (`formats.declaration.quantized_modules`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from weightsmith.core.errors import CheckpointError
+from weightsmith.formats import compressors
+from weightsmith.formats.declaration import QuantizedModule
+from weightsmith.formats.source import TensorReader
+from weightsmith.io import names
+
+
+def dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:
+    """The module's dense weight, read through `reader`. NotImplementedError: the format is not supported yet."""
+    params = {param: reader.read(name) for param, name in qm.params.items()}
+    try:
+        return compressors.decompress(qm.format or "", qm.weights, params)
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
+        raise CheckpointError(
+            f"cannot be dequantized as {qm.format} ({type(exc).__name__}: {exc})",
+            file=reader.ckpt.file_of(marker),
+            tensor=marker,
+            code="eval.dequantize",
+        ) from None
