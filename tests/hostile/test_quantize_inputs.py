@@ -60,7 +60,7 @@ def _verify_errors(capsys, monkeypatch, folder: Path) -> list[dict]:
 
 
 def _fp8_block(w: np.ndarray, block: tuple[int, int] = (128, 128)) -> tuple[np.ndarray, np.ndarray]:
-    """FP8 weight and float32 block scale by the documented formula (as tests/test_fp8_inputs.py builds them)."""
+    """FP8 weight and float32 block scale by the documented formula (as quantize/test_fp8_inputs.py builds them)."""
     _, scale = fp8.quantize_blocks(w, block)
     mult = fp8.expand_scale(scale, (0, w.shape[0]), w.shape[1], block)
     return (w.astype(np.float32) / mult).astype(ml_dtypes.float8_e4m3fn), scale
@@ -98,7 +98,8 @@ def test_hf_fp8_block_scale_of_narrow_weights_matches_llmcompressor(sandbox: San
     pytest.importorskip("llmcompressor")
     from compressed_tensors.entrypoints.convert.converters import FP8BlockDequantizer
     from llmcompressor import model_free_ptq
-    from test_fp8_inputs import IGNORE, _same_tensors
+
+    from quantize.test_fp8_inputs import IGNORE, _same_tensors
 
     tensors, config = _hf_fp8(llama_tensors(NARROW), NARROW)
     shapes = {n: a.shape for n, a in tensors.items() if n.endswith("_scale_inv")}
@@ -126,7 +127,8 @@ def test_ct_fp8_scales_of_narrow_weights_match_llmcompressor(
     pytest.importorskip("llmcompressor")
     from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
     from llmcompressor import model_free_ptq
-    from test_fp8_inputs import IGNORE, _ct_fp8_scheme, _load, _same_tensors
+
+    from quantize.test_fp8_inputs import IGNORE, _ct_fp8_scheme, _load, _same_tensors
 
     bf16 = write_checkpoint(sandbox.root.parent / "bf16", llama_tensors(NARROW), NARROW)
     src = sandbox.root / "src"
