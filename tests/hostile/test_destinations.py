@@ -453,6 +453,7 @@ import os, sys
 from pathlib import Path
 from types import SimpleNamespace
 from weightsmith.engine import gptq
+from weightsmith.quantize import gptq as flow
 
 def die(root, tokens, targets, work, **kwargs):
     (work / "model.layers.0.mlp.down_proj.npy").write_bytes(b"codes")  # GPTQ's values, hours of them
@@ -460,7 +461,7 @@ def die(root, tokens, targets, work, **kwargs):
 
 gptq.run = die
 plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=Path(sys.argv[2])))
-gptq.quantize(plan, Path(sys.argv[1]), [], None)
+flow.quantize(plan, Path(sys.argv[1]), [], None)
 """
 
 
@@ -487,6 +488,7 @@ def test_a_gptq_scratch_folder_is_locked_while_its_run_lives(monkeypatch, sandbo
 
     from weightsmith.engine import gptq
     from weightsmith.io.outputdir import remove_stale
+    from weightsmith.quantize import gptq as flow
 
     out = sandbox.root / "out"
     seen: dict[str, object] = {}
@@ -503,6 +505,6 @@ def test_a_gptq_scratch_folder_is_locked_while_its_run_lives(monkeypatch, sandbo
     plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=sandbox.root / "src"))
     sandbox.freeze()
     with pytest.raises(KeyboardInterrupt):
-        gptq.quantize(plan, out, [], None)
+        flow.quantize(plan, out, [], None)
     assert seen == {"name": f"out.partial-gptq-{os.getpid()}", "lock": True, "stale": [], "kept": True}
     sandbox.assert_untouched()

@@ -20,7 +20,7 @@ from clirun import one_error_line, run
 from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.quant import int4
-from weightsmith.quantize.cli import _gptq_options, _recipe
+from weightsmith.quantize.request import gptq_options, rules_for
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.schemes import NONE, REGISTRY, make_scheme
 from weightsmith.schemes.int4 import Int4
@@ -127,17 +127,17 @@ def test_gptq_starts_from_the_searched_grid(tmp_path: Path) -> None:
     it), round-to-nearest's with `none`; memoryless_mse, which needs a first pass, has no grid and is refused."""
     x = np.random.default_rng(0).standard_normal((8, 128)).astype(np.float32)
     for search in (None, "wmse", "mse", "noclip"):
-        scheme = _recipe("w4a16", None, search, None, gptq=True).rules[0].scheme
+        scheme = rules_for("w4a16", None, search, None, gptq=True).rules[0].scheme
         grid = scheme.grid(x)
         assert scheme.scale_search == (search or "wmse")
         assert grid is not None and grid.shrink is not None and not np.all(grid.shrink == 1)
-    plain = _recipe("w4a16", None, NONE, None, gptq=True).rules[0].scheme.grid(x)
+    plain = rules_for("w4a16", None, NONE, None, gptq=True).rules[0].scheme.grid(x)
     assert plain is not None and plain.shrink is None
-    assert _recipe("w4a16", None, "memoryless_mse", None).rules[0].scheme.grid(x) is None
+    assert rules_for("w4a16", None, "memoryless_mse", None).rules[0].scheme.grid(x) is None
     for search in (None, NONE, "wmse", "mse", "noclip"):
-        assert _gptq_options("gptq", None, None, 64, 32, 0.01, False, search) is not None
+        assert gptq_options("gptq", tokens=64, seq_len=32, dampening=0.01, scale_search=search) is not None
     with pytest.raises(WeightsmithError, match="does not take --scale-search memoryless_mse"):
-        _gptq_options("gptq", None, None, 64, 32, 0.01, False, "memoryless_mse")
+        gptq_options("gptq", tokens=64, seq_len=32, dampening=0.01, scale_search="memoryless_mse")
 
 
 def test_gptq_dry_run_plans_the_same_grids(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -163,6 +163,6 @@ def test_gptq_refuses_a_recipe_rule_naming_memoryless_mse(src: Path, tmp_path: P
     assert code == 2 and str(recipe) in line and "rule 2: --method gptq" in line
     assert "scale_search = 'memoryless_mse'" in line
     recipe.write_text(rule + "\n[[rule]]\ntargets = ['re:.*']\nscheme = 'w4a16'\nscale_search = 'mse'\n")
-    assert _recipe(None, None, None, recipe, gptq=True).rules[1].scheme.scale_search == "mse"
+    assert rules_for(None, None, None, recipe, gptq=True).rules[1].scheme.scale_search == "mse"
     recipe.write_text(rule + "scale_search = 'none'\n")
-    assert _recipe(None, None, None, recipe, gptq=True).rules[0].scheme.scale_search is None
+    assert rules_for(None, None, None, recipe, gptq=True).rules[0].scheme.scale_search is None

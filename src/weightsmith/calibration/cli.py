@@ -8,8 +8,6 @@ written). The file is written whole or not at all (`stats_file.write`).
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -18,27 +16,11 @@ from rich.console import Console
 
 from weightsmith.calibration import kv, stats_file
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
-from weightsmith.core.errors import OutputError, WeightsmithError
-from weightsmith.core.files import check_file_name
+from weightsmith.calibration.run import calibrate
 from weightsmith.core.terminal import markup_safe
-from weightsmith.io import provenance
-from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.io.manifest import measured_activations, source_fingerprint
-from weightsmith.io.outputdir import refuse_inside
 from weightsmith.io.texts import BUILTINS, TEXT_HELP
 
 err_console = Console(stderr=True, highlight=False)
-
-
-def _check_out(src: Path, out: Path, force: bool) -> None:
-    """Refuse an output the run could not or must not write, before the run: it may take hours."""
-    check_file_name(out)  # before anything stats it: a name too long is ENAMETOOLONG there
-    refuse_inside(out, src)
-    if out.is_dir():
-        raise OutputError("is a folder; --out names the statistics file", file=out, code="output.folder")
-    stats_file.check_replaceable(out, force)
-    if not out.parent.is_dir():
-        raise OutputError("is in a folder that does not exist", file=out, code="output.parent")
 
 
 def calibrate_command(
@@ -65,48 +47,23 @@ def calibrate_command(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing statistics file.")] = False,
 ) -> None:
     """Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by layer."""
-    from weightsmith.fidelity.logits import missing_library
-
-    _check_out(src, out, force)
-    ckpt = Checkpoint.open(src)
-    missing = missing_library()
-    if missing is not None:
-        raise WeightsmithError(missing, code="engine.libraries")
-    from weightsmith.calibration.measure import calibration_tokens, measure
-    from weightsmith.engine.loading import opened
-
-    with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
-        activations = loader.source.activations
-    model = provenance.fingerprint(ckpt)
-    source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    sequences, label, sha = calibration_tokens(
-        src, str(text) if text else None, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
-    )
-    count = sum(map(len, sequences))
-    if count < stats_file.MIN_TOKENS:
-        err_console.print(
-            f"[yellow]warning:[/] {count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: "
-            "a maximum over so few is not stable",
-            soft_wrap=True,
-        )
-    started = time.perf_counter()
     show = err_console.is_terminal
-    kv, inputs = measure(
+    result = calibrate(
         src,
-        sequences,
+        out,
+        text=text,
+        builtin=builtin,
+        tokens=tokens,
+        seq_len=seq_len,
+        force=force,
         trust_remote_code=trust_remote_code,
         progress=(lambda line: err_console.print(f"calibrate: {markup_safe(line)}", end="\r")) if show else None,
+        warn=lambda line: err_console.print(f"[yellow]warning:[/] {markup_safe(line)}", soft_wrap=True),
     )
-    seconds = time.perf_counter() - started
-    record = provenance.Provenance.of_run(
-        model, sequences, label, sha, measured_activations(activations, model, source), source
-    )
-    stats_file.write(out, stats_file.CalibrationStats(record, kv, inputs), replace=force)
+    stats, count, seconds = result.stats, result.tokens, result.seconds
     err_console.print(
-        f"{markup_safe(out)}: {len(kv)} attention modules, {len(inputs)} Linear inputs; {count} tokens in "
-        f"{seconds:.1f} s ({count / seconds:.1f} tokens/s), activations {record.activations}",
+        f"{markup_safe(out)}: {len(stats.kv)} attention modules, {len(stats.inputs)} Linear inputs; {count} tokens in "
+        f"{seconds:.1f} s ({count / seconds:.1f} tokens/s), activations {stats.provenance.activations}",
         soft_wrap=True,
     )
 

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
 
@@ -42,6 +42,14 @@ def existing_scales(ckpt: Checkpoint, attention: list[str]) -> list[str]:
     return [n for a in attention for k in ("k", "v") for n in names.kv_scale_names(a, k) if n in ckpt.tensors]
 
 
+class KvCalibration(NamedTuple):
+    """What `calibrate_kv` wrote: the checkpoint folder (QUANT, or `out`) and the calibration entry
+    recorded in the new shard's metadata (`measured_on`, the provenance, `kv_cache`, `kv_scales`)."""
+
+    output: Path
+    calibration: dict[str, Any]
+
+
 def calibrate_kv(
     quant: Path,
     source: Path | None = None,
@@ -54,7 +62,7 @@ def calibrate_kv(
     out: Path | None = None,
     trust_remote_code: bool = False,
     progress: Callable[[str], None] | None = None,
-) -> tuple[Path, dict[str, Any]]:
+) -> KvCalibration:
     """Measure and add the KV-cache scales of `quant` (in place, or into `out`); returns (output, calibration entry)."""
     from weightsmith.calibration.measure import calibration_tokens, measure
     from weightsmith.fidelity.logits import missing_library
@@ -128,7 +136,7 @@ def calibrate_kv(
         documents=documents,
         sources=() if source is None else (source,),
     )
-    return result.output, entry
+    return KvCalibration(result.output, entry)
 
 
 def refuse_unverified(folder: Path, *tolerated: str) -> None:

@@ -16,8 +16,9 @@ compressed-tensors' `fake_quantize`. Linears that read the same input tensor (q/
 one Hessian and are quantized as one matrix: GPTQ treats rows independently, so that is the same
 result for a third of the column loops.
 
-What comes out is the integer values per Linear (`Chosen`), which the quantize pipeline stores with
-the scheme's own encoding; the scales it stores are the same grid's.
+What comes out is the integer values per Linear (`Chosen`), which the quantize flow
+(`quantize/gptq.py`) stores with the scheme's own encoding; the scales it stores are the
+same grid's. This module is the runtime and the solver only: it knows nothing of plans or outputs.
 
 Where the time goes is arithmetic, so each product runs where it is fastest on a CPU: the layer's
 Linears and the Hessians' X^T X through oneDNN (`matmul`), the inverse-Hessian factor through LAPACK
@@ -41,30 +42,22 @@ from numba import njit
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.timesplit import adding
+from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.engine.lapack import factor_reversed, one_blas_thread
 from weightsmith.engine.loading import opened
 from weightsmith.engine.matmul import PRODUCT_BYTES, add_gram, linear, onednn_linears, symmetrize
 from weightsmith.engine.stream import layer_arguments
-from weightsmith.io.manifest import MethodRecord
-from weightsmith.io.outputdir import scratch
-from weightsmith.io.provenance import Provenance
 from weightsmith.quant.floatbits import round_to
 from weightsmith.quant.int4 import mode_of
-from weightsmith.quantize.pipeline import QuantizeResult, execute, kernel_dtype
-from weightsmith.quantize.plan import QUANTIZE, Plan
-from weightsmith.quantize.recipe import GPTQ_DAMPENING
 from weightsmith.schemes.base import Chosen, Grid, Scheme
 
 #: Columns quantized before their error is propagated to the rest at once (llm-compressor's default).
 BLOCK_SIZE = 128
 #: Tokens run through a layer at once (sequences of one length batched; attention memory grows with it).
 BATCH_TOKENS = 2048
-#: Column orders: "static" quantizes columns by decreasing Hessian diagonal, each on its own group's
-#: grid (llm-compressor's default; the stored format is unchanged); "none" in their stored order.
-ACTORDERS = ("static", "none")
 #: Where a run's time goes, in order: importing torch and transformers, tokenizing the calibration text
-#: (`cli_quantize`), the first layer's inputs, loading each layer, running it to gather the Hessians,
+#: (`quantize.gptq`), the first layer's inputs, loading each layer, running it to gather the Hessians,
 #: quantizing its groups, running it again quantized (its outputs, the next layer's inputs).
 PHASES = ("libraries", "tokens", "inputs", "load", "hessians", "quantize", "outputs")
 #: Why a module is left to its scheme's own quantization (`Scheme.grid` is None: nothing to choose points of).
@@ -183,7 +176,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def compile_kernel() -> None:
-    """Compile the column kernel into numba's cache (`weightsmith.quantize.warm`), with the argument types
+    """Compile the column kernel into numba's cache (`quantize/warm.py`), with the argument types
     `quantize_weight` passes: values and codes are row slices of the whole matrix's."""
     values, codes = np.ones((8, 2), np.float32), np.zeros((8, 2), np.int8)
     _columns(values[4:], np.empty((4, 2), np.float32), codes[4:], np.eye(4, dtype=np.float32),
@@ -440,61 +433,3 @@ def _quantize_group(
         if singular:
             result.rtn[m] = "its Hessian is not positive definite after dampening"
         r0 = r1
-
-
-def quantize(
-    plan: Plan,
-    out: Path,
-    token_ids: list[list[int]],
-    provenance: Provenance,
-    *,
-    dampening: float = GPTQ_DAMPENING,
-    actorder: str = "static",
-    workers: int = 1,
-    force: bool = False,
-    hash_sources: bool = True,
-    trust_remote_code: bool = False,
-    progress: Progress | None = None,
-) -> QuantizeResult:
-    """`plan` written to `out` with GPTQ's values for every quantized Linear the engine runs.
-
-    The values wait in a scratch folder beside `out` (`outputdir.scratch`), removed however the run
-    ends, and by the next run for `out` if this one is killed.
-    """
-    targets = {
-        d.module: Target(d.rule.scheme, kernel_dtype(plan, d))
-        for d in plan.decisions
-        if d.action == QUANTIZE and d.rule is not None
-    }
-    with scratch(out, "gptq") as work:
-        found = run(
-            plan.source.root,
-            token_ids,
-            targets,
-            work,
-            dampening=dampening,
-            actorder=actorder,
-            trust_remote_code=trust_remote_code,
-            workers=workers,
-            progress=progress,
-        )
-        method = MethodRecord(
-            name="gptq",
-            dampening=dampening,
-            block_size=BLOCK_SIZE,
-            actorder=actorder,
-            tokens=provenance.tokens,
-            rtn_fallback=dict(sorted(found.rtn.items())),
-        )
-        written = execute(
-            plan,
-            out,
-            workers=workers,
-            force=force,
-            hash_sources=hash_sources,
-            chosen=found.chosen,
-            method=method,
-            calibrated_from=provenance,
-        )
-        written.engine = found.seconds
-        return written

@@ -6,7 +6,6 @@ Exit status: 0 when measured (logits may be unavailable on this machine, which t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -16,10 +15,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.fidelity import logits as logits_mod
-from weightsmith.fidelity.report import EvalReport, print_report, to_json
+from weightsmith.fidelity.evaluate import evaluate
+from weightsmith.fidelity.report import print_report, to_json
 from weightsmith.fidelity.weights import WeightReport, weight_error
-from weightsmith.io import texts
-from weightsmith.io.checkpoint import refuse_remote_code
 from weightsmith.io.texts import TEXT_HELP
 
 err_console = Console(stderr=True, highlight=False)
@@ -40,12 +38,6 @@ def _weights_with_progress(orig: Path, quant: Path) -> WeightReport:
             progress=lambda n: bar.advance(task, n),
             on_start=lambda total: bar.update(task, total=total),
         )
-
-
-def _quiet_loaders() -> None:
-    """Keep transformers' and compressed-tensors' progress bars and warnings off the terminal."""
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def eval_command(
@@ -82,36 +74,21 @@ def eval_command(
     ] = False,
 ) -> None:
     """How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity."""
-    sample = texts.read_text(text) if text is not None else None  # a bad --text fails before any work
-    if not no_logits:  # as early: code a checkpoint ships is refused before the weight pass, not after
-        for folder in (orig, quant):
-            refuse_remote_code(folder, trust_remote_code)
-    if as_json or not err_console.is_terminal:
-        weights = weight_error(orig, quant)
-    else:
-        weights = _weights_with_progress(orig, quant)
-    if no_logits:
-        logits = logits_mod.LogitsReport(logits_mod.SKIPPED, reason="--no-logits")
-    else:
-        _quiet_loaders()
-        if sample is None:
-            sample = texts.default_text()
-        if stream:
-            from weightsmith.fidelity import streamed
-
-            logits = streamed.compare(
-                orig, quant, sample.text, tokens, sample.source, trust_remote_code=trust_remote_code
-            )
-        else:
-            logits = logits_mod.compare(
-                orig, quant, sample.text, tokens, text_source=sample.source, trust_remote_code=trust_remote_code
-            )
-    report = EvalReport(str(orig), str(quant), weights, logits)
+    report = evaluate(
+        orig,
+        quant,
+        text=text,
+        tokens=tokens,
+        logits=not no_logits,
+        stream=stream,
+        trust_remote_code=trust_remote_code,
+        weigh=_weights_with_progress if not as_json and err_console.is_terminal else weight_error,
+    )
     if as_json:
         print(to_json(report))
     else:
         print_report(report, layers)
-    if logits.status == logits_mod.FAILED:
+    if report.logits.status == logits_mod.FAILED:
         raise typer.Exit(1)
 
 

@@ -7,7 +7,6 @@ import os
 import stat
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,30 +15,28 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weightsmith.api import plan_quantize
-from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_option
+from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.cli import paused_gc
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import read_regular
 from weightsmith.core.interrupt import terminate_as_interrupt
 from weightsmith.core.terminal import markup_safe
-from weightsmith.core.timesplit import adding
-from weightsmith.io.outputdir import check_destination, remove_stale
-from weightsmith.io.provenance import Provenance, fingerprint
 from weightsmith.io.texts import TEXT_HELP
 from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantize.gptq import run as gptq_run
 from weightsmith.quantize.pipeline import MAX_WORKERS, QuantizeResult, default_workers, execute, work_bytes
 from weightsmith.quantize.plan import PRESETS, Plan
-from weightsmith.quantize.recipe import (
-    GPTQ_DAMPENING,
-    GPTQ_GRID_ONLY,
-    GPTQ_REFUSED_SEARCH,
-    LLM_COMPRESSOR_DAMPENING,
-    MAX_GROUP_SIZE,
-    Recipe,
-    load_recipe,
+from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING, MAX_GROUP_SIZE, Recipe
+from weightsmith.quantize.request import (
+    GPTQ_SEQ_LEN,
+    GPTQ_TOKENS,
+    GptqOptions,
+    open_plan,
+    plan_warnings,
+    resolve,
+    rules_for,
 )
-from weightsmith.schemes import REGISTRY, SCHEME_NAMES, Scheme, make_scheme
+from weightsmith.schemes import REGISTRY, SCHEME_NAMES, Scheme
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -77,18 +74,10 @@ def plan_table(plan: Plan) -> Table:
     return table
 
 
-def _warn_unmatched(plan: Plan) -> None:
-    for number, target in plan.unmatched_targets():
-        err.print(f"[yellow]warning:[/] rule {number} target {markup_safe(repr(target))} matches no Linear-like weight")
-
-
-def _warn_few_tokens(plan: Plan) -> None:
-    cal = plan.calibration
-    if cal is not None and cal.stats.provenance.tokens < MIN_TOKENS:
-        err.print(
-            f"[yellow]warning:[/] {markup_safe(cal.path)} was measured on {cal.stats.provenance.tokens:,} tokens; "
-            f"a maximum over fewer than {MIN_TOKENS:,} is not stable"
-        )
+def _warn_plan(plan: Plan) -> None:
+    """Recipe targets that match nothing, a statistics file measured on too few tokens (`plan_warnings`)."""
+    for message in plan_warnings(plan):
+        err.print(f"[yellow]warning:[/] {markup_safe(message)}")
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -154,28 +143,6 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
     console.print(f"  time      {seconds:.2f} s ({rate:,.0f} MiB/s of input)")
 
 
-def _recipe(
-    scheme: str | None,
-    group_size: int | None,
-    scale_search: str | None,
-    recipe: Path | None,
-    *,
-    gptq: bool = False,
-) -> Recipe:
-    """`--recipe FILE`, or the one-rule recipe of `--scheme` (w4a16 when neither is given).
-
-    `gptq`: a recipe rule naming a search GPTQ cannot start from is refused (see `load_recipe`)."""
-    if recipe is None:
-        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search))
-    given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
-             if v is not None]
-    if given:
-        raise WeightsmithError(
-            f"{given[0]} and --recipe both set the scheme; put it in the recipe's rules", file=recipe, code="usage"
-        )
-    return load_recipe(recipe, gptq=gptq)
-
-
 def _breakdown_tables(plan: Plan) -> list[Table]:
     """Predicted bytes and bits per parameter by rule and by category (the dry run's summary)."""
     tables = []
@@ -226,23 +193,23 @@ def run_quantize(
     show_progress: bool,
     hash_sources: bool = True,
     scale_search: str | None = None,
-    recipe: Path | None = None,
+    recipe: Path | Recipe | None = None,
     calibration: Path | None = None,
     kv_cache: str | None = None,
     gptq: GptqOptions | None = None,
 ) -> tuple[QuantizeResult, float]:
-    """Open, plan and execute; returns the result and wall seconds."""
+    """Open, plan and execute; returns the result and wall seconds. `recipe` a file, or the rules
+    `request.resolve` gave (then `scheme`, `group_size` and `scale_search` are None)."""
     started = time.perf_counter()
-    plan = plan_quantize(
+    plan = open_plan(
         src,
-        recipe=_recipe(scheme, group_size, scale_search, recipe, gptq=gptq is not None),
+        rules_for(scheme, group_size, scale_search, recipe, gptq=gptq is not None),
         ignore=ignore,
         preset=preset,
         calibration=calibration,
         kv_cache=kv_cache,
     )
-    _warn_unmatched(plan)
-    _warn_few_tokens(plan)
+    _warn_plan(plan)
     with terminate_as_interrupt():  # the partial output is removed either way
         try:
             if gptq is not None:
@@ -289,29 +256,6 @@ def run_quantize(
             raise typer.Exit(130) from None
 
 
-@dataclass(frozen=True)
-class GptqOptions:
-    """`--method gptq`: where its calibration tokens come from and its dampening."""
-
-    text: Path | None
-    builtin: str | None
-    tokens: int
-    seq_len: int
-    dampening: float
-    trust_remote_code: bool = False
-    actorder: str = "static"
-
-    def calibration_source(self) -> tuple[str, str]:
-        """The calibration text as (a label, words for a sentence): the file's path both times, or
-        `builtin:NAME` and "the built-in NAME text" (the default built-in when neither is given)."""
-        if self.text:
-            return str(self.text), str(self.text)
-        from weightsmith.io.texts import DEFAULT_BUILTIN
-
-        name = self.builtin or DEFAULT_BUILTIN
-        return f"builtin:{name}", f"the built-in {name} text"
-
-
 def _gptq_json(opts: GptqOptions) -> dict[str, object]:
     """What `--method gptq` would run, for `--dry-run --json`."""
     return {
@@ -334,78 +278,25 @@ def _gptq_line(opts: GptqOptions) -> str:
     )
 
 
+def _warn(message: str) -> None:
+    err.print(f"[yellow]warning:[/] {markup_safe(message)}", soft_wrap=True)
+
+
 def _run_gptq(
     plan: Plan, out: Path, opts: GptqOptions, *, workers: int, force: bool, hash_sources: bool
 ) -> QuantizeResult:
-    """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run."""
-    import os
-
-    # now, not after the hours the values take; what a killed run left goes first (a killed GPTQ run's
-    # scratch folder frees its disk, a previous OUT it had set aside is back before OUT is judged)
-    stale = remove_stale(out, keep=[plan.source.root])
-    check_destination(plan.source.root, out, force)
-    seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
-    with adding(seconds, "libraries"):
-        from weightsmith.calibration.measure import calibration_tokens
-        from weightsmith.engine import gptq
-        from weightsmith.engine.loading import opened
-        from weightsmith.fidelity.logits import ENGINE_LIBRARIES, missing_library
-
-        missing = missing_library(ENGINE_LIBRARIES)
-    if missing is not None:
-        raise WeightsmithError(missing, code="engine.libraries")
-    src = plan.source.root
-    with adding(seconds, "tokens"):
-        with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model it cannot run fails now
-            activations = loader.source.activations
-            vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
-        os.environ.setdefault("TQDM_DISABLE", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        text = str(opts.text) if opts.text else None
-        sequences, label, sha = calibration_tokens(
-            src, text, opts.builtin, opts.tokens, opts.seq_len, trust_remote_code=opts.trust_remote_code
-        )
-    count = sum(map(len, sequences))
-    largest = max(max(ids) for ids in sequences)
-    if largest >= vocab:
-        raise WeightsmithError(
-            f"its tokenizer gives token id {largest:,} but the model embeds {vocab:,} tokens: "
-            "not this model's tokenizer",
-            file=src,
-            code="engine.tokenizer",
-        )
-    widest = max((d.shape[1] for d in plan.decisions if d.action == "quantize"), default=0)
-    if count < widest:
-        err.print(
-            f"[yellow]warning:[/] {count:,} calibration tokens, fewer than the widest quantized input "
-            f"({widest:,} columns): its Hessian has rank at most {count:,} and is made invertible only by "
-            f"the dampening ({opts.dampening} of its mean diagonal); pass more --tokens",
-            soft_wrap=True,
-        )
-    provenance = Provenance.of_run(fingerprint(plan.source), sequences, label, sha, activations)
+    """The GPTQ run (`quantize.gptq.run`), its layers and warnings said on stderr."""
     show = err.is_terminal
-    result = gptq.quantize(
+    return gptq_run(
         plan,
         out,
-        sequences,
-        provenance,
-        dampening=opts.dampening,
-        actorder=opts.actorder,
+        opts,
         workers=workers,
         force=force,
         hash_sources=hash_sources,
-        trust_remote_code=opts.trust_remote_code,
         progress=(lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if show else None,
+        warn=_warn,
     )
-    result.engine = {**seconds, **result.engine}
-    result.notes[:0] = stale
-    method = result.manifest.method
-    for module, why in (method.rtn_fallback if method else {}).items():
-        err.print(f"[yellow]warning:[/] {markup_safe(module)}: round-to-nearest, {markup_safe(why)}", soft_wrap=True)
-    return result
-
-
-METHODS = ("rtn", "gptq")
 
 
 def _default_searches() -> str:
@@ -415,13 +306,6 @@ def _default_searches() -> str:
         if cls.DEFAULT_SEARCH is not None:
             by_search.setdefault(cls.DEFAULT_SEARCH, []).append(name)
     return "; ".join(f"{search} for {', '.join(names)}" for search, names in by_search.items())
-
-
-def gptq_actorders() -> tuple[str, ...]:
-    """`--actorder`'s choices, from the engine (imported only when asked: it loads numba)."""
-    from weightsmith.engine.gptq import ACTORDERS
-
-    return ACTORDERS
 
 
 def quantize(
@@ -476,12 +360,14 @@ def quantize(
         None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
     ),
     tokens: int = typer.Option(
-        2048,
+        GPTQ_TOKENS,
         "--tokens",
         parser=tokens_option(),
         help=f"--method gptq: calibration tokens, at most (at most {MAX_TOKENS:,}).",
     ),
-    seq_len: int = typer.Option(256, "--seq-len", min=1, max=MAX_TOKENS, help="--method gptq: tokens per sequence."),
+    seq_len: int = typer.Option(
+        GPTQ_SEQ_LEN, "--seq-len", min=1, max=MAX_TOKENS, help="--method gptq: tokens per sequence."
+    ),
     dampening: float = typer.Option(
         GPTQ_DAMPENING,
         "--dampening",
@@ -504,14 +390,23 @@ def quantize(
     no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
 ) -> None:
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
-    gptq = _gptq_options(method, text, builtin, tokens, seq_len, dampening, trust_remote_code, scale_search, actorder)
+    rules, gptq = resolve(
+        scheme=scheme,
+        group_size=group_size,
+        scale_search=scale_search,
+        recipe=recipe,
+        method=method,
+        text=text,
+        builtin=builtin,
+        tokens=tokens,
+        seq_len=seq_len,
+        dampening=dampening,
+        actorder=actorder,
+        trust_remote_code=trust_remote_code,
+    )
     if dry_run:
-        rules = _recipe(scheme, group_size, scale_search, recipe, gptq=gptq is not None)
-        plan = plan_quantize(
-            src, recipe=rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache
-        )
-        _warn_unmatched(plan)
-        _warn_few_tokens(plan)
+        plan = open_plan(src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache)
+        _warn_plan(plan)
         if json_out:
             print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
         else:
@@ -529,16 +424,15 @@ def quantize(
     result, seconds = run_quantize(
         src,
         out,
-        scheme=scheme,
-        group_size=group_size,
+        scheme=None,
+        group_size=None,
         ignore=ignore,
         preset=preset,
         workers=workers or default_workers(),
         force=force,
         show_progress=not json_out and err.is_terminal,
         hash_sources=not no_hash,
-        scale_search=scale_search,
-        recipe=recipe,
+        recipe=rules,
         calibration=calibration,
         kv_cache=kv_cache,
         gptq=gptq,
@@ -558,53 +452,6 @@ def quantize(
         )
     else:
         _summary(result, seconds)
-
-
-def _gptq_options(
-    method: str,
-    text: Path | None,
-    builtin: str | None,
-    tokens: int,
-    seq_len: int,
-    dampening: float,
-    trust_remote_code: bool,
-    scale_search: str | None,
-    actorder: str = "static",
-) -> GptqOptions | None:
-    """The GPTQ options when `--method gptq`, after checking them; a usage error for ones that do not fit."""
-    if method not in METHODS:
-        raise WeightsmithError(f"unknown method {method!r} (choose from {', '.join(METHODS)})", code="usage")
-    if method == "rtn":
-        if text is not None or builtin is not None:
-            raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
-        return None
-    if scale_search == GPTQ_REFUSED_SEARCH:
-        raise WeightsmithError(
-            f"{GPTQ_GRID_ONLY}; it does not take --scale-search {scale_search} (whose factors need the whole tensor "
-            "first); wmse, mse and noclip choose a grid GPTQ can start from",
-            code="usage",
-        )
-    if not 0 <= dampening < 1 or dampening != dampening:
-        raise WeightsmithError(f"--dampening {dampening} must be in [0, 1)", code="usage")
-    if actorder not in gptq_actorders():
-        raise WeightsmithError(_actorder_refusal(actorder), code="usage")
-    return GptqOptions(text, builtin, tokens, seq_len, dampening, trust_remote_code, actorder)
-
-
-#: compressed-tensors' names for group ordering (a g_idx per column): "dynamic" is its alias of "group".
-_GROUP_ACTORDERS = ("group", "dynamic")
-
-
-def _actorder_refusal(actorder: str) -> str:
-    """Why `--actorder` refuses `actorder`: group ordering is refused for a reason; anything else is unknown."""
-    choices = ", ".join(gptq_actorders())
-    if actorder in _GROUP_ACTORDERS:
-        alias = "" if actorder == "group" else ", compressed-tensors' other name for group"
-        return (
-            f"--actorder {actorder!r}{alias}: group ordering (a g_idx per column) is not offered: compressed-tensors "
-            f"deprecates it and llm-compressor's GPTQ refuses it; choose from {choices}"
-        )
-    return f"--actorder {actorder!r} is not an activation ordering; choose from {choices}"
 
 
 #: What `write_demo_checkpoint` writes into the demo's draft folder, and nothing else.
@@ -665,7 +512,7 @@ def demo(
             os.rmdir(src)
         (Path(tmp) / "draft").rename(src)
     console.print("[bold]2. plan[/] with preset dflash-draft:")
-    plan = plan_quantize(src, "w4a16", preset="dflash-draft")
+    plan = open_plan(src, rules_for("w4a16", None, None, None), preset="dflash-draft")
     kept: dict[str, list[str]] = {}
     for d in plan.decisions:
         if d.action != "quantize" and len(d.shape) == 2:

@@ -34,6 +34,8 @@ from typing import Any
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import read_text_file
 from weightsmith.core.terminal import short_repr
+from weightsmith.engine.gptq_defaults import GPTQ_DAMPENING as GPTQ_DAMPENING  # the flow's defaults, set
+from weightsmith.engine.gptq_defaults import LLM_COMPRESSOR_DAMPENING as LLM_COMPRESSOR_DAMPENING  # by the solver
 from weightsmith.formats.targets import LINEAR, Targets
 from weightsmith.io import names
 from weightsmith.schemes import REGISTRY, Scheme, make_scheme
@@ -105,13 +107,6 @@ class Recipe:
 GPTQ_REFUSED_SEARCH = "memoryless_mse"
 #: Why, said alike for `--scale-search` and a recipe's `scale_search`.
 GPTQ_GRID_ONLY = "--method gptq fixes its grid from each weight before its first column"
-#: llm-compressor's GPTQ dampening (`dampening_frac`): what a like-for-like comparison with it passes.
-LLM_COMPRESSOR_DAMPENING = 0.01
-#: The fraction of each Hessian's mean diagonal GPTQ adds to its diagonal. Ten times llm-compressor's:
-#: with a few thousand calibration tokens and inputs as wide (Qwen2.5-1.5B's down_proj reads 8,960
-#: columns), 1 % lets GPTQ fit the calibration text and lose on held-out text; 0.1 gained on both
-#: models of docs/fidelity-study.md (-40 % KL against round-to-nearest on Qwen, -64 % on SmolLM2).
-GPTQ_DAMPENING = 0.1
 
 
 def load_recipe(path: Path, *, gptq: bool = False) -> Recipe:

@@ -1,0 +1,107 @@
+"""`weightsmith calibrate` as a library call: activation maxima measured layer by layer and written to a
+statistics file, the file `quantize --calibration` (static scales, KV-cache scales) reads.
+
+`calibrate` checks everything it can before the run (the destination, the checkpoint, the libraries,
+the model code, the manifest), since the run may take hours; the file is written whole or not at
+all (`stats_file.write`). The command (`calibration.cli`) prints what it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from weightsmith.calibration import stats_file
+from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
+from weightsmith.core.errors import OutputError, WeightsmithError
+from weightsmith.core.files import check_file_name
+from weightsmith.core.terminal import short_repr
+from weightsmith.io import provenance
+from weightsmith.io.checkpoint import Checkpoint
+from weightsmith.io.manifest import measured_activations, source_fingerprint
+from weightsmith.io.outputdir import refuse_inside
+
+#: Something said to the person running it (a progress line, a warning), one line, plain text.
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CalibrateResult:
+    """The statistics file written and what went into it."""
+
+    path: Path
+    stats: stats_file.CalibrationStats
+    #: Calibration tokens run (the text's, up to `tokens`).
+    tokens: int
+    #: Wall seconds of the measurement itself (not the tokenizing or the checks before it).
+    seconds: float
+
+
+def check_out(src: Path, out: Path, force: bool) -> None:
+    """Refuse an output the run could not or must not write, before the run: it may take hours."""
+    check_file_name(out)  # before anything stats it: a name too long is ENAMETOOLONG there
+    refuse_inside(out, src)
+    if out.is_dir():
+        raise OutputError("is a folder; --out names the statistics file", file=out, code="output.folder")
+    stats_file.check_replaceable(out, force)
+    if not out.parent.is_dir():
+        raise OutputError("is in a folder that does not exist", file=out, code="output.parent")
+
+
+def calibrate(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    text: str | os.PathLike[str] | None = None,
+    builtin: str | None = None,
+    tokens: int = DEFAULT_TOKENS,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    force: bool = False,
+    trust_remote_code: bool = False,
+    progress: Say | None = None,
+    warn: Say | None = None,
+) -> CalibrateResult:
+    """Measure K/V maxima and every Linear's input maximum of `src` on calibration text; write them to `out`.
+
+    `progress` gets a line per decoder layer; `warn` a warning when the tokens are too few for a
+    stable maximum. The ranges of `tokens` and `seq_len` are the command line's."""
+    from weightsmith.fidelity.logits import missing_library
+
+    tokens = stats_file.tokens_option()(tokens)
+    if type(seq_len) is not int or not 1 <= seq_len <= stats_file.MAX_TOKENS:
+        raise WeightsmithError(
+            f"--seq-len {short_repr(seq_len)}: give a whole number from 1 to {stats_file.MAX_TOKENS:,}", code="usage"
+        )
+    src, out = Path(src), Path(out)
+    check_out(src, out, force)
+    ckpt = Checkpoint.open(src)
+    missing = missing_library()
+    if missing is not None:
+        raise WeightsmithError(missing, code="engine.libraries")
+    from weightsmith.calibration.measure import calibration_tokens, measure
+    from weightsmith.engine.loading import opened
+
+    with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
+        activations = loader.source.activations
+    model = provenance.fingerprint(ckpt)
+    source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    sequences, label, sha = calibration_tokens(
+        src, str(text) if text else None, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
+    )
+    count = sum(map(len, sequences))
+    if count < stats_file.MIN_TOKENS and warn is not None:
+        warn(f"{count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: a maximum over so few is not stable")
+    started = time.perf_counter()
+    kv, inputs = measure(src, sequences, trust_remote_code=trust_remote_code, progress=progress)
+    seconds = time.perf_counter() - started
+    record = provenance.Provenance.of_run(
+        model, sequences, label, sha, measured_activations(activations, model, source), source
+    )
+    stats = stats_file.CalibrationStats(record, kv, inputs)
+    stats_file.write(out, stats, replace=force)
+    return CalibrateResult(out, stats, count, seconds)

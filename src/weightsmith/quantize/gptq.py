@@ -1,0 +1,169 @@
+"""`quantize --method gptq` (and `weightsmith.quantize(..., method="gptq")`): the run around the engine's solver.
+
+The engine (`engine.gptq`) streams the model and chooses each Linear's integer values; this module
+is what a GPTQ quantize run does around it: check the destination before hours of work, tokenize
+the calibration text, warn when the tokens are too few for the Hessians, keep the values in a scratch
+folder beside OUT, then write the plan through the quantize pipeline with the method and the
+calibration recorded in the manifest. The command line and the library both call `run`.
+
+Importing it does not import the engine, torch or transformers: they are imported when a run starts
+(their import time is the "libraries" phase of `engine.gptq.PHASES`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.timesplit import adding
+from weightsmith.engine.gptq_defaults import GPTQ_DAMPENING
+from weightsmith.io.manifest import MethodRecord
+from weightsmith.io.outputdir import check_destination, remove_stale, scratch
+from weightsmith.io.provenance import Provenance, fingerprint
+from weightsmith.quantize.pipeline import QuantizeResult, execute, kernel_dtype
+from weightsmith.quantize.plan import QUANTIZE, Plan
+from weightsmith.quantize.request import GptqOptions
+
+#: Something said to the person running it (a progress line, a warning), one line, plain text.
+Say = Callable[[str], None]
+
+
+def run(
+    plan: Plan,
+    out: Path,
+    opts: GptqOptions,
+    *,
+    workers: int,
+    force: bool,
+    hash_sources: bool,
+    progress: Say | None = None,
+    warn: Say | None = None,
+) -> QuantizeResult:
+    """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run.
+
+    `progress` gets a line per decoder layer; `warn` each warning (too few tokens; each module left to
+    round-to-nearest, also recorded in the manifest's `method.rtn_fallback`)."""
+    # now, not after the hours the values take; what a killed run left goes first (a killed GPTQ run's
+    # scratch folder frees its disk, a previous OUT it had set aside is back before OUT is judged)
+    stale = remove_stale(out, keep=[plan.source.root])
+    check_destination(plan.source.root, out, force)
+    seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
+    with adding(seconds, "libraries"):
+        from weightsmith.calibration.measure import calibration_tokens
+        from weightsmith.engine import gptq as _engine  # noqa: F401  (numba's kernels, timed as a library)
+        from weightsmith.engine.loading import opened
+        from weightsmith.fidelity.logits import ENGINE_LIBRARIES, missing_library
+
+        missing = missing_library(ENGINE_LIBRARIES)
+    if missing is not None:
+        raise WeightsmithError(missing, code="engine.libraries")
+    src = plan.source.root
+    with adding(seconds, "tokens"):
+        with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model it cannot run fails now
+            activations = loader.source.activations
+            vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        text = str(opts.text) if opts.text else None
+        sequences, label, sha = calibration_tokens(
+            src, text, opts.builtin, opts.tokens, opts.seq_len, trust_remote_code=opts.trust_remote_code
+        )
+    count = sum(map(len, sequences))
+    largest = max(max(ids) for ids in sequences)
+    if largest >= vocab:
+        raise WeightsmithError(
+            f"its tokenizer gives token id {largest:,} but the model embeds {vocab:,} tokens: "
+            "not this model's tokenizer",
+            file=src,
+            code="engine.tokenizer",
+        )
+    widest = max((d.shape[1] for d in plan.decisions if d.action == "quantize"), default=0)
+    if count < widest and warn is not None:
+        warn(
+            f"{count:,} calibration tokens, fewer than the widest quantized input "
+            f"({widest:,} columns): its Hessian has rank at most {count:,} and is made invertible only by "
+            f"the dampening ({opts.dampening} of its mean diagonal); pass more --tokens"
+        )
+    provenance = Provenance.of_run(fingerprint(plan.source), sequences, label, sha, activations)
+    result = quantize(
+        plan,
+        out,
+        sequences,
+        provenance,
+        dampening=opts.dampening,
+        actorder=opts.actorder,
+        workers=workers,
+        force=force,
+        hash_sources=hash_sources,
+        trust_remote_code=opts.trust_remote_code,
+        progress=progress,
+    )
+    result.engine = {**seconds, **result.engine}
+    result.notes[:0] = stale
+    method = result.manifest.method
+    for module, why in (method.rtn_fallback if method else {}).items():
+        if warn is not None:
+            warn(f"{module}: round-to-nearest, {why}")
+    return result
+
+
+def quantize(
+    plan: Plan,
+    out: Path,
+    token_ids: list[list[int]],
+    provenance: Provenance,
+    *,
+    dampening: float = GPTQ_DAMPENING,
+    actorder: str = "static",
+    workers: int = 1,
+    force: bool = False,
+    hash_sources: bool = True,
+    trust_remote_code: bool = False,
+    progress: Say | None = None,
+) -> QuantizeResult:
+    """`plan` written to `out` with GPTQ's values for every quantized Linear the engine runs.
+
+    The values wait in a scratch folder beside `out` (`outputdir.scratch`), removed however the run
+    ends, and by the next run for `out` if this one is killed.
+    """
+    from weightsmith.engine import gptq as engine  # the module, not its `run`: tests stand in for it
+
+    targets = {
+        d.module: engine.Target(d.rule.scheme, kernel_dtype(plan, d))
+        for d in plan.decisions
+        if d.action == QUANTIZE and d.rule is not None
+    }
+    with scratch(out, "gptq") as work:
+        found = engine.run(
+            plan.source.root,
+            token_ids,
+            targets,
+            work,
+            dampening=dampening,
+            actorder=actorder,
+            trust_remote_code=trust_remote_code,
+            workers=workers,
+            progress=progress,
+        )
+        method = MethodRecord(
+            name="gptq",
+            dampening=dampening,
+            block_size=engine.BLOCK_SIZE,
+            actorder=actorder,
+            tokens=provenance.tokens,
+            rtn_fallback=dict(sorted(found.rtn.items())),
+        )
+        written = execute(
+            plan,
+            out,
+            workers=workers,
+            force=force,
+            hash_sources=hash_sources,
+            chosen=found.chosen,
+            method=method,
+            calibrated_from=provenance,
+        )
+        written.engine = found.seconds
+        return written
