@@ -19,7 +19,7 @@ def _edges_from(here: str) -> dict[str, list[str]]:
 def test_no_cycle_between_packages() -> None:
     deps = import_graph.graph()
     layers = import_graph.layers(deps)  # raises CycleError naming the cycle
-    assert layers[0] == ["core"] and layers[-1] == ["commands"]
+    assert "core" in layers[0] and layers[-1] == ["commands"]
 
 
 def test_ruled_out_edges_stay_out() -> None:

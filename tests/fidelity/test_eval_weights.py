@@ -15,20 +15,20 @@ from synth import LLAMA_CONFIG, llama_tensors
 from weightsmith.fidelity.weights import relative_mse, sqnr_db, squared_error, weight_error
 from weightsmith.formats.source import TensorReader
 from weightsmith.io import names
-from weightsmith.quant import int4
+from weightsmith.schemes import int4 as int4_scheme
 
 KEPT = "model.layers.1.mlp.down_proj"
 
 
 def _direct_rel_mse(w: np.ndarray, packed: dict[str, np.ndarray], module: str, group: int) -> float:
-    """||W - dequant||^2 / ||W||^2 from int4.dequantize, computed here in one float64 pass."""
+    """||W - dequant||^2 / ||W||^2 from int4_scheme.dequantize, computed here in one float64 pass."""
     zp = packed.get(f"{module}.{names.WEIGHT_ZERO_POINT}")
     shape = tuple(int(v) for v in packed[f"{module}.{names.WEIGHT_SHAPE}"])
-    weight = int4.Int4Weight(
+    weight = int4_scheme.Int4Weight(
         packed[f"{module}.{names.WEIGHT_PACKED}"], packed[f"{module}.{names.WEIGHT_SCALE}"], zp, shape
     )
     w64 = w.astype(np.float64)
-    q64 = int4.dequantize(weight, group).astype(np.float64)
+    q64 = int4_scheme.dequantize(weight, group).astype(np.float64)
     return float(np.sum(np.square(w64 - q64))) / float(np.sum(np.square(w64)))
 
 

@@ -21,6 +21,7 @@ from weightsmith.formats.compressors.mxfp8_quantized import Mxfp8Quantized
 from weightsmith.formats.compressors.naive_quantized import FloatQuantized, IntQuantized, NaiveQuantized
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.formats.layouts import Args
+from weightsmith.schemes import int4 as int4_scheme
 
 RNG = np.random.default_rng(0)
 
@@ -81,11 +82,10 @@ def test_pack_quantized_bytes_are_the_general_rule() -> None:
 
 
 def test_int4_kernel_writes_pack_quantized_words() -> None:
-    from weightsmith.quant import int4
 
     w = RNG.standard_normal((16, 256)).astype(ml_dtypes.bfloat16)
     for symmetric in (True, False):
-        ours = int4.quantize(w, 128, symmetric)
+        ours = int4_scheme.quantize(w, 128, symmetric)
         q = PackQuantized.unpack(ours.packed, 4, 256, axis=1)
         assert np.array_equal(PackQuantized.pack(q, 4, axis=1), ours.packed)
 

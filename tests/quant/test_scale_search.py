@@ -12,8 +12,9 @@ from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quant import int4, int4_search
+from weightsmith.quant import int4_search
 from weightsmith.quantize.cli import run_quantize
+from weightsmith.schemes import int4 as int4_scheme
 from weightsmith.schemes import make_scheme
 
 torch = pytest.importorskip("torch")
@@ -55,7 +56,7 @@ def _reference_scale(w: np.ndarray) -> np.ndarray:
 def test_memoryless_matches_llmcompressor_observer(rows: int, cols: int, seed: int) -> None:
     # Tiny tensors stop early (few groups, so soon no group improves): the tensor-wide patience rule matters.
     w = _weights(rows, cols, seed)
-    ours = int4.quantize(w, 128, True, _memoryless(w))
+    ours = int4_scheme.quantize(w, 128, True, _memoryless(w))
     assert np.array_equal(ours.scale.view(np.uint16), _reference_scale(w))
 
 
@@ -104,9 +105,9 @@ def test_memoryless_checkpoint_is_byte_identical_to_model_free_ptq(tmp_path: Pat
     assert (plain / shard).read_bytes() != (tmp_path / "ours" / shard).read_bytes()  # the search changed something
 
 
-def _rel_mse(w: np.ndarray, q: int4.Int4Weight) -> float:
+def _rel_mse(w: np.ndarray, q: int4_scheme.Int4Weight) -> float:
     a = w.astype(np.float64)
-    return float(((int4.dequantize(q, 128).astype(np.float64) - a) ** 2).sum() / (a**2).sum())
+    return float(((int4_scheme.dequantize(q, 128).astype(np.float64) - a) ** 2).sum() / (a**2).sum())
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -115,9 +116,9 @@ def test_our_search_beats_rtn_and_matches_memoryless_on_weight_error(seed: int) 
     shrink = np.empty((512, 8), np.float32)
     assert int4_search.search_mse(w.view(np.uint16), 1, 128, shrink) == -1
     assert np.all((shrink <= 1) & (shrink >= 0.6))
-    rtn = _rel_mse(w, int4.quantize(w, 128))
-    memoryless = _rel_mse(w, int4.quantize(w, 128, True, _memoryless(w)))
-    ours = _rel_mse(w, int4.quantize(w, 128, True, shrink))
+    rtn = _rel_mse(w, int4_scheme.quantize(w, 128))
+    memoryless = _rel_mse(w, int4_scheme.quantize(w, 128, True, _memoryless(w)))
+    ours = _rel_mse(w, int4_scheme.quantize(w, 128, True, shrink))
     assert ours < 0.88 * rtn  # at least 12 % lower weight error
     # Its |e|^2.5 objective trades a little weight MSE for next-token KL (docs/fidelity-smollm2.md).
     assert ours <= 1.01 * memoryless
@@ -151,8 +152,8 @@ def test_asymmetric_search_beats_asymmetric_rtn_and_stays_exact_in_format(seed: 
     shrink = np.empty((256, 8), np.float32)
     assert int4_search.search_mse(w.view(np.uint16), 1, 128, shrink, symmetric=False) == -1
     assert np.any(shrink < 1) and np.all((shrink <= 1) & (shrink >= 0.6))
-    ours = int4.quantize(w, 128, False, shrink)
-    assert _rel_mse(w, ours) < 0.95 * _rel_mse(w, int4.quantize(w, 128, False))
+    ours = int4_scheme.quantize(w, 128, False, shrink)
+    assert _rel_mse(w, ours) < 0.95 * _rel_mse(w, int4_scheme.quantize(w, 128, False))
     # the clipped range goes through compressed-tensors' own qparams and quantizer, as the observers do it
     args = QuantizationArgs(num_bits=4, type="int", symmetric=False, strategy="group", group_size=128,
                             zp_dtype=torch.int8)  # fmt: skip
@@ -191,10 +192,10 @@ def test_noclip_puts_each_groups_extremes_on_the_grid_ends_and_stays_exact_in_fo
     shrink = np.empty((64, 4), np.float32)
     assert int4_search.search_noclip(w.view(np.uint16), 1, 128, shrink) == -1
     assert np.any(shrink > 1) and np.any(shrink < 1)  # wider where the maximum is positive, narrower otherwise
-    ours = int4.quantize(w, 128, True, shrink)
+    ours = int4_scheme.quantize(w, 128, True, shrink)
     g = w.astype(np.float32).reshape(64, 4, 128)
-    dq = int4.dequantize(ours, 128).astype(np.float32).reshape(64, 4, 128)
-    rtn = int4.dequantize(int4.quantize(w, 128), 128).astype(np.float32).reshape(64, 4, 128)
+    dq = int4_scheme.dequantize(ours, 128).astype(np.float32).reshape(64, 4, 128)
+    rtn = int4_scheme.dequantize(int4_scheme.quantize(w, 128), 128).astype(np.float32).reshape(64, 4, 128)
     absmax = np.abs(g).max(-1)
     live = absmax > 0
     # the end that sets the scale (max / 7 or -min / 8) lands on the grid's end, off only by BF16 rounding;
@@ -221,7 +222,7 @@ def test_wmse_lowers_the_magnitude_weighted_error_and_leaves_mse_unchanged(symme
     a = w.astype(np.float64)
 
     def weighted(shrink: np.ndarray | None) -> float:
-        d = int4.dequantize(int4.quantize(w, 128, symmetric, shrink), 128).astype(np.float64) - a
+        d = int4_scheme.dequantize(int4_scheme.quantize(w, 128, symmetric, shrink), 128).astype(np.float64) - a
         return float((np.abs(a) * d * d).sum())
 
     ours, default, power = (np.empty((256, 8), np.float32) for _ in range(3))

@@ -19,10 +19,10 @@ import weightsmith
 from clirun import one_error_line, run
 from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.quant import int4
 from weightsmith.quantize.request import gptq_options, rules_for
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.schemes import NONE, REGISTRY, make_scheme
+from weightsmith.schemes import int4 as int4_scheme
 from weightsmith.schemes.int4 import Int4
 
 INT4 = ("w4a16", "w4a16-asym")
@@ -88,7 +88,7 @@ def test_default_output_is_wmse_and_none_is_plain_rtn(src: Path, tmp_path: Path,
     with ShardReader(plain / SHARD) as r:
         params = {p: r.read(f"{module}.{p}") for p in ("weight_packed", "weight_scale", "weight_zero_point")
                   if f"{module}.{p}" in r.header.tensors}  # fmt: skip
-    rtn = int4.quantize(w, 128, symmetric)
+    rtn = int4_scheme.quantize(w, 128, symmetric)
     assert np.array_equal(params["weight_packed"], rtn.packed)
     assert np.array_equal(params["weight_scale"].view(np.uint16), rtn.scale.view(np.uint16))
     if not symmetric:

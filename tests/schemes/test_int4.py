@@ -8,6 +8,7 @@ import pytest
 
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.quant import int4
+from weightsmith.schemes import int4 as int4_scheme
 
 torch = pytest.importorskip("torch")
 ct_q = pytest.importorskip("compressed_tensors.quantization")
@@ -60,7 +61,7 @@ def _reference(w: np.ndarray, torch_dtype: str, group: int, symmetric: bool) -> 
 def test_kernel_matches_compressed_tensors(dtype: object, torch_dtype: str, symmetric: bool, group: int) -> None:
     for seed in range(3):
         w = _awkward(dtype, seed=seed)
-        ours = int4.quantize(w, group, symmetric)
+        ours = int4_scheme.quantize(w, group, symmetric)
         q, scale, zp = _reference(w, torch_dtype, group, symmetric)
         assert np.array_equal(PackQuantized.unpack(ours.packed, 4, w.shape[1], axis=1), q)
         assert np.array_equal(ours.scale.astype(np.float32), scale)
@@ -77,8 +78,8 @@ def test_dequantize_matches_compressed_tensors_decompressor(dtype: object, torch
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 
     w = _awkward(dtype, rows=40)  # 40 rows: zero points pack into a partial last word
-    ours = int4.quantize(w, 128, symmetric)
-    ours_deq = int4.dequantize(ours, 128)
+    ours = int4_scheme.quantize(w, 128, symmetric)
+    ours_deq = int4_scheme.dequantize(ours, 128)
     assert ours_deq.dtype == np.dtype(dtype)
 
     scheme = ct_q.QuantizationScheme(
@@ -117,9 +118,9 @@ def test_non_finite_and_bad_shapes_are_refused(dtype: object) -> None:
         w[3, 77] = bad
         w[3, 100] = np.nan  # the first one in the group is the one reported
         with pytest.raises(ValueError, match="row 3, column 77"):
-            int4.quantize(w)
+            int4_scheme.quantize(w)
         with pytest.raises(ValueError, match="row 3, column 77"):
-            int4.quantize(w, symmetric=False)
+            int4_scheme.quantize(w, symmetric=False)
     assert int4.supports(576, 128) == "input size 576 is not a multiple of the group size 128"
     assert int4.supports(576, 64) is None
 
@@ -130,11 +131,11 @@ def test_format_level_dequantize_reads_disk_parameters() -> None:
 
     w = _awkward(ml_dtypes.bfloat16, rows=16, cols=256)
     for symmetric in (True, False):
-        q = int4.quantize(w, 128, symmetric)
+        q = int4_scheme.quantize(w, 128, symmetric)
         params = {"weight_packed": q.packed, "weight_scale": q.scale, "weight_shape": np.array(w.shape, np.int64)}
         if not symmetric:
             params["weight_zero_point"] = q.zero_point
         args = ct.weight_args(4, symmetric, 128)
-        assert np.array_equal(compressors.decompress(ct.PACK_QUANTIZED, args, params), int4.dequantize(q, 128))
+        assert np.array_equal(compressors.decompress(ct.PACK_QUANTIZED, args, params), int4_scheme.dequantize(q, 128))
     with pytest.raises(NotImplementedError):
         compressors.decompress("float-quantized", {"num_bits": 8}, {})

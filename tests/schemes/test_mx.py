@@ -10,6 +10,7 @@ from clirun import one_error_line, run
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.compressors import decompress
+from weightsmith.formats.compressors.fp4_pack_quantized import Mxfp4PackQuantized
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import mx
 from weightsmith.schemes import make_scheme
@@ -83,11 +84,16 @@ def _decompress(codes: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
     return MXFP8QuantizationCompressor.decompress(state, scheme)["weight"].float().numpy()
 
 
+def _values(codes: np.ndarray) -> np.ndarray:
+    """FP4 bytes unpacked as the format unpacks them; FP8 codes as float32."""
+    return Mxfp4PackQuantized.unpack(codes) if codes.dtype == np.uint8 else codes.astype(np.float32)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_decode_matches_compressed_tensors_decompressor(bits: int) -> None:
     w = _awkward(ml_dtypes.bfloat16)
     codes, scale = mx.quantize(w, bits)
-    ours = mx.dequantize(codes, scale)
+    ours = mx.dequantize(_values(codes), scale)
     assert ours.dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.array_equal(ours.astype(np.float32), _decompress(codes, scale, bits), equal_nan=True)
     # Through the registry, as `eval` asks: the config group's format picks the scheme.
@@ -102,7 +108,8 @@ def test_values_round_trip_where_exact() -> None:
     grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -1, -1.5, -2, -3, -4, -6, 6] * 2, np.float32) * 2.0**-5
     w = np.tile(grid, (2, 1)).astype(ml_dtypes.bfloat16)
     for bits in (4, 8):
-        back = mx.dequantize(*mx.quantize(w, bits))
+        codes, scale = mx.quantize(w, bits)
+        back = mx.dequantize(_values(codes), scale)
         assert np.array_equal(back.astype(np.float32), w.astype(np.float32))
 
 

@@ -10,22 +10,20 @@ intermediate rounded to the weight dtype:
 
 A zero scale becomes the dtype's eps; `round` is half to even. Dequantization is
 `(q - zp) * scale` in the scale dtype. Storage: `pack-quantized` (formats/compressors/pack_quantized.py),
-which the kernel writes directly: `weight_packed` int32 with q+8 nibbles, column 0 in the lowest
-nibble; `weight_scale` in the weight dtype; asymmetric `weight_zero_point` as zp+8 nibbles packed
-along the output dimension. Bit-exact with llm-compressor 0.14 / compressed-tensors
-0.19 on CPU (tests/test_reference_llmcompressor.py).
+which the kernel writes directly (a whole weight: `schemes.int4.quantize`): `weight_packed` int32 with
+q+8 nibbles, column 0 in the lowest nibble; `weight_scale` in the weight dtype; asymmetric
+`weight_zero_point` as zp+8 nibbles packed along the output dimension. Bit-exact with llm-compressor
+0.14 / compressed-tensors 0.19 on CPU (tests/quantize/test_reference_llmcompressor.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.formats.compressors.pack_quantized import PackQuantized, per_word
 from weightsmith.quant.floatbits import (
     MODE_BF16,
     MODE_F16,
@@ -38,7 +36,9 @@ from weightsmith.quant.floatbits import (
 )
 
 Q_MIN, Q_MAX, OFFSET = -8, 7, 8
-PACK = per_word(4)  # int4 values per int32 word of pack-quantized
+#: int4 values per int32 word: the kernel writes pack-quantized words itself, for speed (the layout is
+#: formats/compressors/pack_quantized.py's; tests/formats/test_compressors.py holds the two equal).
+PACK = 8
 
 #: numpy storage dtype of each emulated mode (for scales and dequantized values).
 MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfloat16), MODE_F16: np.dtype(np.float16)}
@@ -250,16 +250,6 @@ def supports(cols: int, group: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Int4Weight:
-    """One quantized weight as stored on disk."""
-
-    packed: np.ndarray  # int32 [out, in/8]
-    scale: np.ndarray  # weight dtype [out, in/group]
-    zero_point: np.ndarray | None  # int32 [ceil(out/8), in/group], asymmetric only
-    shape: tuple[int, int]
-
-
 def mode_of(dtype: np.dtype) -> int:
     """The arithmetic mode that emulates torch for weights of this dtype."""
     for mode, dt in MODE_DTYPES.items():
@@ -280,41 +270,4 @@ def scale_storage(scale_f32: np.ndarray, mode: int) -> np.ndarray:
     return scale_f32.astype(MODE_DTYPES[mode])
 
 
-def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True, shrink: np.ndarray | None = None) -> Int4Weight:
-    """Quantize a whole 2-D weight (bf16, fp16 or fp32). Raises ValueError on NaN/Inf.
-
-    `shrink` (float32 [rows, cols/group]) clips each group's range, as a scale search chooses.
-    """
-    mode = mode_of(w.dtype)
-    rows, cols = w.shape
-    why = supports(cols, group)
-    if why:
-        raise ValueError(why)
-    packed = np.empty((rows, cols // PACK), np.uint32)
-    scale = np.empty((rows, cols // group), np.float32)
-    zp = np.zeros((rows, cols // group), np.int8)
-    if shrink is None:
-        shrink = np.ones((rows, cols // group), np.float32)
-    bad = quantize_rows(kernel_input(np.ascontiguousarray(w)), mode, group, symmetric, shrink, packed, scale, zp)
-    if bad >= 0:
-        raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
-    return Int4Weight(
-        packed.view(np.int32),
-        scale_storage(scale, mode),
-        None if symmetric else PackQuantized.pack(zp, 4, axis=0),
-        (rows, cols),
-    )
-
-
-def dequantize(weight: Int4Weight, group: int) -> np.ndarray:
-    """`(q - zp) * scale`, rounded to the scale dtype as compressed-tensors does."""
-    rows, cols = weight.shape
-    q = PackQuantized.unpack(weight.packed, 4, cols, axis=1).astype(np.float32)
-    scale = np.repeat(weight.scale.astype(np.float32), group, axis=1)
-    if weight.zero_point is not None:
-        zp = PackQuantized.unpack(weight.zero_point, 4, rows, axis=0).astype(np.float32)
-        q = q - np.repeat(zp, group, axis=1)
-    return (q * scale).astype(weight.scale.dtype)
-
-
-__all__ = ["Int4Weight", "dequantize", "quantize", "quantize_rows", "supports"]
+__all__ = ["quantize_rows", "supports"]

@@ -27,7 +27,6 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.formats.compressors.fp4_pack_quantized import Mxfp4PackQuantized
 from weightsmith.quant import MX_GROUP
 from weightsmith.quant.eightbit import e4m3
 from weightsmith.quant.floatbits import (
@@ -175,8 +174,10 @@ def quantize(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     return (out if bits == 4 else out.view(ml_dtypes.float8_e4m3fn)), scale
 
 
-def dequantize(q: np.ndarray, scale: np.ndarray, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
-    """`q * 2**(byte - 127)`, as compressed-tensors' decompressors do: the scale in BF16, product in `dtype`."""
-    values = Mxfp4PackQuantized.unpack(q) if q.dtype == np.uint8 else q.astype(np.float32)  # uint8: packed FP4
+def dequantize(values: np.ndarray, scale: np.ndarray, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
+    """`q * 2**(byte - 127)`, as compressed-tensors' decompressors do: the scale in BF16, product in `dtype`.
+
+    `values`: the codes' values in float32 (FP4 bytes as the format unpacks them, `Mxfp4PackQuantized.unpack`).
+    """
     mult = np.exp2(scale.astype(np.float32) - 127).astype(ml_dtypes.bfloat16).astype(np.float32)
     return (values * np.repeat(mult, GROUP, axis=1)).astype(dtype)

@@ -29,7 +29,6 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.formats.compressors.fp4_pack_quantized import Nvfp4PackQuantized
 from weightsmith.quant import NVFP4_GROUP
 from weightsmith.quant.floatbits import (
     MODE_BF16,
@@ -317,9 +316,13 @@ def quantize(w: np.ndarray, gs: np.float32 | None = None, search: bool = False) 
     return Nvfp4Weight(packed, codes.view(ml_dtypes.float8_e4m3fn), np.array([gs], np.float32))
 
 
-def dequantize(weight: Nvfp4Weight, dtype: np.dtype | type = ml_dtypes.bfloat16) -> np.ndarray:
-    """`q * (block_scale / global_scale)` in float32, cast to `dtype` (BF16, as compressed-tensors unpacks)."""
-    eff = weight.scale.astype(np.float32) / weight.global_scale.astype(np.float32)[0]
-    values = Nvfp4PackQuantized.unpack(weight.packed) * np.repeat(eff, GROUP, axis=1)
-    cast: np.ndarray = values.astype(dtype)
+def dequantize(
+    values: np.ndarray, scale: np.ndarray, global_scale: np.ndarray, dtype: np.dtype | type = ml_dtypes.bfloat16
+) -> np.ndarray:
+    """`q * (block_scale / global_scale)` in float32, cast to `dtype` (BF16, as compressed-tensors unpacks).
+
+    `values`: the E2M1 values (float32), as the format unpacks its bytes (`Nvfp4PackQuantized.unpack`).
+    """
+    eff = scale.astype(np.float32) / global_scale.astype(np.float32)[0]
+    cast: np.ndarray = (values * np.repeat(eff, GROUP, axis=1)).astype(dtype)
     return cast

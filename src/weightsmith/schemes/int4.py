@@ -168,3 +168,51 @@ class Int4(Scheme):
         if r0 == 0:
             writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
         return writes, -1
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """One quantized weight as stored on disk."""
+
+    packed: np.ndarray  # int32 [out, in/8]
+    scale: np.ndarray  # weight dtype [out, in/group]
+    zero_point: np.ndarray | None  # int32 [ceil(out/8), in/group], asymmetric only
+    shape: tuple[int, int]
+
+
+def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True, shrink: np.ndarray | None = None) -> Int4Weight:
+    """Quantize a whole 2-D weight (bf16, fp16 or fp32). Raises ValueError on NaN/Inf.
+
+    `shrink` (float32 [rows, cols/group]) clips each group's range, as a scale search chooses.
+    """
+    mode = int4.mode_of(w.dtype)
+    rows, cols = w.shape
+    why = int4.supports(cols, group)
+    if why:
+        raise ValueError(why)
+    packed = np.empty((rows, cols // int4.PACK), np.uint32)
+    scale = np.empty((rows, cols // group), np.float32)
+    zp = np.zeros((rows, cols // group), np.int8)
+    if shrink is None:
+        shrink = np.ones((rows, cols // group), np.float32)
+    x = int4.kernel_input(np.ascontiguousarray(w))
+    bad = int4.quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zp)
+    if bad >= 0:
+        raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
+    return Int4Weight(
+        packed.view(np.int32),
+        int4.scale_storage(scale, mode),
+        None if symmetric else PackQuantized.pack(zp, 4, axis=0),
+        (rows, cols),
+    )
+
+
+def dequantize(weight: Int4Weight, group: int) -> np.ndarray:
+    """`(q - zp) * scale`, rounded to the scale dtype as compressed-tensors does."""
+    rows, cols = weight.shape
+    q = PackQuantized.unpack(weight.packed, 4, cols, axis=1).astype(np.float32)
+    scale = np.repeat(weight.scale.astype(np.float32), group, axis=1)
+    if weight.zero_point is not None:
+        zp = PackQuantized.unpack(weight.zero_point, 4, rows, axis=0).astype(np.float32)
+        q = q - np.repeat(zp, group, axis=1)
+    return (q * scale).astype(weight.scale.dtype)

@@ -80,7 +80,7 @@ class Nvfp4PackQuantized(_Fp4Packed):
         from weightsmith.quant import nvfp4  # the arithmetic; reading layouts must not start numba
 
         packed, scale = params[names.WEIGHT_PACKED], params[names.WEIGHT_SCALE]
-        return nvfp4.dequantize(nvfp4.Nvfp4Weight(packed, scale, params[names.WEIGHT_GLOBAL_SCALE]))
+        return nvfp4.dequantize(cls.unpack(packed), scale, params[names.WEIGHT_GLOBAL_SCALE])
 
 
 def mx_layout(args: Args, inputs: str | None, codes: str, dtype: str, code_bits: int) -> Layout:
@@ -103,7 +103,9 @@ def mx_decompress(layout: Layout | None, params: dict[str, np.ndarray]) -> np.nd
     from weightsmith.quant import mx  # the arithmetic; reading layouts must not start numba
 
     assert layout is not None  # every MX format has one
-    return mx.dequantize(params[layout.codes], params[layout.scale])
+    codes = params[layout.codes]
+    values = Mxfp4PackQuantized.unpack(codes) if codes.dtype == np.uint8 else codes.astype(np.float32)
+    return mx.dequantize(values, params[layout.scale])
 
 
 @register
