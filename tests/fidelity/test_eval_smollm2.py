@@ -37,7 +37,7 @@ def test_w4a16_g64_costs_what_the_end_to_end_test_measures(smollm2_w4: tuple[Pat
     assert report.kl > 0
     assert 0.5 < report.top1_agreement < 1
     assert report.ppl_quant > report.ppl_orig
-    # tests/test_smollm2_e2e.py, g64, same 512 tokens: fp32 ppl 6.867; ours and compressed-tensors'
+    # tests/quantize/test_smollm2_e2e.py, g64, same 512 tokens: fp32 ppl 6.867; ours and compressed-tensors'
     # own fake quantization both 12.025, top-1 0.6875, KL 0.5061 (float32 there, float64 here).
     assert report.ppl_orig == pytest.approx(6.867, abs=0.01)
     assert report.ppl_quant == pytest.approx(12.025, abs=0.01)

@@ -1,6 +1,6 @@
 """What `quantize --calibration/--kv-cache` and `calibrate-kv` accept: statistics files and targets.
 
-Each case builds a synthetic Llama and a statistics file (tests/calibrated/synthetic.py) under the
+Each case builds a synthetic Llama and a statistics file (tests/calibration/synthetic.py) under the
 sandbox. A bad input gets one `error:` line naming the file and the entry, exit 2, no output, and
 nothing else touched (a `calibrate-kv` target is left exactly as it was).
 """

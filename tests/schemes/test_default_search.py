@@ -1,7 +1,7 @@
 """The default scale search: wmse for w4a16 and w4a16-asym, round-to-nearest for every other scheme.
 
 `--scale-search none` (recipe `scale_search = "none"`, API `scale_search="none"`) is plain
-round-to-nearest, the bytes of llm-compressor's `model_free_ptq` (tests/test_reference_llmcompressor.py
+round-to-nearest, the bytes of llm-compressor's `model_free_ptq` (tests/quantize/test_reference_llmcompressor.py
 checks those bytes). GPTQ starts from the same grid: the default search's unless one is named
 (`none`: llm-compressor's GPTQ grid); memoryless_mse, whose factors need a first pass, is refused.
 """

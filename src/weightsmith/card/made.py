@@ -10,7 +10,7 @@ from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
 from weightsmith.io.serving import named_target
-from weightsmith.quantize.plan import PRESETS
+from weightsmith.quantize.presets import PRESETS
 from weightsmith.schemes import REGISTRY
 
 M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE

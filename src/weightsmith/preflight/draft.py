@@ -13,7 +13,7 @@ from weightsmith.preflight import code
 from weightsmith.preflight.report import LOAD, NOTE, Item, Side
 from weightsmith.preflight.source import VllmSource
 
-#: The preset that keeps a DFlash draft's attention projections BF16 (`plan.PRESETS`).
+#: The preset that keeps a DFlash draft's attention projections BF16 (`quantize.presets.PRESETS`).
 DFLASH_PRESET = "dflash-draft"
 
 

@@ -112,7 +112,7 @@ def e2m1_magnitude(t: np.float32) -> np.float32:
     """`e2m1_value(fp4_index(t))` for |t| <= 6 in a few float operations: E2M1 values are a grid of
     step 0.5 below 2, 1 up to 4 and 2 up to 6, so |t| rounds to its step's multiple, half to even,
     and each of `fp4_index`'s ties (0.25, 0.75, ... 5) falls on the same side as that rounding
-    (tests/test_nvfp4.py checks every float32 in [0, 6]). Steps are powers of two, so the scaling
+    (tests/schemes/test_nvfp4.py checks every float32 in [0, 6]). Steps are powers of two, so the scaling
     is exact; no table, no integer lanes, so the loop over it vectorises at the full float width."""
     a = abs(t)
     step = np.float32(0.5) if a < np.float32(2.0) else (np.float32(1.0) if a < np.float32(4.0) else np.float32(2.0))

@@ -25,7 +25,8 @@ from weightsmith.io.texts import TEXT_HELP
 from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.quantize.gptq import run as gptq_run
 from weightsmith.quantize.pipeline import MAX_WORKERS, QuantizeResult, default_workers, execute, work_bytes
-from weightsmith.quantize.plan import PRESETS, Plan
+from weightsmith.quantize.plan import Plan
+from weightsmith.quantize.presets import PRESETS
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING, MAX_GROUP_SIZE, Recipe
 from weightsmith.quantize.request import (
     GPTQ_SEQ_LEN,
