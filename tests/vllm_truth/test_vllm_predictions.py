@@ -142,6 +142,7 @@ def test_a_shard_the_index_names_is_absent(healthy, healthy_completion, vllm_sit
     assert len(healthy_completion.ids) == 4
 
 
+@pytest.mark.e2e  # another vLLM server start; the absent-shard case holds the same prediction
 def test_a_truncated_shard(healthy, healthy_completion, vllm_site, tmp_path, capsys, monkeypatch):
     broken = copy_of(healthy, tmp_path / "truncated")
     cut = broken / SHARDS[1]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,14 +17,11 @@ from weightsmith.calibration import stats_file
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.core.errors import OutputError, WeightsmithError
 from weightsmith.core.files import check_file_name
-from weightsmith.core.terminal import short_repr
+from weightsmith.core.terminal import Say, short_repr
 from weightsmith.io import provenance
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.io.manifest import measured_activations, source_fingerprint
 from weightsmith.io.outputdir import refuse_inside
-
-#: Something said to the person running it (a progress line, a warning), one line, plain text.
-Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Collection, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 #: What a shell takes as a variable name in `NAME=value` before a command. Anything else (`A;B`,
 #: `X=$(cmd)`) is not an assignment there but words of a command line, so an env key must be one.
@@ -122,3 +123,15 @@ def _ansi_c_word(word: str) -> str:
         else:
             out.append(f"\\U{code:08x}")
     return "$'" + "".join(out) + "'"
+
+
+#: A line for the person running it: a warning, or a progress line. Library calls take one instead of
+#: printing (the command passes one that prints).
+Say = Callable[[str], None]
+
+
+def warner(warn: Say | None) -> Say:
+    """`warn`, or Python's warnings: a library call must not write to a terminal it does not own."""
+    if warn is not None:
+        return warn
+    return lambda message: warnings.warn(message, UserWarning, stacklevel=4)

@@ -13,10 +13,10 @@ Importing it does not import the engine, torch or transformers: they are importe
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import Say
 from weightsmith.core.timesplit import adding
 from weightsmith.engine.gptq_defaults import GPTQ_DAMPENING
 from weightsmith.io.manifest import MethodRecord
@@ -25,9 +25,6 @@ from weightsmith.io.provenance import Provenance, fingerprint
 from weightsmith.quantize.pipeline import QuantizeResult, execute, kernel_dtype
 from weightsmith.quantize.plan import QUANTIZE, Plan
 from weightsmith.quantize.request import GptqOptions
-
-#: Something said to the person running it (a progress line, a warning), one line, plain text.
-Say = Callable[[str], None]
 
 
 def run(
