@@ -57,7 +57,8 @@ test: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 
 # The end-to-end studies `make test` leaves out (marker `e2e`): llama.cpp's llama-server built from its
 # registry package (about 23 minutes), the GPTQ KL study against llm-compressor's oneshots, every HumanEval
-# reference solution in the sandbox, and the oneshot references on real models. About 45 minutes.
+# reference solution in the sandbox, the oneshot references on real models, and six more vLLM CPU server
+# starts (verify's predictions and vLLM's refusals that cheaper tests and docs/vllm.md hold). About an hour.
 test-e2e: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 	$(BIN)/python -m pytest -q -m e2e
 
