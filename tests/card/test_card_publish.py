@@ -237,10 +237,14 @@ def test_kv_cache_dtype_only_when_the_scales_ship(
     assert code == 1 and "--kv-cache-dtype fp8` is not what the sources give: `vllm serve ./w4a16`" in stdout
 
 
+NVFP4_WEIGHTS = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+
+
 def test_w4a4_note_for_nvfp4_with_static_activation_scales() -> None:
     src = SimpleNamespace(
         manifest=SimpleNamespace(recipe=SimpleNamespace(scheme="nvfp4"), calibration=None),
-        config={"quantization_config": {"config_groups": {"group_0": {
+        config={"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": NVFP4_WEIGHTS,
             "input_activations": {"num_bits": 4, "type": "float", "dynamic": False}}}}},
         verify={"checks": [{"id": "quantization", "ran": True, "errors": 0}]},
     )  # fmt: skip
@@ -248,7 +252,9 @@ def test_w4a4_note_for_nvfp4_with_static_activation_scales() -> None:
     (line,) = publish._w4a4(src, c)  # type: ignore[arg-type]
     assert "W4A4" in line and "Marlin" in line and "VLLM_USE_FLASHINFER_MOE_FP4=1" in line
     assert c.by_source["verify.json: checks[quantization].errors"].value == "0"
-    weight_only = SimpleNamespace(**{**vars(src), "config": {"quantization_config": {"config_groups": {"g": {}}}}})
+    groups = {"g": {"targets": ["Linear"], "weights": NVFP4_WEIGHTS}}
+    config = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": groups}}
+    weight_only = SimpleNamespace(**{**vars(src), "config": config})
     assert publish._w4a4(weight_only, Citations()) == []  # type: ignore[arg-type]
 
 

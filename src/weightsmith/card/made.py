@@ -6,6 +6,7 @@ from typing import Any
 
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import INSPECT_FILE, CardSources
+from weightsmith.formats.declaration import read_declaration
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
@@ -199,8 +200,8 @@ def _calibration_lines(m: Manifest, config: dict[str, Any], c: Citations) -> lis
     ]
     if calibrated:
         made.append(f"the static activation scales of {', '.join(sorted(set(calibrated)))}")
-    qc = config.get("quantization_config")
-    declared = isinstance(qc, dict) and bool(qc.get("kv_cache_scheme"))
+    decl = read_declaration(config, None)
+    declared = decl is not None and decl.kv_args is not None
     kv = m.sizes.by_category.get(names.KV_SCALES_CATEGORY)
     written_here = kv is not None and kv.bytes_after > 0 and kv.bytes_before == 0
     if declared and kv_cal is None and (written_here or not calibrated):

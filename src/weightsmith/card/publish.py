@@ -16,6 +16,7 @@ from weightsmith.card.cite import Citations
 from weightsmith.card.made import article, draft_kind
 from weightsmith.card.sources import BENCH_FILE, PREFLIGHT_FILE, VERIFY_FILE, CardSources
 from weightsmith.core.terminal import shell_line
+from weightsmith.formats.declaration import QuantDeclaration, read_declaration
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.manifest import MANIFEST_FILE
 from weightsmith.io.serving import TARGET_VARIABLE, named_target, serve_command
@@ -99,18 +100,20 @@ def _check(src: CardSources, check_id: str) -> dict[str, Any] | None:
     return next((ch for ch in src.verify["checks"] if ch["id"] == check_id), None)
 
 
-def _quant_config(src: CardSources) -> dict[str, Any]:
-    return src.config.get("quantization_config") or {}
+def _declaration(src: CardSources) -> QuantDeclaration | None:
+    """config.json's quantization declaration, read by the one reader verify, eval and the plan use."""
+    return read_declaration(src.config, None)
 
 
 def _kv(src: CardSources, c: Citations) -> tuple[list[str], list[str]]:
     """(`--kv-cache-dtype fp8` when an FP8 KV cache is declared and `verify` found its scales, else no
     flag; the cited lines saying why)."""
-    scheme = _quant_config(src).get("kv_cache_scheme")
-    if not scheme:
+    decl = _declaration(src)
+    scheme = decl.kv_args if decl is not None else None
+    if scheme is None:
         return [], ["- No `--kv-cache-dtype`: config.json declares no KV-cache scheme and ships no KV scales."]
-    declared = scheme.get("type") == "float" and scheme.get("num_bits") == 8
-    static = scheme.get("dynamic") is False
+    declared = scheme.type == "float" and scheme.num_bits == 8
+    static = scheme.dynamic is False
     check = _check(src, "kv-cache")
     if not (declared and static) or check is None or not check["ran"]:
         return [], [
@@ -119,7 +122,7 @@ def _kv(src: CardSources, c: Citations) -> tuple[list[str], list[str]]:
         ]
     errors = c.num(str(check["errors"]), V, "checks[kv-cache].errors")
     scope = c.text(check["scope"], V, "checks[kv-cache].scope")
-    bits = c.num(str(scheme["num_bits"]), C, "quantization_config.kv_cache_scheme.num_bits")
+    bits = c.num(str(scheme.num_bits), C, "quantization_config.kv_cache_scheme.num_bits")
     if check["errors"]:
         return [], [
             f"- No `--kv-cache-dtype`: config.json declares a static {bits}-bit float KV cache, but `verify` found "
@@ -135,12 +138,12 @@ def _w4a4(src: CardSources, c: Citations) -> list[str]:
     """The backend note for NVFP4 with static activation scales (`input_global_scale`)."""
     if not src.manifest.recipe.scheme.startswith("nvfp4"):
         return []
-    groups = _quant_config(src).get("config_groups") or {}
-    for name, group in groups.items():
-        act = group.get("input_activations") or {}
-        if act.get("type") == "float" and act.get("num_bits") == 4:
-            field = f"quantization_config.config_groups[{name}].input_activations.num_bits"
-            bits = c.num(str(act["num_bits"]), C, field)
+    decl = _declaration(src)
+    for group in decl.schemes if decl is not None else ():
+        act = group.activations
+        if act is not None and act.type == "float" and act.num_bits == 4:
+            field = f"quantization_config.config_groups[{group.name}].input_activations.num_bits"
+            bits = c.num(str(act.num_bits), C, field)
             check = _check(src, "quantization")
             found = (
                 f"`verify`'s quantization check, which expects an `input_global_scale` per quantized Linear, found "

@@ -141,6 +141,9 @@ class QuantDeclaration:
     kv_cache: str | None = None
     kv_source: str | None = None
     kv_static: bool = True
+    #: config.json's `kv_cache_scheme` as read (num_bits, type, dynamic), None when absent or empty: what
+    #: the card says of the KV cache it serves with.
+    kv_args: DeclaredActivations | None = None
     #: Values a loader refuses, in the order read; each was read as absent. Empty: well-formed.
     problems: list[ConfigProblem] = field(default_factory=list)
     fnmatch_ignore: bool = False
@@ -227,12 +230,16 @@ def read_declaration(config: dict[str, Any] | None, hf_quant_config: dict[str, A
     if isinstance(qc, dict):
         method = qc.get("quant_method")
         if method == ct.QUANT_METHOD:
-            return _compressed_tensors(qc)
-        if method == MODELOPT:
-            return _modelopt_config_json(qc)
-        if method == HF_FP8:
-            return _hf_fp8(qc)
-        return QuantDeclaration(str(method), f"{CONFIG_FILE} quantization_config", unread_method=repr(method))
+            decl = _compressed_tensors(qc)
+        elif method == MODELOPT:
+            decl = _modelopt_config_json(qc)
+        elif method == HF_FP8:
+            decl = _hf_fp8(qc)
+        else:
+            return QuantDeclaration(str(method), f"{CONFIG_FILE} quantization_config", unread_method=repr(method))
+        kv = qc.get("kv_cache_scheme")
+        decl.kv_args = DeclaredActivations.of(kv) if kv else None
+        return decl
     if qc is not None:
         return QuantDeclaration(
             "invalid", CONFIG_FILE, problems=[ConfigProblem("quantization_config is not a JSON object", CONFIG_FILE)]
