@@ -57,9 +57,10 @@ test: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not e2e"
 
 # The end-to-end studies `make test` leaves out (marker `e2e`): llama.cpp's llama-server built from its
-# registry package (about 23 minutes), the GPTQ KL study against llm-compressor's oneshots, every HumanEval
-# reference solution in the sandbox, the oneshot references on real models, and six more vLLM CPU server
-# starts (verify's predictions and vLLM's refusals that cheaper tests and docs/vllm.md hold). About an hour.
+# registry package, the GPTQ KL study against llm-compressor's oneshots, every HumanEval reference solution
+# in the sandbox, the oneshot references on real models, and six more vLLM CPU server starts (verify's
+# predictions and vLLM's refusals that cheaper tests and docs/vllm.md hold). 883 s on two cores, the
+# llama-server build (6 minutes here, 23 on a busy machine) included.
 test-e2e: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 	$(BIN)/python -m pytest -q -m e2e
 

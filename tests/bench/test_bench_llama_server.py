@@ -15,7 +15,7 @@ from weightsmith.bench.results import VISIT_OK
 from weightsmith.bench.runner import run_bench
 
 
-@pytest.mark.e2e  # builds llama.cpp's llama-server (about 23 minutes)
+@pytest.mark.e2e  # builds llama.cpp's llama-server (6 to 23 minutes on two cores)
 def test_llama_server_self_draft_sweep(tmp_path: Path, llama_server_binary: Path, smollm2_gguf: Path) -> None:
     gguf = str(smollm2_gguf)
     command = [

@@ -41,7 +41,7 @@ def _config(binary: Path, gguf: Path, suite: str, limit: int, max_tokens: int) -
     }
 
 
-@pytest.mark.e2e  # builds llama.cpp's llama-server (about 23 minutes)
+@pytest.mark.e2e  # builds llama.cpp's llama-server (6 to 23 minutes on two cores)
 @pytest.mark.skipif(sandbox.unavailable() is not None, reason="HumanEval's tests need the sandbox")
 @pytest.mark.parametrize(
     ("suite", "limit", "max_tokens", "per_run"),
