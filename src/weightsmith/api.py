@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
-from weightsmith.core.terminal import Say, warner
+from weightsmith.calibration.run import calibrate
+from weightsmith.core.terminal import Say
 from weightsmith.fidelity.logits import DEFAULT_TOKENS as EVAL_TOKENS
 from weightsmith.quantize.library import plan_quantize, quantize
 
 if TYPE_CHECKING:  # the results of the commands that need more than the quantize flow, imported when they run
     from weightsmith.audit.verify import VerifyReport
     from weightsmith.calibration.kv import KvCalibration
-    from weightsmith.calibration.run import CalibrateResult
     from weightsmith.fidelity.report import EvalReport
 
 __all__ = [
@@ -35,42 +35,6 @@ __all__ = [
     "quantize",
     "verify",
 ]
-
-def calibrate(
-    src: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    *,
-    text: str | os.PathLike[str] | None = None,
-    builtin: str | None = None,
-    tokens: int = DEFAULT_TOKENS,
-    seq_len: int = DEFAULT_SEQ_LEN,
-    force: bool = False,
-    trust_remote_code: bool = False,
-    progress: Say | None = None,
-    warn: Say | None = None,
-) -> CalibrateResult:
-    """Measure the activation maxima of `src` on calibration text into the statistics file `out`.
-
-    What `weightsmith calibrate SRC --out OUT` writes: the file `quantize(calibration=...)` reads for
-    static activation scales (nvfp4, fp8) and KV-cache scales. The run streams the model one decoder
-    layer at a time (torch and transformers), so everything that could refuse it (the destination,
-    the checkpoint, the model code) is checked first. `text` is a file, `builtin` a built-in text
-    ("code" by default); `warn` is told when the tokens are too few for a stable maximum."""
-    from weightsmith.calibration.run import calibrate as run
-
-    return run(
-        src,
-        out,
-        text=text,
-        builtin=builtin,
-        tokens=tokens,
-        seq_len=seq_len,
-        force=force,
-        trust_remote_code=trust_remote_code,
-        progress=progress,
-        warn=warner(warn),
-    )
-
 
 def calibrate_kv(
     quant: str | os.PathLike[str],

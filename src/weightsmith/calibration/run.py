@@ -17,7 +17,7 @@ from weightsmith.calibration import stats_file
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.core.errors import OutputError, WeightsmithError
 from weightsmith.core.files import check_file_name
-from weightsmith.core.terminal import Say, short_repr
+from weightsmith.core.terminal import Say, short_repr, warner
 from weightsmith.io import provenance
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.io.manifest import measured_activations, source_fingerprint
@@ -62,8 +62,13 @@ def calibrate(
 ) -> CalibrateResult:
     """Measure K/V maxima and every Linear's input maximum of `src` on calibration text; write them to `out`.
 
-    `progress` gets a line per decoder layer; `warn` a warning when the tokens are too few for a
-    stable maximum. The ranges of `tokens` and `seq_len` are the command line's."""
+    What `weightsmith calibrate SRC --out OUT` writes: the file `quantize(calibration=...)` reads for
+    static activation scales (nvfp4, fp8) and KV-cache scales. The run streams the model one decoder
+    layer at a time (torch and transformers), so everything that could refuse it (the destination,
+    the checkpoint, the model code) is checked first. `text` is a file, `builtin` a built-in text
+    ("code" by default); `progress` gets a line per decoder layer; `warn` (else Python's `warnings`) is
+    told when the tokens are too few for a stable maximum. The ranges of `tokens` and `seq_len` are the
+    command line's."""
     from weightsmith.fidelity.logits import missing_library
 
     tokens = stats_file.tokens_option()(tokens)
@@ -90,8 +95,9 @@ def calibrate(
         src, str(text) if text else None, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
     )
     count = sum(map(len, sequences))
-    if count < stats_file.MIN_TOKENS and warn is not None:
-        warn(f"{count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: a maximum over so few is not stable")
+    if count < stats_file.MIN_TOKENS:
+        few = f"{count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: a maximum over so few is not stable"
+        warner(warn, depth=1)(few)
     started = time.perf_counter()
     kv, inputs = measure(src, sequences, trust_remote_code=trust_remote_code, progress=progress)
     seconds = time.perf_counter() - started

@@ -130,8 +130,11 @@ def _ansi_c_word(word: str) -> str:
 Say = Callable[[str], None]
 
 
-def warner(warn: Say | None) -> Say:
-    """`warn`, or Python's warnings: a library call must not write to a terminal it does not own."""
+def warner(warn: Say | None, depth: int = 2) -> Say:
+    """`warn`, or Python's warnings: a library call must not write to a terminal it does not own.
+
+    `depth`: how many of our frames lie between the call that says it and the user's code, so that the
+    warning names the user's line."""
     if warn is not None:
         return warn
-    return lambda message: warnings.warn(message, UserWarning, stacklevel=4)
+    return lambda message: warnings.warn(message, UserWarning, stacklevel=depth + 2)
