@@ -74,7 +74,7 @@ class TensorSource:
             try:
                 array = dequantize(qm, self.reader)
             except NotImplementedError as exc:  # a format our decoders do not read yet
-                marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
+                marker = qm.marker
                 raise CheckpointError(
                     f"cannot be run: {exc} is not supported",
                     file=self.ckpt.file_of(marker),

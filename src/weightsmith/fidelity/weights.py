@@ -235,7 +235,7 @@ def _measure(qm: QuantizedModule, original: OriginalWeights, reader: TensorReade
     dequant = dequantize(qm, reader)
     expected = original.shape(qm.module)
     if tuple(dequant.shape) != tuple(expected):
-        marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
+        marker = qm.marker
         raise CheckpointError(
             f"dequantizes to shape {list(dequant.shape)} but ORIG's {qm.module}.weight is {list(expected)}",
             file=reader.ckpt.file_of(marker),

@@ -493,6 +493,11 @@ class QuantizedModule:
     def category(self) -> str:
         return names.category(f"{self.module}.{names.WEIGHT}")
 
+    @property
+    def marker(self) -> str:
+        """The tensor an error about the module's weight names: its packed values, else its scale."""
+        return self.params.get(names.WEIGHT_PACKED) or self.params[names.WEIGHT_SCALE]
+
 
 def _weight_groups(ckpt: Checkpoint) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The quantization config and its config groups that quantize weights, or a one-line error."""

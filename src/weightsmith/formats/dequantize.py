@@ -14,7 +14,6 @@ from weightsmith.core.errors import CheckpointError
 from weightsmith.formats import compressors
 from weightsmith.formats.declaration import QuantizedModule
 from weightsmith.formats.source import TensorReader
-from weightsmith.io import names
 
 
 def dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:
@@ -23,7 +22,7 @@ def dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:
     try:
         return compressors.decompress(qm.format or "", qm.weights, params)
     except (ValueError, IndexError, KeyError, TypeError) as exc:
-        marker = qm.params.get(names.WEIGHT_PACKED) or qm.params[names.WEIGHT_SCALE]
+        marker = qm.marker
         raise CheckpointError(
             f"cannot be dequantized as {qm.format} ({type(exc).__name__}: {exc})",
             file=reader.ckpt.file_of(marker),

@@ -23,8 +23,8 @@ from weightsmith.core.interrupt import terminate_as_interrupt
 from weightsmith.core.terminal import markup_safe
 from weightsmith.io.texts import TEXT_HELP
 from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
-from weightsmith.quantize.gptq import run as gptq_run
-from weightsmith.quantize.pipeline import MAX_WORKERS, QuantizeResult, default_workers, execute, work_bytes
+from weightsmith.quantize.library import write
+from weightsmith.quantize.pipeline import MAX_WORKERS, QuantizeResult, default_workers, work_bytes
 from weightsmith.quantize.plan import Plan
 from weightsmith.quantize.presets import PRESETS
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING, MAX_GROUP_SIZE, Recipe
@@ -213,12 +213,18 @@ def run_quantize(
     _warn_plan(plan)
     with terminate_as_interrupt():  # the partial output is removed either way
         try:
-            if gptq is not None:
-                result = _run_gptq(plan, out, gptq, workers=workers, force=force, hash_sources=hash_sources)
-                return result, time.perf_counter() - started
-            if not show_progress:
-                result = execute(
-                    plan, out, workers=workers, force=force, hash_sources=hash_sources, on_compile=compile_notice
+            if gptq is not None or not show_progress:
+                layers = (lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if err.is_terminal else None
+                result = write(
+                    plan,
+                    out,
+                    gptq,
+                    workers=workers,
+                    force=force,
+                    hash_sources=hash_sources,
+                    gptq_progress=layers,
+                    warn=_warn,
+                    on_compile=compile_notice,
                 )
                 return result, time.perf_counter() - started
             # imported here: a run without a bar (--json, no terminal) starts without them
@@ -240,9 +246,10 @@ def run_quantize(
             )
             with Progress(*columns, console=err, transient=True) as bar:
                 task = bar.add_task("quantize", total=work_bytes(plan))
-                result = execute(
+                result = write(
                     plan,
                     out,
+                    None,
                     workers=workers,
                     force=force,
                     hash_sources=hash_sources,
@@ -281,23 +288,6 @@ def _gptq_line(opts: GptqOptions) -> str:
 
 def _warn(message: str) -> None:
     err.print(f"[yellow]warning:[/] {markup_safe(message)}", soft_wrap=True)
-
-
-def _run_gptq(
-    plan: Plan, out: Path, opts: GptqOptions, *, workers: int, force: bool, hash_sources: bool
-) -> QuantizeResult:
-    """The GPTQ run (`quantize.gptq.run`), its layers and warnings said on stderr."""
-    show = err.is_terminal
-    return gptq_run(
-        plan,
-        out,
-        opts,
-        workers=workers,
-        force=force,
-        hash_sources=hash_sources,
-        progress=(lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if show else None,
-        warn=_warn,
-    )
 
 
 def _default_searches() -> str:

@@ -14,10 +14,17 @@ from pathlib import Path
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import Say, warner
-from weightsmith.quantize.pipeline import MAX_WORKERS, Progress, QuantizeResult, default_workers, execute
+from weightsmith.quantize.pipeline import (
+    MAX_WORKERS,
+    CompileNotice,
+    Progress,
+    QuantizeResult,
+    default_workers,
+    execute,
+)
 from weightsmith.quantize.plan import Plan
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, Recipe
-from weightsmith.quantize.request import GPTQ_SEQ_LEN, GPTQ_TOKENS, open_plan, plan_warnings, resolve
+from weightsmith.quantize.request import GPTQ_SEQ_LEN, GPTQ_TOKENS, GptqOptions, open_plan, plan_warnings, resolve
 
 
 def plan_quantize(
@@ -124,24 +131,43 @@ def quantize(
     if workers is not None and (type(workers) is not int or not 0 <= workers <= MAX_WORKERS):
         raise WeightsmithError(f"--workers {workers!r}: give a whole number from 0 to {MAX_WORKERS}", code="usage")
     the_plan = _plan(src, rules, ignore, preset, calibration, kv_cache, warn)
+    return write(
+        the_plan,
+        Path(out),
+        gptq,
+        workers=workers or default_workers(),
+        force=force,
+        hash_sources=hash_sources,
+        progress=progress,
+        gptq_progress=gptq_progress,
+        warn=warner(warn),
+    )
+
+
+def write(
+    plan: Plan,
+    out: Path,
+    gptq: GptqOptions | None,
+    *,
+    workers: int,
+    force: bool,
+    hash_sources: bool,
+    progress: Progress | None = None,
+    gptq_progress: Say | None = None,
+    warn: Say | None = None,
+    on_compile: CompileNotice | None = None,
+) -> QuantizeResult:
+    """The plan written to `out`: by the GPTQ run when `gptq` is given, else by the data-free pipeline.
+
+    The one place the command and the library call decide it. `progress` gets the input bytes done
+    (the data-free write), `gptq_progress` a line per decoder layer, `warn` the GPTQ run's warnings,
+    `on_compile` the notice before a kernel compiles (the data-free write)."""
     if gptq is not None:
         from weightsmith.quantize.gptq import run
 
         return run(
-            the_plan,
-            Path(out),
-            gptq,
-            workers=workers or default_workers(),
-            force=force,
-            hash_sources=hash_sources,
-            progress=gptq_progress,
-            warn=warner(warn),
+            plan, out, gptq, workers=workers, force=force, hash_sources=hash_sources, progress=gptq_progress, warn=warn
         )
     return execute(
-        the_plan,
-        Path(out),
-        workers=workers or default_workers(),
-        force=force,
-        progress=progress,
-        hash_sources=hash_sources,
+        plan, out, workers=workers, force=force, progress=progress, hash_sources=hash_sources, on_compile=on_compile
     )
