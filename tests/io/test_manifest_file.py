@@ -102,8 +102,8 @@ def test_a_card_is_written_from_a_version_1_manifest(quantized: Path, tmp_path: 
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        (4, "manifest_version 4 is not one this weightsmith reads (1 to 3)"),
-        (0, "manifest_version 0 is not one this weightsmith reads (1 to 3)"),
+        (5, "manifest_version 5 is not one this weightsmith reads (1 to 4)"),
+        (0, "manifest_version 0 is not one this weightsmith reads (1 to 4)"),
         (None, "manifest_version is null, not an integer"),
     ],
 )

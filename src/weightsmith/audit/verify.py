@@ -22,11 +22,13 @@ from weightsmith.audit.check_kv import check_kv_scales
 from weightsmith.audit.check_names import check_runtime_names
 from weightsmith.audit.check_quant import check_quantization
 from weightsmith.audit.check_values import scan_values
-from weightsmith.audit.findings import ERROR, SEVERITY_ORDER, WARNING, Finding
+from weightsmith.audit.findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding
 from weightsmith.audit.modules import Module, group_modules
 from weightsmith.audit.survey import Survey, gc_paused, survey
 from weightsmith.audit.values import SmallReads
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.declaration import QuantDeclaration, read_declaration
+from weightsmith.io.manifest import MANIFEST_FILE, load_manifest
 
 #: What a family may need beyond the survey: a config.json to compare the tensors with, or leave
 #: to read every value (`--scan-values`). A family that needs neither is structural: it reports
@@ -206,6 +208,7 @@ def verify(path: str | Path, scan: bool = False) -> VerifyReport:
                     continue
                 more, scopes[family.id] = family.check(ctx)
                 findings += more
+        findings += _pre_pass_note(found)
     findings.sort(
         key=lambda f: (SEVERITY_ORDER[f.severity], _family_rank(f.check), f.check, f.file or "", f.tensor or "")
     )
@@ -233,6 +236,31 @@ def verify(path: str | Path, scan: bool = False) -> VerifyReport:
     return VerifyReport(
         str(path), errors == 0, errors, warnings, findings, checks, summary, time.perf_counter() - start
     )
+
+
+def _pre_pass_note(found: Survey) -> list[Finding]:
+    """A note, when the folder's manifest records a pre-pass, that the tensors it changed differ from
+    the source by design: compared with the source (`weightsmith diff`), they are not corruption."""
+    path = found.root / MANIFEST_FILE
+    if not path.is_file():
+        return []
+    try:
+        record = load_manifest(path).pre_pass
+    except WeightsmithError:
+        return []  # the card check reports a manifest it cannot read; verify checks the checkpoint
+    if record is None:
+        return []
+    shown = ", ".join(record.changed[:2]) + (", ..." if len(record.changed) > 2 else "")
+    return [
+        Finding(
+            "manifest.pre-pass",
+            INFO,
+            f"quantized after --pre-pass {record.name}: the weights were balanced before quantizing, and "
+            f"{len(record.changed)} unquantized tensor(s) ({shown}) hold the folded scales, so they differ "
+            "from the source by design, computing the same function",
+            MANIFEST_FILE,
+        )
+    ]
 
 
 def _family_rank(check: str) -> int:

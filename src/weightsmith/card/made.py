@@ -156,6 +156,7 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         if untargeted and row["params"] and row["bits_per_param"] is not None:
             bits = c.num(f"{row['bits_per_param']:.3f}", INS, f"rows[{row['key']}].bits_per_param")
             lines.append(f"- **Kept at source precision** {row['key']} ({bits} bits per parameter): {untargeted}.")
+    lines += _pre_pass_lines(m, c)
     lines += _calibration_lines(m, src.config, c)
     lines += _coverage(src, c)
     lines.append(
@@ -233,6 +234,20 @@ def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations, twin:
         f"of {c.text(cal.text, M, f'{field}.text')} (sha256 {c.text(cal.text_sha256, M, f'{field}.text_sha256')}"
         f"), on {_SERVED_TWIN if twin else _ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
     )
+
+
+def _pre_pass_lines(m: Manifest, c: Citations) -> list[str]:
+    """The transform applied before quantizing (`--pre-pass sinq`): why kept tensors differ from the source."""
+    p = m.pre_pass
+    if p is None:
+        return []
+    return [
+        f"- **Pre-pass**: {c.text(p.name, M, 'pre_pass.name')}: each projection's input columns balanced by SINQ's "
+        f"Sinkhorn column scales (at most {c.num(str(p.iterations), M, 'pre_pass.iterations')} steps per group, "
+        "from the weights alone) before quantizing, the scales folded into the layer norms and the v_proj/up_proj "
+        "rows so that the unquantized model computes the same function; the norm weights (and biases) listed in "
+        "the manifest's pre_pass.changed differ from the source's by design."
+    ]
 
 
 def _method_line(m: Manifest, c: Citations) -> str:

@@ -37,6 +37,8 @@ class TimeSplit:
     after: float = 0.0
     #: Wall seconds while the workers ran.
     workers: float = 0.0
+    #: Wall seconds of a pre-pass over the source before the workers (`--pre-pass`), part of `before`.
+    pre_pass: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @contextmanager
@@ -55,13 +57,16 @@ class TimeSplit:
         def rounded(d: dict[str, float]) -> dict[str, float]:
             return {k: round(v, 3) for k, v in d.items()}
 
-        return {
+        out: dict[str, object] = {
             "wall": rounded(self.wall),
             "cpu": rounded(self.cpu),
             "before": round(self.before, 3),
             "workers": round(self.workers, 3),
             "after": round(self.after, 3),
         }
+        if self.pre_pass:
+            out["pre_pass"] = round(self.pre_pass, 3)
+        return out
 
 
 @contextmanager

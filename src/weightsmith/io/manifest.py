@@ -34,7 +34,7 @@ from weightsmith.io.checkpoint import Checkpoint, read_json
 from weightsmith.io.provenance import ACTIVATIONS, Provenance
 
 MANIFEST_FILE = "weightsmith.json"
-MANIFEST_VERSION = 3  # 2: recipe.rules and recipe.recipe_file; 3: method
+MANIFEST_VERSION = 4  # 2: recipe.rules and recipe.recipe_file; 3: method; 4: pre_pass
 #: Where calibration statistics came from (model fingerprint, tokens, text): the `calibrate` record.
 CalibrationRecord = Provenance
 
@@ -84,6 +84,18 @@ class MethodRecord:
     tokens: int  # calibration tokens the Hessians were accumulated over
     #: Modules written with round-to-nearest instead (a Hessian singular after dampening, ...) and why.
     rtn_fallback: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class PrePassRecord:
+    """A transform of the weights before quantizing them that leaves the model's function unchanged
+    (`--pre-pass sinq`): the quantized weights are of the transformed model, and the unquantized
+    tensors it changed differ from the source by design."""
+
+    name: str  # "sinq"
+    iterations: int  # Sinkhorn steps at most per group tile
+    #: Unquantized tensors written with values that differ from the source's (norm weights, biases).
+    changed: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -145,6 +157,8 @@ class Manifest:
     kv_calibration: CalibrationRecord | None = None
     #: How the values were chosen when a data-aware method did it (from version 3 on); written only when set.
     method: MethodRecord | None = None
+    #: The pre-pass the weights went through before quantizing (from version 4 on); written only when set.
+    pre_pass: PrePassRecord | None = None
     #: Source files not carried over (links out of the source, FIFOs, ...) and why; written only when any.
     skipped_files: dict[str, str] = field(default_factory=dict)
     #: Source files carried over unchanged (relative paths); written only when any. With the source's
@@ -167,7 +181,7 @@ class Manifest:
         its `manifest_version` and shows the fields it lacked as null.
         """
         out: dict[str, Any] = jsonable(self)
-        for key in ("calibration", "kv_calibration", "method", "skipped_files", "copied_files"):
+        for key in ("calibration", "kv_calibration", "method", "pre_pass", "skipped_files", "copied_files"):
             if not out[key]:
                 del out[key]
         if out["source"]["fingerprint"] is None:  # manifests written before sources were fingerprinted

@@ -34,6 +34,7 @@ from weightsmith.quantize.request import (
     GptqOptions,
     open_plan,
     plan_warnings,
+    pre_pass_option,
     resolve,
     rules_for,
 )
@@ -96,6 +97,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "calibration": str(plan.calibration.path) if plan.calibration else None,
         "calibration_measured_on": plan.calibration.measured_on if plan.calibration else None,
         "kv_cache": plan.kv_cache,
+        "pre_pass": plan.pre_pass,
+        "changed_by_pre_pass": plan.changed,
         "added": [
             {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "shard": shard}
             for shard, specs in plan.added.items()
@@ -198,6 +201,7 @@ def run_quantize(
     calibration: Path | None = None,
     kv_cache: str | None = None,
     gptq: GptqOptions | None = None,
+    pre_pass: str | None = None,
 ) -> tuple[QuantizeResult, float]:
     """Open, plan and execute; returns the result and wall seconds. `recipe` a file, or the rules
     `request.resolve` gave (then `scheme`, `group_size` and `scale_search` are None)."""
@@ -209,6 +213,7 @@ def run_quantize(
         preset=preset,
         calibration=calibration,
         kv_cache=kv_cache,
+        pre_pass=pre_pass,
     )
     _warn_plan(plan)
     with terminate_as_interrupt():  # the partial output is removed either way
@@ -339,6 +344,14 @@ def quantize(
     kv_cache: str | None = typer.Option(
         None, "--kv-cache", help="Declare an FP8 KV cache with k_scale/v_scale measured on --calibration: fp8."
     ),
+    pre_pass: str | None = typer.Option(
+        None,
+        "--pre-pass",
+        help="sinq: balance each weight's columns first (SINQ's Sinkhorn column scales, found from the weights "
+        "alone) and fold the scales into the norms and the v/up_proj rows, so the model computes the same "
+        "function and the checkpoint keeps the usual format. Llama, Mistral and Qwen2 under w4a16[-asym], "
+        "--method rtn only.",
+    ),
     method: str = typer.Option(
         "rtn",
         "--method",
@@ -395,8 +408,11 @@ def quantize(
         actorder=actorder,
         trust_remote_code=trust_remote_code,
     )
+    pre_pass_option(pre_pass, gptq=gptq is not None)
     if dry_run:
-        plan = open_plan(src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache)
+        plan = open_plan(
+            src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache, pre_pass=pre_pass
+        )
         _warn_plan(plan)
         if json_out:
             print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
@@ -427,6 +443,7 @@ def quantize(
         calibration=calibration,
         kv_cache=kv_cache,
         gptq=gptq,
+        pre_pass=pre_pass,
     )
     if json_out:
         print(

@@ -24,7 +24,15 @@ from weightsmith.quantize.pipeline import (
 )
 from weightsmith.quantize.plan import Plan
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, Recipe
-from weightsmith.quantize.request import GPTQ_SEQ_LEN, GPTQ_TOKENS, GptqOptions, open_plan, plan_warnings, resolve
+from weightsmith.quantize.request import (
+    GPTQ_SEQ_LEN,
+    GPTQ_TOKENS,
+    GptqOptions,
+    open_plan,
+    plan_warnings,
+    pre_pass_option,
+    resolve,
+)
 
 
 def plan_quantize(
@@ -39,6 +47,7 @@ def plan_quantize(
     preset: str | None = None,
     calibration: str | os.PathLike[str] | None = None,
     kv_cache: str | None = None,
+    pre_pass: str | None = None,
     warn: Say | None = None,
 ) -> Plan:
     """What `quantize` would do to every tensor of `src`, and the predicted sizes; nothing is written.
@@ -51,10 +60,13 @@ def plan_quantize(
     `model_free_ptq`. `method="gptq"` refuses the searches GPTQ cannot start from (memoryless_mse).
     `calibration` is a statistics file of `calibrate` measured on `src`: calibrated schemes (nvfp4,
     fp8) and `kv_cache="fp8"` (KV-cache scales) need one. `warn` is told of recipe targets that
-    match nothing and of a statistics file measured on too few tokens.
+    match nothing and of a statistics file measured on too few tokens. `pre_pass="sinq"` balances the
+    weights before quantizing them (SINQ's column scales folded into the norms and v/up_proj rows; Llama,
+    Mistral and Qwen2 under w4a16 or w4a16-asym, data-free only), checked here from the headers.
     """
     rules, _ = resolve(scheme=scheme, group_size=group_size, scale_search=scale_search, recipe=recipe, method=method)
-    return _plan(src, rules, ignore, preset, calibration, kv_cache, warn)
+    pre_pass_option(pre_pass, gptq=method == "gptq")
+    return _plan(src, rules, ignore, preset, calibration, kv_cache, pre_pass, warn)
 
 
 def _plan(
@@ -64,9 +76,12 @@ def _plan(
     preset: str | None,
     calibration: str | os.PathLike[str] | None,
     kv_cache: str | None,
+    pre_pass: str | None,
     warn: Say | None,
 ) -> Plan:
-    plan = open_plan(src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache)
+    plan = open_plan(
+        src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache, pre_pass=pre_pass
+    )
     say = warner(warn)
     for message in plan_warnings(plan):
         say(message)
@@ -86,6 +101,7 @@ def quantize(
     preset: str | None = None,
     calibration: str | os.PathLike[str] | None = None,
     kv_cache: str | None = None,
+    pre_pass: str | None = None,
     text: str | os.PathLike[str] | None = None,
     builtin: str | None = None,
     tokens: int = GPTQ_TOKENS,
@@ -102,7 +118,7 @@ def quantize(
 ) -> QuantizeResult:
     """Quantize the checkpoint folder `src` into `out`: `weightsmith quantize`, byte for byte.
 
-    The scheme arguments are `plan_quantize`'s. `method="gptq"` chooses the quantized Linears' integer
+    The scheme arguments and `pre_pass` are `plan_quantize`'s. `method="gptq"` chooses the quantized Linears' integer
     values with GPTQ on calibration text (`text`, a file, or `builtin`, "code" by default), at most
     `tokens` tokens in sequences of `seq_len`, running the model one decoder layer at a time (it needs
     torch and transformers); the grid and the files are the plan's, only the values differ. Its
@@ -130,7 +146,8 @@ def quantize(
     )
     if workers is not None and (type(workers) is not int or not 0 <= workers <= MAX_WORKERS):
         raise WeightsmithError(f"--workers {workers!r}: give a whole number from 0 to {MAX_WORKERS}", code="usage")
-    the_plan = _plan(src, rules, ignore, preset, calibration, kv_cache, warn)
+    pre_pass_option(pre_pass, gptq=gptq is not None)
+    the_plan = _plan(src, rules, ignore, preset, calibration, kv_cache, pre_pass, warn)
     return write(
         the_plan,
         Path(out),
@@ -163,6 +180,7 @@ def write(
     (the data-free write), `gptq_progress` a line per decoder layer, `warn` the GPTQ run's warnings,
     `on_compile` the notice before a kernel compiles (the data-free write)."""
     if gptq is not None:
+        pre_pass_option(plan.pre_pass, gptq=True)
         from weightsmith.quantize.gptq import run
 
         return run(

@@ -18,6 +18,7 @@ from weightsmith.io.manifest import (
     CategorySizes,
     Manifest,
     MethodRecord,
+    PrePassRecord,
     RecipeRecord,
     RuleRecord,
     Sizes,
@@ -27,6 +28,7 @@ from weightsmith.io.manifest import (
     Tool,
 )
 from weightsmith.io.provenance import fingerprint
+from weightsmith.quant.sinkhorn import ITERATIONS
 from weightsmith.quantize.plan import Plan
 
 
@@ -111,6 +113,9 @@ def build_manifest(
         ),
         calibration=calibration,
         method=method,
+        pre_pass=PrePassRecord(name=plan.pre_pass, iterations=ITERATIONS, changed=list(plan.changed))
+        if plan.pre_pass is not None
+        else None,
         skipped_files=dict(skipped or {}),
         copied_files=list(copied or []),
     )

@@ -32,6 +32,7 @@ from weightsmith.io.manifest import MANIFEST_FILE, Manifest, MethodRecord, hash_
 from weightsmith.io.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.io.provenance import Provenance
 from weightsmith.quant import fp8
+from weightsmith.quantize import sinq
 from weightsmith.quantize.manifest import build_manifest
 from weightsmith.quantize.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
 from weightsmith.quantize.warm import encode_block, on_compile
@@ -192,8 +193,11 @@ class _Runner:
         readers: dict[str, ShardReader],
         writers: dict[str, ShardWriter],
         on_compile: CompileNotice | None = None,
+        balance: sinq.Balance | None = None,
     ) -> None:
         self.plan = plan
+        #: `--pre-pass`: the factors each weight's rows are read through, and the kept tensors it changed.
+        self.balance = balance
         self.on_compile = on_compile
         self.readers = readers
         self.writers = writers
@@ -287,6 +291,9 @@ class _Runner:
         reader, writer = self.readers[ref.shard], self.writers[d.shard]
         if ref.info.nbytes == 0:
             pass  # a zero-size tensor: its header entry is all there is
+        elif d.action == KEEP and self.balance is not None and d.name in self.balance.values:
+            with self.timing.phase("write"):
+                writer.write(d.name, self.balance.values[d.name])
         elif d.action == KEEP:
             with self.timing.phase("write"):
                 writer.copy(d.name, reader.fd, ref.info.offset, ref.info.nbytes)
@@ -307,15 +314,19 @@ class _Runner:
         return job.nbytes
 
     def _input(self, d: Decision, info: TensorInfo, reader: ShardReader, r0: int, r1: int) -> np.ndarray:
-        """Rows [r0, r1) of a source weight in a reused buffer; FP8 rows decoded to BF16 with their scale."""
+        """Rows [r0, r1) of a source weight in a reused buffer; FP8 rows decoded to BF16 with their scale;
+        balanced by the pre-pass, if any, in the dtype the kernels take."""
         dtype = info.dtype.element
         buf = self.scratch.get("in", (r1 - r0) * info.shape[1] * dtype.itemsize).view(dtype)
         with self.timing.phase("read"):
             rows = reader.read_rows(info, r0, r1, buf)
-        if d.scale is None:
+        if d.scale is not None:
+            with self.timing.phase("kernel"):
+                rows = self._decode_fp8(d, rows, r0, r1)
+        if self.balance is None:
             return rows
         with self.timing.phase("kernel"):
-            return self._decode_fp8(d, rows, r0, r1)
+            return self.balance.apply(d.name, rows, r0)
 
     def _decode_fp8(self, d: Decision, rows: np.ndarray, r0: int, r1: int) -> np.ndarray:
         """FP8 rows [r0, r1) as BF16, with the scale rows they use."""
@@ -458,6 +469,10 @@ def execute(
     check_space(out, plan.bytes_out + other_bytes + (1 << 20))
     workers = max(1, workers)
     started = time.perf_counter()
+    balance = None
+    if plan.pre_pass is not None:
+        balance = sinq.balance(plan, workers)
+    pre_pass = time.perf_counter() - started
     try:
         with staged(out, force) as folder:
             readers = {shard: ShardReader(src.path(shard), h) for shard, h in src.headers.items()}
@@ -468,8 +483,9 @@ def execute(
                     for spec in specs:  # the calibrated scales the plan computed: one value per module
                         if spec.name in plan.values:
                             writers[shard].write(spec.name, plan.values[spec.name])
-                runner = _Runner(plan, readers, writers, on_compile)
+                runner = _Runner(plan, readers, writers, on_compile, balance)
                 timing = runner.timing
+                timing.pre_pass = pre_pass
                 runner.tensor_params.update(chosen or {})
                 pool_started = time.perf_counter()
                 timing.before = pool_started - started

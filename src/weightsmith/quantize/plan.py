@@ -83,6 +83,10 @@ class Plan:
     values: dict[str, np.ndarray] = field(default_factory=dict)
     #: Output shard -> tensors that stand for no source tensor (KV-cache scales).
     added: dict[str, list[TensorSpec]] = field(default_factory=dict)
+    #: `--pre-pass`: the transform applied to the weights before quantizing them (`quantize.sinq`), if any.
+    pre_pass: str | None = None
+    #: Unquantized tensors whose values the pre-pass changes (written, not copied from the source).
+    changed: list[str] = field(default_factory=list)
 
     def shards(self) -> dict[str, list[TensorSpec]]:
         """Output shard file name -> the tensors it holds (same file names as the source)."""

@@ -185,15 +185,45 @@ def open_plan(
     preset: str | None = None,
     calibration: str | os.PathLike[str] | None = None,
     kv_cache: str | None = None,
+    pre_pass: str | None = None,
 ) -> Plan:
-    """The plan of `rules` (from `resolve`) for the checkpoint `src`, with its statistics file if any."""
+    """The plan of `rules` (from `resolve`) for the checkpoint `src`, with its statistics file if any,
+    and the pre-pass `pre_pass` (checked against the checkpoint from its headers)."""
     from weightsmith.calibration import derived
     from weightsmith.io.checkpoint import Checkpoint
     from weightsmith.quantize.plan import build_plan
 
     ckpt = Checkpoint.open(src)
     cal = derived.load(calibration, ckpt) if calibration is not None else None
-    return build_plan(ckpt, rules, ignore, preset, cal, kv_cache)
+    plan = build_plan(ckpt, rules, ignore, preset, cal, kv_cache)
+    if pre_pass is not None:
+        from weightsmith.quantize import sinq
+
+        plan.pre_pass = pre_pass
+        plan.changed = sinq.changed_tensors(plan, sinq.check(plan))
+        changed = set(plan.changed)
+        for d in plan.decisions:
+            if d.name in changed:
+                d.reason += f"; values changed by --pre-pass {pre_pass} (column scales folded in)"
+            elif sinq.folds(d.name):
+                d.reason += f"; balanced by --pre-pass {pre_pass} first"
+    return plan
+
+
+def pre_pass_option(pre_pass: str | None, *, gptq: bool) -> None:
+    """Refuse a `--pre-pass` that is unknown or that the method cannot start from."""
+    from weightsmith.quantize.sinq import PRE_PASSES
+
+    if pre_pass is None:
+        return
+    if pre_pass not in PRE_PASSES:
+        raise WeightsmithError(f"--pre-pass {short_repr(pre_pass)}: choose from {', '.join(PRE_PASSES)}", code="usage")
+    if gptq:
+        raise WeightsmithError(
+            f"--pre-pass {pre_pass} is data-free: --method gptq would choose values for weights the pre-pass "
+            "has not balanced; use --method rtn",
+            code="usage",
+        )
 
 
 def plan_warnings(plan: Plan) -> list[str]:

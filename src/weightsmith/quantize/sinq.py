@@ -1,0 +1,236 @@
+"""`--pre-pass sinq`: SINQ's column scales folded into the operation before each Linear, then quantized as usual.
+
+SINQ (arXiv 2509.22944) quantizes `W / diag(t)` with a per-input-column scale `t` found from the weight
+alone (`quant.sinkhorn`), and multiplies the layer's input by `t`. Stored that way it needs a second
+scale tensor no runtime loads, so here `t` is folded into whatever produces the input, which leaves
+the model's function unchanged before quantization and the checkpoint in the ordinary one-scale format:
+
+- q/k/v_proj read `input_layernorm`'s output, gate/up_proj `post_attention_layernorm`'s: one joint
+  `t` for the projections sharing a norm (balanced on their stacked rows), multiplied into the norm's
+  weight (Llama, Mistral and Qwen2 multiply by the weight; "1 + weight" norms such as Gemma's are refused).
+- down_proj reads `act(gate) * up`: its `t` multiplies up_proj's rows (and bias).
+- o_proj reads the attention output, `softmax . V`: its `t` multiplies v_proj's rows (and bias). Query
+  heads that share a KV head read the same V rows, so their o_proj columns share one `t`, balanced on
+  their columns stacked as rows.
+
+down's and o's scales are folded first, as in the reference's pre-pass, so that up's and v's new rows
+take part in the joint balancing of their own columns. A norm weight is stored in its dtype, so each
+column's `t` is taken as the stored norm over the original one: the fold is then exact up to the
+balanced weight's own rounding. One decoder layer is read at a time; the pipeline then reads each
+weight's rows through `Balance.apply`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from weightsmith.core.errors import CheckpointError, WeightsmithError
+from weightsmith.formats.source import OriginalWeights
+from weightsmith.io import names
+from weightsmith.quant import sinkhorn
+from weightsmith.quantize.plan import QUANTIZE, Plan
+
+PRE_PASSES = ("sinq",)
+#: Architectures whose decoder layers are pre-norm Llama blocks with norms that multiply by their weight.
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+#: The schemes whose grid is a per-group scale over the balanced weight.
+SCHEMES = ("w4a16", "w4a16-asym")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+_NORMS = ("input_layernorm", "post_attention_layernorm")
+_KNOWN = {f"{m}.{names.WEIGHT}" for m in _PROJECTIONS + _NORMS} | {f"{m}.{names.BIAS}" for m in _PROJECTIONS}
+
+
+def refusal(where: str, message: str) -> WeightsmithError:
+    return WeightsmithError(f"--pre-pass sinq: {where} {message}", code="usage")
+
+
+@dataclass(frozen=True)
+class Heads:
+    """How o_proj's input columns map onto v_proj's rows."""
+
+    kv: int
+    per_kv: int  # query heads per KV head
+    dim: int
+
+
+def _heads(config: dict[str, Any]) -> Heads:
+    try:
+        heads = int(config["num_attention_heads"])
+        kv = int(config.get("num_key_value_heads") or heads)
+        dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise refusal("config.json", f"lacks a usable attention shape ({exc})") from None
+    if kv <= 0 or heads % kv:
+        raise refusal("config.json", f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    return Heads(kv, heads // kv, dim)
+
+
+def check(plan: Plan) -> list[str]:
+    """The decoder layers (`model.layers.N`) the pre-pass folds, from the headers; a one-line refusal
+    for an architecture, a tensor or a scheme it cannot fold exactly."""
+    model_type = names.model_type(plan.source.config)
+    if model_type not in MODEL_TYPES:
+        raise refusal(
+            "config.json",
+            f"model_type {model_type!r} is not one whose norms are known to multiply by their weight "
+            f"(supported: {', '.join(MODEL_TYPES)})",
+        )
+    heads = _heads(plan.source.config)
+    layers: dict[str, set[str]] = {}
+    for name in plan.source.tensors:
+        found = _LAYER.match(name)
+        if found is None:
+            continue
+        if found.group(2) not in _KNOWN:
+            raise refusal(f"tensor {name}", "has no known fold (only Llama/Qwen2 attention, MLP and norms are)")
+        layers.setdefault(f"model.layers.{found.group(1)}", set()).add(found.group(2))
+    if not layers:
+        raise refusal(str(plan.source.root), "has no decoder layers named model.layers.N")
+    decisions = {d.name: d for d in plan.decisions}
+    for layer, present in layers.items():
+        for part in (f"{m}.{names.WEIGHT}" for m in _NORMS + _PROJECTIONS):
+            if part not in present:
+                raise refusal(f"layer {layer}", f"has no {part}, so its scales have nowhere to go")
+        for module in _PROJECTIONS:
+            d = decisions[f"{layer}.{module}.{names.WEIGHT}"]
+            if d.action != QUANTIZE or d.rule is None or d.rule.scheme.name not in SCHEMES:
+                why = d.reason if d.action != QUANTIZE else f"is quantized as {d.rule.scheme.name if d.rule else '?'}"
+                raise refusal(f"tensor {d.name}", f"must be quantized as {' or '.join(SCHEMES)} ({why})")
+        o_shape = decisions[f"{layer}.self_attn.o_proj.{names.WEIGHT}"].shape
+        v_rows = decisions[f"{layer}.self_attn.v_proj.{names.WEIGHT}"].shape[0]
+        if o_shape[1] != heads.kv * heads.per_kv * heads.dim or v_rows != heads.kv * heads.dim:
+            raise refusal(f"layer {layer}", "has o_proj/v_proj shapes that do not match config.json's heads")
+    return sorted(layers, key=lambda p: int(p.rsplit(".", 1)[1]))
+
+
+def folds(name: str) -> bool:
+    """Whether `name` is a projection weight of a decoder layer (balanced by the pre-pass)."""
+    found = _LAYER.match(name)
+    return found is not None and found.group(2) in {f"{m}.{names.WEIGHT}" for m in _PROJECTIONS}
+
+
+def changed_tensors(plan: Plan, layers: list[str]) -> list[str]:
+    """The unquantized tensors whose values the pre-pass changes: the two norms of every layer, and
+    v_proj's and up_proj's biases where there are any (every projection's weight is balanced too)."""
+    out = []
+    for layer in layers:
+        out += [f"{layer}.{n}.{names.WEIGHT}" for n in _NORMS]
+        out += [f"{layer}.{m}.{names.BIAS}" for m in ("self_attn.v_proj", "mlp.up_proj")]
+    return [n for n in out if n in plan.source.tensors]
+
+
+@dataclass
+class Balance:
+    """Per weight, the factors its rows are multiplied by and its columns divided by; the new
+    values of the unquantized tensors the folds changed, in their own dtype."""
+
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+    cols: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def apply(self, name: str, x: np.ndarray, r0: int) -> np.ndarray:
+        """Rows [r0, r0 + len(x)) of weight `name` balanced, in `x`'s dtype (the kernels' input dtype)."""
+        inv = self.cols.get(name)
+        if inv is None:
+            return x
+        y: np.ndarray = x.astype(np.float32) * inv
+        rows = self.rows.get(name)
+        if rows is not None:
+            y *= rows[r0 : r0 + len(x), None]
+        return y.astype(x.dtype)
+
+
+def _scales(w: np.ndarray, group: int) -> np.ndarray:
+    """SINQ's column scale of `w`, tiled by the quantization group (a divisor of the columns)."""
+    return sinkhorn.column_scales(w, math.gcd(group, w.shape[1]))
+
+
+def _fold_norm(norm: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the norm weight times `t`, stored in its dtype; the `t` it really applies, per column)."""
+    g = norm.astype(np.float32)
+    stored = (g * t).astype(norm.dtype)
+    back = stored.astype(np.float32)
+    ok = (g != 0) & (back != 0) & np.isfinite(back)
+    return stored, np.where(ok, back / np.where(ok, g, 1), t).astype(np.float32)
+
+
+def _layer(plan: Plan, heads: Heads, layer: str) -> Balance:
+    """One decoder layer's folds: its weights read once, in float32."""
+    group = {d.module: d.rule.scheme.group_size for d in plan.decisions if d.rule is not None}
+    out = Balance()
+    with OriginalWeights(plan.source) as reader:
+
+        def weight(module: str) -> np.ndarray:
+            return reader.weight(f"{layer}.{module}").astype(np.float32)
+
+        def tensor(name: str) -> np.ndarray | None:
+            full = f"{layer}.{name}"
+            return reader.read(full) if full in plan.source.tensors else None
+
+        def gsize(module: str) -> int:
+            return int(group[f"{layer}.{module}"])
+
+        # o_proj: columns of query heads sharing a KV head stacked as rows, so they get one scale
+        o = weight("self_attn.o_proj")
+        stacked = o.reshape(o.shape[0], heads.kv, heads.per_kv, heads.dim).transpose(2, 0, 1, 3)
+        t_v = _scales(stacked.reshape(heads.per_kv * o.shape[0], heads.kv * heads.dim), gsize("self_attn.o_proj"))
+        del o, stacked
+        t_o = np.repeat(t_v.reshape(heads.kv, 1, heads.dim), heads.per_kv, axis=1).reshape(-1)
+        t_d = _scales(weight("mlp.down_proj"), gsize("mlp.down_proj"))
+        for module, t in (("self_attn.v_proj", t_v), ("mlp.up_proj", t_d)):
+            out.rows[f"{layer}.{module}.{names.WEIGHT}"] = t
+            bias = tensor(f"{module}.{names.BIAS}")
+            if bias is not None:
+                out.values[f"{layer}.{module}.{names.BIAS}"] = (bias.astype(np.float32) * t).astype(bias.dtype)
+
+        def joint(norm: str, modules: tuple[str, ...]) -> None:
+            stack = np.concatenate(
+                [
+                    weight(m) * out.rows[f"{layer}.{m}.{names.WEIGHT}"][:, None]
+                    if f"{layer}.{m}.{names.WEIGHT}" in out.rows
+                    else weight(m)
+                    for m in modules
+                ]
+            )
+            t = _scales(stack, gsize(modules[0]))
+            del stack
+            norm_weight = tensor(f"{norm}.{names.WEIGHT}")
+            assert norm_weight is not None  # `check` found it
+            out.values[f"{layer}.{norm}.{names.WEIGHT}"], applied = _fold_norm(norm_weight, t)
+            for m in modules:
+                out.cols[f"{layer}.{m}.{names.WEIGHT}"] = 1 / applied
+
+        joint("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
+        joint("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))
+        out.cols[f"{layer}.self_attn.o_proj.{names.WEIGHT}"] = (1 / t_o).astype(np.float32)
+        out.cols[f"{layer}.mlp.down_proj.{names.WEIGHT}"] = (1 / t_d).astype(np.float32)
+    return out
+
+
+def balance(plan: Plan, workers: int) -> Balance:
+    """Every layer's folds, `workers` layers at a time (the kernel releases the GIL)."""
+    layers = check(plan)
+    heads = _heads(plan.source.config)
+    total = Balance()
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ws-sinq") as pool:
+        for part in pool.map(lambda layer: _layer(plan, heads, layer), layers):
+            total.rows |= part.rows
+            total.cols |= part.cols
+            total.values |= part.values
+    for name in total.values:
+        if not np.isfinite(total.values[name].astype(np.float32)).all():
+            raise CheckpointError(
+                "would hold a NaN or Inf once balanced by --pre-pass sinq",
+                file=plan.source.path(plan.source.tensors[name].shard),
+                tensor=name,
+                code="values.non-finite",
+            )
+    return total

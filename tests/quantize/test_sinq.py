@@ -1,0 +1,153 @@
+"""`--pre-pass sinq`: the folds leave the model's function unchanged, and the quantized output is the
+balanced model quantized, as transformers loads it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.formats.declaration import quantized_modules
+from weightsmith.formats.dequantize import dequantize
+from weightsmith.formats.source import TensorReader
+from weightsmith.io.checkpoint import Checkpoint
+from weightsmith.quant import sinkhorn
+from weightsmith.quantize import sinq
+from weightsmith.quantize.library import plan_quantize, quantize
+
+CONFIG = dict(LLAMA_CONFIG, torch_dtype="float32")
+QWEN2_CONFIG = dict(CONFIG, architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+
+
+def _llama(folder: Path, config: dict = CONFIG, seed: int = 0) -> Path:
+    tensors = llama_tensors(config, np.float32, seed)
+    rng = np.random.default_rng(seed + 1)
+    for name in list(tensors):  # uneven input columns, so the balancing has something to do
+        if name.endswith(("_proj.weight",)):
+            tensors[name] *= np.exp(rng.standard_normal(tensors[name].shape[1])).astype(np.float32)
+    if config["model_type"] == "qwen2":
+        for layer in range(config["num_hidden_layers"]):
+            for p in ("q", "k", "v"):
+                w = tensors[f"model.layers.{layer}.self_attn.{p}_proj.weight"]
+                tensors[f"model.layers.{layer}.self_attn.{p}_proj.bias"] = rng.standard_normal(w.shape[0]).astype(
+                    np.float32
+                )
+    return write_checkpoint(folder, tensors, config)
+
+
+def _balanced(src: Path) -> dict[str, np.ndarray]:
+    """Every tensor of `src` as the pre-pass feeds it on: weights balanced, norms and biases folded."""
+    plan = plan_quantize(src, "w4a16", group_size=64, pre_pass="sinq")
+    balance = sinq.balance(plan, 2)
+    out = {}
+    with TensorReader(plan.source) as reader:
+        for name in plan.source.tensors:
+            x = reader.read(name)
+            out[name] = balance.values.get(name, balance.apply(name, x, 0) if x.ndim == 2 else x)
+    return out
+
+
+def _logits(folder: Path, tensors: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    if tensors is not None:
+        state = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in tensors.items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    ids = torch.tensor([[(7 * i + 3) % CONFIG["vocab_size"] for i in range(48)]])
+    with torch.no_grad():
+        return model(ids).logits[0].numpy()
+
+
+@pytest.mark.parametrize("config", [CONFIG, QWEN2_CONFIG], ids=["llama", "qwen2"])
+def test_folds_keep_the_function(tmp_path: Path, config: dict) -> None:
+    src = _llama(tmp_path / "src", config)
+    balanced = _balanced(src)
+    with TensorReader(Checkpoint.open(src)) as reader:
+        source = {name: reader.read(name) for name in reader.ckpt.tensors}
+    for name in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.v_proj.weight"):
+        assert not np.allclose(balanced[f"model.layers.1.{name}"], source[f"model.layers.1.{name}"])
+    np.testing.assert_array_equal(balanced["model.norm.weight"], source["model.norm.weight"])
+    ref, got = _logits(src), _logits(src, balanced)
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    # the columns of the balanced q_proj are less uneven than the source's
+    spread = lambda w: np.std(np.log(w.std(0)))  # noqa: E731
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert spread(balanced[q]) < 0.9 * spread(source[q])
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-asym"])
+def test_quantized_output_is_the_balanced_model_quantized(tmp_path: Path, scheme: str) -> None:
+    pytest.importorskip("compressed_tensors")
+    src = _llama(tmp_path / "src")
+    out = tmp_path / "out"
+    result = quantize(src, out, scheme, group_size=64, pre_pass="sinq", workers=2)
+    balanced = _balanced(src)
+    ckpt = Checkpoint.open(out)
+    fake = {}
+    with TensorReader(ckpt) as reader:
+        for qm in quantized_modules(ckpt):
+            w = dequantize(qm, reader).astype(np.float32)
+            ref = balanced[f"{qm.module}.weight"]
+            assert np.sum((w - ref) ** 2) < 0.05 * np.sum(ref**2), qm.module  # int4 error; a wrong fold is O(1)
+            fake[f"{qm.module}.weight"] = w
+        for name in ckpt.tensors:
+            if "norm" in name or name.endswith(("embed_tokens.weight", "lm_head.weight", ".bias")):
+                fake[name] = reader.read(name)
+                np.testing.assert_array_equal(fake[name], balanced[name])
+    got, want = _logits(out), _logits(src, fake)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    record = result.manifest.pre_pass
+    assert record is not None and record.name == "sinq" and record.iterations == sinkhorn.ITERATIONS
+    assert record.changed == [f"model.layers.{i}.{n}.weight" for i in range(2) for n in sinq._NORMS]
+    manifest = json.loads((out / "weightsmith.json").read_text())
+    assert manifest["pre_pass"]["changed"] == record.changed
+
+
+def test_verify_notes_the_changed_norms(tmp_path: Path) -> None:
+    from weightsmith.audit.verify import verify
+
+    src = _llama(tmp_path / "src")
+    quantize(src, tmp_path / "out", "w4a16", group_size=64, pre_pass="sinq", workers=1)
+    report = verify(tmp_path / "out")
+    assert report.clean
+    notes = [f for f in report.findings if f.check == "manifest.pre-pass"]
+    assert len(notes) == 1 and "differ from the source by design" in notes[0].message
+
+
+def test_refusals(tmp_path: Path) -> None:
+    src = _llama(tmp_path / "src")
+    with pytest.raises(WeightsmithError, match="--pre-pass 'awq'"):
+        plan_quantize(src, "w4a16", pre_pass="awq")
+    with pytest.raises(WeightsmithError, match="data-free"):
+        plan_quantize(src, "w4a16", method="gptq", pre_pass="sinq")
+    with pytest.raises(WeightsmithError, match="must be quantized as w4a16"):
+        plan_quantize(src, "w8a16", pre_pass="sinq")
+    with pytest.raises(WeightsmithError, match=re.escape("o_proj.weight must be quantized")):
+        plan_quantize(src, "w4a16", group_size=64, ignore=["model.layers.1.self_attn.o_proj"], pre_pass="sinq")
+    gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), dict(CONFIG, model_type="gemma"))
+    with pytest.raises(WeightsmithError, match="model_type 'gemma'"):
+        plan_quantize(gemma, "w4a16", pre_pass="sinq")
+    tensors = llama_tensors(CONFIG, np.float32) | {"model.layers.0.self_attn.q_norm.weight": np.ones(64, np.float32)}
+    odd = write_checkpoint(tmp_path / "odd", tensors, CONFIG)
+    with pytest.raises(
+        WeightsmithError, match=re.escape("tensor model.layers.0.self_attn.q_norm.weight has no known fold")
+    ):
+        plan_quantize(odd, "w4a16", pre_pass="sinq")
+
+
+def test_column_scales_balance_a_matrix() -> None:
+    rng = np.random.default_rng(0)
+    cols = np.exp(rng.standard_normal(128)).astype(np.float32)
+    w = rng.standard_normal((96, 128)).astype(np.float32) * cols
+    t = sinkhorn.column_scales(w, 64)
+    assert t.shape == (128,) and np.median(t) == pytest.approx(1.0)
+    assert np.corrcoef(np.log(t), np.log(cols))[0, 1] > 0.9  # the uneven columns are found
+    with pytest.raises(ValueError, match="whole number of groups"):
+        sinkhorn.column_scales(w[:, :100], 64)
