@@ -46,7 +46,7 @@ STDLIB_FILES = ("textwrap.py", "argparse.py", "pathlib.py")
 def sample_text(folder: Path) -> Path:
     """2048 tokens of code every machine has: the start of three standard-library modules.
 
-    Longer than eval's default 512 tokens of json/decoder.py, because KL differences between
+    Longer than eval's default 512 tokens of json/encoder.py, because KL differences between
     recipes are a few percent and 512 tokens of one file do not resolve them.
     """
     stdlib = Path(sysconfig.get_paths()["stdlib"])

@@ -97,10 +97,13 @@ def evaluate(
     """What quantizing `orig` into `quant` cost (`weightsmith eval ORIG QUANT`, the report `--json` prints).
 
     The weight error is streamed from disk; then, with `logits`, both models read `text` (a file;
-    default Python's json/decoder.py source), cut to `tokens` tokens, for KL, top-1 agreement and
-    perplexity (torch and transformers; `stream` runs them one decoder layer at a time, for models
-    larger than memory). `report.logits.status` "failed" means `quant` did not load in transformers
-    (the command's exit status 1), "unavailable" that this machine cannot run the models."""
+    default Python's json/encoder.py source, in no built-in calibration text), cut to `tokens` tokens,
+    for KL, top-1 agreement and perplexity (torch and transformers; `stream` runs them one decoder
+    layer at a time, for models larger than memory). `report.logits.status` "failed" means `quant` did
+    not load in transformers (the command's exit status 1), "unavailable" that this machine cannot run
+    the models. `report.calibration_overlap` says how much of the text read is in what `quant` was
+    calibrated on, per calibration record of its manifest ("overlap", "disjoint", or "unknown" for a
+    record written before records kept chunk hashes of their text)."""
     from weightsmith.calibration.stats_file import tokens_option
     from weightsmith.fidelity.evaluate import evaluate as run
 

@@ -46,7 +46,7 @@ def token_ids() -> list[list[int]]:
     """The tokens `weightsmith calibrate --builtin code --tokens 512 --seq-len 128` runs."""
     from weightsmith.calibration.measure import calibration_tokens
 
-    sequences, _, _ = calibration_tokens(smollm2_fp32(), None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN)
+    sequences = calibration_tokens(smollm2_fp32(), None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN).sequences
     assert [len(s) for s in sequences] == [SEQ_LEN] * SEQUENCES
     return sequences
 

@@ -51,7 +51,7 @@ def test_from_the_original(quantized: Path, tmp_path: Path) -> None:
     quant = _copy(quantized, tmp_path)
     out, entry = calibrate_kv(quant, smollm2_fp32(), builtin="code", tokens=TOKENS, seq_len=SEQ_LEN)
     assert out == quant and entry["activations"] == "original" and entry["tokens"] == TOKENS
-    sequences, _, _ = calibration_tokens(smollm2_fp32(), None, "code", TOKENS, SEQ_LEN)
+    sequences = calibration_tokens(smollm2_fp32(), None, "code", TOKENS, SEQ_LEN).sequences
     kv, _ = measure(smollm2_fp32(), sequences)
     scales = _scales(quant)
     assert len(scales) == 60

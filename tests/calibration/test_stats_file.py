@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from tests.synth import llama_tensors, write_checkpoint
 
 from weightsmith.calibration import stats_file
 from weightsmith.core.errors import CheckpointError, OutputError
-from weightsmith.io import provenance
+from weightsmith.io import provenance, textchunks
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
 
@@ -31,6 +32,16 @@ def test_round_trip(tmp_path: Path) -> None:
     back = stats_file.read(path)
     assert back == _stats()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stats.safetensors"]
+
+
+def test_the_text_chunks_round_trip_and_older_files_lack_them(tmp_path: Path) -> None:
+    """What `eval` compares its text with travels in the file, and from it into a manifest."""
+    stats = _stats()
+    stats.provenance = dataclasses.replace(stats.provenance, text_chunks=textchunks.record("def f():\n    pass\n"))
+    stats_file.write(tmp_path / "new.safetensors", stats)
+    assert stats_file.read(tmp_path / "new.safetensors").provenance.text_chunks == stats.provenance.text_chunks
+    stats_file.write(tmp_path / "old.safetensors", _stats())
+    assert stats_file.read(tmp_path / "old.safetensors").provenance.text_chunks is None
 
 
 def test_existing_file_is_refused_unless_replaced(tmp_path: Path) -> None:

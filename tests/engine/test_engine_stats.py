@@ -23,7 +23,7 @@ def assert_same(found: dict, expected: dict) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2_tokens(smollm2: Path) -> list[list[int]]:
-    sequences, label, sha = calibration_tokens(smollm2, None, "code", 192, 64)
+    sequences, label, sha, _ = calibration_tokens(smollm2, None, "code", 192, 64)
     assert [len(s) for s in sequences] == [64, 64, 64]
     assert label.startswith("builtin:code") and len(sha) == 64
     return sequences
@@ -142,7 +142,7 @@ def test_unknown_architecture_is_named(tmp_path: Path) -> None:
 def test_calibration_tokens_from_a_file(smollm2: Path, tmp_path: Path) -> None:
     text = tmp_path / "notes.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 50)
-    sequences, label, sha = calibration_tokens(smollm2, str(text), None, 100, 40)
+    sequences, label, sha, _ = calibration_tokens(smollm2, str(text), None, 100, 40)
     assert [len(s) for s in sequences] == [40, 40, 20]
     assert label == str(text)
     import hashlib

@@ -87,7 +87,7 @@ def test_layer0_is_llm_compressors(smollm2: Path) -> None:
     from weightsmith.engine import gptq
     from weightsmith.schemes import make_scheme
 
-    token_ids, _, _ = calibration_tokens(smollm2, None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN)
+    token_ids = calibration_tokens(smollm2, None, "code", SEQUENCES * SEQ_LEN, SEQ_LEN).sequences
     qkv = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
     ours = _our_layer0(smollm2, token_ids, qkv, gptq, make_scheme("w4a16", GROUP, "none"), np.dtype(np.float32))
     theirs = _their_layer0(smollm2, token_ids, qkv)
@@ -193,7 +193,7 @@ def _ours(src: Path, out: Path, method: str) -> Path:
 def test_gptq_kl_within_noise_of_oneshots(smollm2: Path, tmp_path: Path) -> None:
     from weightsmith.calibration.measure import calibration_tokens
 
-    token_ids, _, _ = calibration_tokens(smollm2, None, "code", KL_SEQUENCES * KL_SEQ_LEN, KL_SEQ_LEN)
+    token_ids = calibration_tokens(smollm2, None, "code", KL_SEQUENCES * KL_SEQ_LEN, KL_SEQ_LEN).sequences
     assert [len(s) for s in token_ids] == [KL_SEQ_LEN] * KL_SEQUENCES
     ours = _ours(smollm2, tmp_path / "ours", "gptq")
     assert verify(ours).clean

@@ -221,7 +221,8 @@ def _fake_measurement(monkeypatch, maxima: tuple[float, float]) -> None:
         return {a: maxima for a in attention}, None
 
     monkeypatch.setattr(logits, "missing_library", lambda: None)
-    monkeypatch.setattr(calibrate, "calibration_tokens", lambda *a, **kw: ([list(range(64))] * 64, "test", "0" * 64))
+    tokens = calibrate.CalibrationTokens([list(range(64))] * 64, "test", "0" * 64, "lines-v1")
+    monkeypatch.setattr(calibrate, "calibration_tokens", lambda *a, **kw: tokens)
     monkeypatch.setattr(calibrate, "measure", measure)
 
 

@@ -97,9 +97,8 @@ def calibrate_kv(
     if source is not None:
         refuse_unverified(ckpt.root)
         _same_architecture(ckpt, target)
-    sequences, label, sha = calibration_tokens(
-        measured_on, text, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
-    )
+    read = calibration_tokens(measured_on, text, builtin, tokens, seq_len, trust_remote_code=trust_remote_code)
+    sequences = read.sequences
     if sum(map(len, sequences)) < stats_file.MIN_TOKENS:
         err.print(
             f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "
@@ -111,7 +110,13 @@ def calibrate_kv(
     kv, _ = measure(measured_on, sequences, trust_remote_code=trust_remote_code, progress=progress)
     values = derived.kv_scales(kv, attention, measured_on)
     prov = provenance.Provenance.of_run(
-        model, sequences, label, sha, measured_activations(activations, model, origin), origin
+        model,
+        sequences,
+        read.label,
+        read.sha256,
+        measured_activations(activations, model, origin),
+        origin,
+        text_chunks=read.chunks,
     )
     entry = {"measured_on": str(measured_on), **asdict(prov), "kv_cache": KV_CACHE, "kv_scales": len(values)}
     documents = {}

@@ -13,14 +13,15 @@ import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from weightsmith.calibration import recorders
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.experts import expert_inputs, expert_table
 from weightsmith.engine.loading import opened
 from weightsmith.engine.stream import layer_arguments, run_layers
-from weightsmith.fidelity.logits import load_tokenizer
+from weightsmith.fidelity.logits import first_tokens, load_tokenizer
+from weightsmith.io import textchunks
 from weightsmith.io.texts import calibration_text
 
 #: Calibration tokens and tokens per sequence of `calibrate` and `calibrate-kv` unless told.
@@ -28,6 +29,15 @@ DEFAULT_TOKENS = 65536
 DEFAULT_SEQ_LEN = 2048
 
 Progress = Callable[[str], None]
+
+
+class CalibrationTokens(NamedTuple):
+    """The tokens a calibration run reads, and what its provenance says of their text."""
+
+    sequences: list[list[int]]
+    label: str  # the text's name: a file's path, or a built-in's label
+    sha256: str  # of the whole text
+    chunks: str  # `textchunks.record` of the part the tokens cover: what `eval` compares its text with
 
 
 def measure(
@@ -77,9 +87,9 @@ def calibration_tokens(
     seq_len: int,
     *,
     trust_remote_code: bool = False,
-) -> tuple[list[list[int]], str, str]:
-    """(sequences of token ids, text label, text sha256): the first `tokens` tokens of the text in
-    sequences of `seq_len` (the last one shorter), tokenised by the checkpoint's own tokenizer.
+) -> CalibrationTokens:
+    """The first `tokens` tokens of the text in sequences of `seq_len` (the last one shorter),
+    tokenised by the checkpoint's own tokenizer, with the text's label, SHA-256 and chunk record.
 
     `text` is the path of a UTF-8 file (`--text`), `builtin` a built-in corpus name (`--builtin`);
     neither: the built-in `code`. No special tokens are added: the sequences are cut from one
@@ -96,16 +106,18 @@ def calibration_tokens(
         raise WeightsmithError(
             f"has no tokenizer transformers can load ({type(exc).__name__})", file=ckpt_dir, code="engine.tokenizer"
         ) from None
-    ids = _tokenize(tokenizer, sample.text, tokens)
+    ids, chars = _tokenize(tokenizer, sample.text, tokens)
     sequences = [ids[s : s + seq_len] for s in range(0, len(ids), seq_len)]
-    return sequences, sample.source, hashlib.sha256(sample.text.encode()).hexdigest()
+    sha = hashlib.sha256(sample.text.encode()).hexdigest()
+    return CalibrationTokens(sequences, sample.source, sha, textchunks.record(sample.text[:chars]))
 
 
-def _tokenize(tokenizer: Any, text: str, tokens: int) -> list[int]:
-    """The first `tokens` tokens of `text`, tokenising only as much of it as that takes."""
+def _tokenize(tokenizer: Any, text: str, tokens: int) -> tuple[list[int], int]:
+    """The first `tokens` tokens of `text` and the characters they cover, tokenising only as much of
+    the text as that takes."""
     chars = tokens * 16
     while True:
-        ids: list[int] = tokenizer(text[:chars], add_special_tokens=False).input_ids
-        if len(ids) > tokens or chars >= len(text):
-            return ids[:tokens]
+        ids, covered, more = first_tokens(tokenizer, text[:chars], tokens, special=False)
+        if more or chars >= len(text):
+            return ids, covered
         chars *= 4

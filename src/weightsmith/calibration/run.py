@@ -91,9 +91,10 @@ def calibrate(
     source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    sequences, label, sha = calibration_tokens(
+    read = calibration_tokens(
         src, str(text) if text else None, builtin, tokens, seq_len, trust_remote_code=trust_remote_code
     )
+    sequences = read.sequences
     count = sum(map(len, sequences))
     if count < stats_file.MIN_TOKENS:
         few = f"{count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: a maximum over so few is not stable"
@@ -102,7 +103,13 @@ def calibrate(
     kv, inputs = measure(src, sequences, trust_remote_code=trust_remote_code, progress=progress)
     seconds = time.perf_counter() - started
     record = provenance.Provenance.of_run(
-        model, sequences, label, sha, measured_activations(activations, model, source), source
+        model,
+        sequences,
+        read.label,
+        read.sha256,
+        measured_activations(activations, model, source),
+        source,
+        text_chunks=read.chunks,
     )
     stats = stats_file.CalibrationStats(record, kv, inputs)
     stats_file.write(out, stats, replace=force)

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
+from weightsmith.core.terminal import markup_safe
+from weightsmith.fidelity import calibrated_on
 from weightsmith.fidelity import logits as logits_mod
 from weightsmith.fidelity.evaluate import evaluate
 from weightsmith.fidelity.report import print_report, to_json
@@ -47,7 +49,8 @@ def eval_command(
         Path | None,
         typer.Option(
             "--text",
-            help=f"UTF-8 text the models read ({TEXT_HELP}; default: Python's json/decoder.py source).",
+            help=f"UTF-8 text the models read ({TEXT_HELP}; default: Python's json/encoder.py source, "
+            "which no built-in calibration text holds).",
         ),
     ] = None,
     tokens: Annotated[
@@ -88,6 +91,9 @@ def eval_command(
         print(to_json(report))
     else:
         print_report(report, layers)
+    for found in report.calibration_overlap or []:
+        if found.status == calibrated_on.OVERLAP:
+            err_console.print(f"[yellow]warning:[/] {markup_safe(calibrated_on.warning(found))}", soft_wrap=True)
     if report.logits.status == logits_mod.FAILED:
         raise typer.Exit(1)
 

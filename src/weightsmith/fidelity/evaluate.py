@@ -1,8 +1,9 @@
 """`weightsmith eval` as a library call: the weight error streamed from disk, then the logits where the
 models run, in one `EvalReport` (what `eval --json` prints).
 
-The checks that can fail fast come first (the text is read, model code a checkpoint ships is refused)
-so that a bad argument is not found after the weight pass.
+The checks that can fail fast come first (the text is read, QUANT's manifest is read, model code a
+checkpoint ships is refused) so that a bad argument is not found after the weight pass. The text the
+models read is then compared with what QUANT was calibrated on (`calibrated_on`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from weightsmith.fidelity import calibrated_on
 from weightsmith.fidelity import logits as logits_mod
 from weightsmith.fidelity.report import EvalReport
 from weightsmith.fidelity.weights import WeightReport, weight_error
@@ -34,12 +36,16 @@ def evaluate(
 ) -> EvalReport:
     """How much quantizing `orig` into `quant` cost: the weight error, then KL, top-1 and perplexity.
 
-    `text` (a file; default Python's json/decoder.py source) is what the models read, cut to `tokens`
-    tokens. `logits=False` measures the weights only. `stream` runs both models one decoder layer at a
-    time, for models larger than memory. A report whose `logits.status` is "failed" means `quant` did
-    not load in transformers (the command exits 1 for it); "unavailable" that this machine cannot run it."""
+    `text` (a file; default Python's json/encoder.py source, in no built-in calibration text) is what
+    the models read, cut to `tokens` tokens. `logits=False` measures the weights only. `stream` runs
+    both models one decoder layer at a time, for models larger than memory. A report whose
+    `logits.status` is "failed" means `quant` did not load in transformers (the command exits 1 for
+    it); "unavailable" that this machine cannot run it. When the models ran, `calibration_overlap`
+    says, per calibration record of QUANT's manifest, how much of the text read is in its calibration
+    text ("unknown" for a record written before records kept chunk hashes)."""
     orig, quant = Path(orig), Path(quant)
     sample = texts.read_text(Path(text)) if text is not None else None  # a bad text fails before any work
+    manifest = calibrated_on.quant_manifest(quant) if logits else None
     if logits:  # as early: code a checkpoint ships is refused before the weight pass, not after
         for folder in (orig, quant):
             refuse_remote_code(folder, trust_remote_code)
@@ -61,4 +67,7 @@ def evaluate(
             measured = logits_mod.compare(
                 orig, quant, sample.text, tokens, text_source=sample.source, trust_remote_code=trust_remote_code
             )
-    return EvalReport(str(orig), str(quant), weights, measured)
+    overlap = None
+    if measured.status == logits_mod.OK and sample is not None:
+        overlap = calibrated_on.check(manifest, sample.text[: measured.text_chars], sample.source)
+    return EvalReport(str(orig), str(quant), weights, measured, overlap)

@@ -51,6 +51,8 @@ class LogitsReport:
     reason: str | None = None
     text_source: str | None = None
     tokens: int = 0
+    #: characters of the text those tokens cover: what the models read of it
+    text_chars: int = 0
     #: mean over positions of KL(P_orig || P_quant), in nats
     kl: float | None = None
     top1_agreement: float | None = None
@@ -208,6 +210,25 @@ def load_tokenizer(*folders: str | Path, trust_remote_code: bool = False) -> Any
     raise problem
 
 
+def first_tokens(tokenizer: Any, text: str, tokens: int, *, special: bool) -> tuple[list[int], int, bool]:
+    """The first `tokens` token ids of `text` (with the tokenizer's special tokens when `special`), how
+    many characters of `text` they cover, and whether `text` has more tokens.
+
+    The characters covered are the part a model reads, which `eval` compares with the calibration text
+    (`io.textchunks`) and a calibration record keeps. A fast tokenizer says where each token ends;
+    another's tokens are decoded back, which may count a space or so fewer
+    (`clean_up_tokenization_spaces`): nothing next to a chunk's hundreds of characters.
+    """
+    if getattr(tokenizer, "is_fast", False):
+        encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+        ids = list(encoded.input_ids[:tokens])
+        covered = max((end for _, end in encoded.offset_mapping[: len(ids)]), default=0)
+        return ids, covered, len(encoded.input_ids) > tokens
+    every = tokenizer(text, add_special_tokens=special).input_ids
+    ids, more = list(every[:tokens]), len(every) > tokens
+    return ids, len(tokenizer.decode(ids, skip_special_tokens=True)) if more else len(text), more
+
+
 def next_token_logits(model: Any, ids: Any) -> Any:
     """Logits [T, V] in float32 for every position of `ids` [1, T]."""
     import torch
@@ -249,8 +270,11 @@ def compare(
         raise
     except Exception as exc:
         return finish(UNAVAILABLE, f"no tokenizer transformers can load in ORIG or QUANT ({_first_line(exc)})")
-    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
-    report.tokens = int(ids.shape[1])
+    import torch
+
+    first, report.text_chars, _ = first_tokens(tokenizer, text, tokens, special=True)
+    ids = torch.tensor([first], dtype=torch.long)
+    report.tokens = len(first)
     if report.tokens < 2:
         raise WeightsmithError(f"gives {report.tokens} token(s); at least 2 are needed", file=report.text_source)
 

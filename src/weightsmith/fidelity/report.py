@@ -13,6 +13,7 @@ from rich.table import Table
 from weightsmith.core.jsonable import jsonable
 from weightsmith.core.terminal import printable
 from weightsmith.core.version import __version__
+from weightsmith.fidelity.calibrated_on import CalibrationOverlap
 from weightsmith.fidelity.logits import FAILED, OK, LogitsReport
 from weightsmith.fidelity.weights import ErrorSummary, LayerError, WeightReport
 
@@ -33,6 +34,9 @@ class EvalReport:
     quant: str
     weights: WeightReport
     logits: LogitsReport
+    #: The text the models read against each calibration record of QUANT's manifest (`calibrated_on`):
+    #: empty when QUANT records no calibration, None when the models read no text.
+    calibration_overlap: list[CalibrationOverlap] | None = None
     weightsmith_version: str = __version__
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION

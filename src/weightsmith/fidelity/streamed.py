@@ -88,8 +88,9 @@ def compare(
     except Exception as exc:  # transformers raises many types for a folder without a tokenizer
         report.reason = f"no tokenizer transformers can load in ORIG or QUANT ({type(exc).__name__})"
         return report
-    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens]
-    report.tokens = length = int(ids.shape[1])
+    first, report.text_chars, _ = fl.first_tokens(tokenizer, text, tokens, special=True)
+    ids = torch.tensor([first], dtype=torch.long)
+    report.tokens = length = len(first)
     if length < 2:
         raise WeightsmithError(f"gives {length} token(s); at least 2 are needed", file=text_source)
 

@@ -35,6 +35,9 @@ class Provenance:
     #: written before this field). Lets `quantize SRC` take statistics measured on a quantization
     #: of SRC, i.e. on the activations of the model as served.
     source_fingerprint: str | None = None
+    #: `textchunks.record` of the text the tokens came from: what `eval` compares its own text with, to
+    #: tell when a model is scored on text it was calibrated on (None in records written before it).
+    text_chunks: str | None = None
 
     @classmethod
     def of_run(
@@ -45,6 +48,7 @@ class Provenance:
         text_sha256: str,
         activations: str,
         source_fingerprint: str | None = None,
+        text_chunks: str | None = None,
     ) -> Provenance:
         """The record of one run over `sequences` (token ids): the counts follow from them."""
         return cls(
@@ -56,6 +60,7 @@ class Provenance:
             text_sha256=text_sha256,
             activations=activations,
             source_fingerprint=source_fingerprint,
+            text_chunks=text_chunks,
         )
 
 

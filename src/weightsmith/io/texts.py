@@ -1,9 +1,12 @@
 """The text models read (calibration, eval): a user's file, or a built-in corpus every Python has.
 
-`code` is Python's own standard library source, starting with the text `eval` reads by default
-(`json/decoder.py`); `prose` is the English reference documentation CPython ships as a Python
-module (`pydoc_data/topics.py`). Both are read offline, and the label says which Python they came
-from, since another version's files give other tokens (the SHA-256 in the provenance pins them).
+`code` is Python's own standard library source, `json/decoder.py` then the top-level modules in name
+order; `prose` is the English reference documentation CPython ships as a Python module
+(`pydoc_data/topics.py`). `eval` reads `json/encoder.py` by default, a file neither built-in text
+holds at any length (`builtin_files` leaves out EVAL_FILES), so that a model quantized with the
+default calibration is not scored on its own calibration text. All are read offline, and the label
+says which Python they came from, since another version's files give other tokens (the SHA-256 in
+the provenance pins them).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ BUILTINS = ("code", "prose")
 DEFAULT_BUILTIN = "code"
 #: Characters read per token wanted: code and English tokenise at 3-4 characters a token.
 CHARS_PER_TOKEN = 6
+#: What `eval` reads by default, relative to the standard library: never part of a built-in text.
+EVAL_FILES = ("json/encoder.py",)
+#: The built-in code text's first file, before the top-level modules.
+CODE_FIRST = "json/decoder.py"
 
 
 @dataclass(frozen=True)
@@ -37,11 +44,15 @@ class TextSample:
 
 
 def default_text() -> TextSample:
-    """The standard library's JSON decoder source: real code, present wherever Python is."""
-    import json.decoder
+    """The standard library's JSON encoder source: real code, present wherever Python is, and in no
+    built-in calibration text."""
+    (name,) = EVAL_FILES
+    text = (_stdlib() / name).read_text(encoding="utf-8")
+    return TextSample(text, f"{name} from Python {platform.python_version()}")
 
-    path = Path(json.decoder.__file__)
-    return TextSample(path.read_text(encoding="utf-8"), f"json/decoder.py from Python {platform.python_version()}")
+
+def _stdlib() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
 
 
 def read_text(path: str | Path) -> TextSample:
@@ -62,18 +73,24 @@ def builtin_text(name: str, tokens: int) -> TextSample:
     if name != "code":
         raise WeightsmithError(f"unknown built-in text {name!r} (choose from {', '.join(BUILTINS)})", code="usage")
     wanted = tokens * CHARS_PER_TOKEN
-    first = default_text()
-    parts = [first.text]
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    if sum(map(len, parts)) < wanted:
-        for path in sorted(stdlib.glob("*.py")):
-            try:
-                parts.append(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError):
-                continue
-            if sum(map(len, parts)) >= wanted:
-                break
+    parts: list[str] = []
+    for path in builtin_files():
+        try:
+            parts.append(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue
+        if sum(map(len, parts)) >= wanted:
+            break
     return TextSample("\n".join(parts), f"builtin:code (Python {version} standard library)")
+
+
+def builtin_files() -> list[Path]:
+    """The files of the built-in code text, in the order it reads them: CODE_FIRST, then the standard
+    library's top-level modules by name, never one of EVAL_FILES."""
+    stdlib = _stdlib()
+    kept_out = {(stdlib / name).resolve() for name in EVAL_FILES}
+    files = [stdlib / CODE_FIRST, *sorted(stdlib.glob("*.py"))]
+    return [path for path in files if path.resolve() not in kept_out]
 
 
 def calibration_text(text: str | Path | None, builtin: str | None, tokens: int) -> TextSample:

@@ -64,9 +64,10 @@ def run(
         os.environ.setdefault("TQDM_DISABLE", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         text = str(opts.text) if opts.text else None
-        sequences, label, sha = calibration_tokens(
+        read = calibration_tokens(
             src, text, opts.builtin, opts.tokens, opts.seq_len, trust_remote_code=opts.trust_remote_code
         )
+    sequences = read.sequences
     count = sum(map(len, sequences))
     largest = max(max(ids) for ids in sequences)
     if largest >= vocab:
@@ -83,7 +84,9 @@ def run(
             f"({widest:,} columns): its Hessian has rank at most {count:,} and is made invertible only by "
             f"the dampening ({opts.dampening} of its mean diagonal); pass more --tokens"
         )
-    provenance = Provenance.of_run(fingerprint(plan.source), sequences, label, sha, activations)
+    provenance = Provenance.of_run(
+        fingerprint(plan.source), sequences, read.label, read.sha256, activations, text_chunks=read.chunks
+    )
     result = quantize(
         plan,
         out,
