@@ -121,6 +121,17 @@ def test_verify_notes_the_changed_norms(tmp_path: Path) -> None:
     assert len(notes) == 1 and "differ from the source by design" in notes[0].message
 
 
+def test_eval_says_the_weight_error_includes_the_balancing(tmp_path: Path) -> None:
+    from weightsmith.fidelity.evaluate import evaluate
+
+    src = _llama(tmp_path / "src")
+    quantize(src, tmp_path / "sinq", "w4a16", group_size=64, pre_pass="sinq", workers=1)
+    quantize(src, tmp_path / "plain", "w4a16", group_size=64, workers=1)
+    caveat = evaluate(src, tmp_path / "sinq", logits=False).weights_caveat
+    assert caveat is not None and "--pre-pass sinq" in caveat and "compare KL" in caveat
+    assert evaluate(src, tmp_path / "plain", logits=False).weights_caveat is None
+
+
 def test_refusals(tmp_path: Path) -> None:
     src = _llama(tmp_path / "src")
     with pytest.raises(WeightsmithError, match="--pre-pass 'awq'"):

@@ -91,6 +91,8 @@ def eval_command(
         print(to_json(report))
     else:
         print_report(report, layers)
+    if report.weights_caveat:
+        err_console.print(f"[yellow]note:[/] {markup_safe(report.weights_caveat)}", soft_wrap=True)
     for found in report.calibration_overlap or []:
         if found.status == calibrated_on.OVERLAP:
             err_console.print(f"[yellow]warning:[/] {markup_safe(calibrated_on.warning(found))}", soft_wrap=True)

@@ -18,6 +18,7 @@ from weightsmith.fidelity.report import EvalReport
 from weightsmith.fidelity.weights import WeightReport, weight_error
 from weightsmith.io import texts
 from weightsmith.io.checkpoint import refuse_remote_code
+from weightsmith.io.manifest import Manifest
 
 #: How the weight pass is run: `weight_error`, or the command line's, which draws a progress bar around it.
 WeighPass = Callable[[Path, Path], WeightReport]
@@ -45,7 +46,7 @@ def evaluate(
     text ("unknown" for a record written before records kept chunk hashes)."""
     orig, quant = Path(orig), Path(quant)
     sample = texts.read_text(Path(text)) if text is not None else None  # a bad text fails before any work
-    manifest = calibrated_on.quant_manifest(quant) if logits else None
+    manifest = calibrated_on.quant_manifest(quant)
     if logits:  # as early: code a checkpoint ships is refused before the weight pass, not after
         for folder in (orig, quant):
             refuse_remote_code(folder, trust_remote_code)
@@ -70,4 +71,16 @@ def evaluate(
     overlap = None
     if measured.status == logits_mod.OK and sample is not None:
         overlap = calibrated_on.check(manifest, sample.text[: measured.text_chars], sample.source)
-    return EvalReport(str(orig), str(quant), weights, measured, overlap)
+    return EvalReport(str(orig), str(quant), weights, measured, overlap, _weights_caveat(manifest))
+
+
+def _weights_caveat(manifest: Manifest | None) -> str | None:
+    """Why QUANT's weight error is not quantization's alone: a pre-pass changed its weights, on
+    purpose and without changing the model's function, before they were quantized."""
+    if manifest is None or manifest.pre_pass is None:
+        return None
+    return (
+        f"QUANT's weights were rebalanced by --pre-pass {manifest.pre_pass.name} before quantizing (the model's "
+        f"function is unchanged, {len(manifest.pre_pass.changed)} other tensors changed with them): their error "
+        "against ORIG measures the rebalancing too; compare KL, top-1 and perplexity instead"
+    )

@@ -37,6 +37,9 @@ class EvalReport:
     #: The text the models read against each calibration record of QUANT's manifest (`calibrated_on`):
     #: empty when QUANT records no calibration, None when the models read no text.
     calibration_overlap: list[CalibrationOverlap] | None = None
+    #: Why the weight error does not measure quantization alone (QUANT's weights were transformed
+    #: before quantizing, e.g. by `--pre-pass sinq`), or None.
+    weights_caveat: str | None = None
     weightsmith_version: str = __version__
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION
