@@ -12,7 +12,7 @@ repeats weightsmith alone on an 8 GiB checkpoint to show that peak RSS stays fla
 grows. `--results FILE` also writes the figures as JSON (scripts/speed_report.py turns them into
 the README's table).
 
-    python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search] [--nvfp4]
+    python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search [NAME]] [--nvfp4]
                                         [--scheme fp8-dynamic] [--results FILE]
 """
 
@@ -30,12 +30,7 @@ from common import build, load, ours, reference, split_line
 from weightsmith.quantize.pipeline import default_workers
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
-RTN, REFERENCE, MSE, NVFP4 = (
-    "weightsmith",
-    "model_free_ptq",
-    "weightsmith --scale-search mse",
-    "weightsmith --scheme nvfp4a16",
-)
+RTN, REFERENCE, NVFP4 = ("weightsmith", "model_free_ptq", "weightsmith --scheme nvfp4a16")
 
 
 def main() -> None:
@@ -45,7 +40,8 @@ def main() -> None:
     ap.add_argument("--grow", type=float, default=0.0, help="also run weightsmith alone on a checkpoint this many GiB")
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--skip-reference", action="store_true")
-    ap.add_argument("--search", action="store_true", help="also time --scale-search mse against plain RTN")
+    ap.add_argument("--search", nargs="?", const="mse", metavar="NAME",
+                    help="also time --scale-search NAME (mse when bare) against plain RTN")  # fmt: skip
     ap.add_argument("--nvfp4", action="store_true", help="also time --scheme nvfp4a16, plain and with its search")
     ap.add_argument("--scheme", choices=SCHEME_NAMES, default="w4a16", help="the scheme both sides run")
     ap.add_argument("--results", type=Path, help="also write the figures here as JSON")
@@ -59,7 +55,7 @@ def main() -> None:
     if default:
         arms[f"weightsmith default ({default})"] = ("--scheme", args.scheme)
     if args.search:
-        arms[MSE] = ("--scale-search", "mse")
+        arms[f"weightsmith --scale-search {args.search}"] = ("--scheme", args.scheme, "--scale-search", args.search)
     if args.nvfp4:
         arms[NVFP4] = ("--scheme", "nvfp4a16")
         arms[NVFP4 + " --scale-search mse"] = ("--scheme", "nvfp4a16", "--scale-search", "mse")

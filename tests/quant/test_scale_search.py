@@ -175,7 +175,7 @@ def test_search_modes_and_names() -> None:
     with pytest.raises(WeightsmithError, match="symmetric observer"):
         make_scheme("w4a16-asym", 128, "memoryless_mse")
     with pytest.raises(WeightsmithError, match="unknown scale search"):
-        make_scheme("w4a16", 128, "hqq")
+        make_scheme("w4a16", 128, "bogus")
     assert (
         make_scheme("w4a16", 128, "memoryless_mse").quantization_config([])["config_groups"]["W4A16"]["weights"][
             "observer"

@@ -66,7 +66,7 @@ def test_other_schemes_default_to_round_to_nearest_and_take_none(name: str) -> N
 
 def test_an_unknown_search_names_none_among_the_choices() -> None:
     with pytest.raises(WeightsmithError, match=r"choose from none, mse"):
-        make_scheme("w4a16", None, "hqq")
+        make_scheme("w4a16", None, "bogus")
 
 
 @pytest.mark.parametrize("scheme", INT4)

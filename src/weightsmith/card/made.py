@@ -19,6 +19,8 @@ M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE
 _SEARCH = {
     "mse": "each group's range is clipped to the value that lowers its squared error",
     "memoryless_mse": "llm-compressor's memoryless MSE search over each group's range",
+    "hqq": "each group's integer zero point and scale are solved by half-quadratic quantization (HQQ) "
+    "for the lowest lp error",
     "noclip": "each group's scale puts its largest weight on the end of the int4 grid",
     "wmse": "each group's range is clipped to the value that lowers its magnitude-weighted squared error",
 }

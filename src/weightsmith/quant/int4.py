@@ -140,6 +140,50 @@ def group_params(
 
 
 @array_helper
+def _emit_group(
+    x: np.ndarray,
+    r: int,
+    c0: int,
+    group: int,
+    mode: int,
+    symmetric: bool,
+    bytewise: bool,
+    s: np.float32,
+    zp: np.float32,
+    nibbles: np.ndarray,
+    packed: np.ndarray,
+) -> None:
+    """One group's codes at scale `s` and zero point `zp`, written into `packed`.
+
+    `bytewise`: each value as an int8 of its own in `packed` ([rows, cols], W4AFP8's storage)
+    rather than nibbles packed eight to a uint32.
+    """
+    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
+    for i in range(group):
+        t = round_to(mode, decode(mode, x[r, c0 + i]) / s)
+        if not symmetric:
+            t = round_to(mode, t + zp)
+        q = np.int32(rint_small(min(max(t, qmin), qmax)))
+        if bytewise:
+            packed[r, c0 + i] = np.int8(q)
+        else:
+            nibbles[i] = np.uint32(q + OFFSET)
+    if not bytewise:
+        for w in range(group // PACK):
+            b = w * PACK
+            packed[r, c0 // PACK + w] = (
+                nibbles[b]
+                | (nibbles[b + 1] << 4)
+                | (nibbles[b + 2] << 8)
+                | (nibbles[b + 3] << 12)
+                | (nibbles[b + 4] << 16)
+                | (nibbles[b + 5] << 20)
+                | (nibbles[b + 6] << 24)
+                | (nibbles[b + 7] << 28)
+            )
+
+
+@array_helper
 def _quantize_rows(
     x: np.ndarray,
     mode: int,
@@ -151,13 +195,8 @@ def _quantize_rows(
     scale: np.ndarray,
     zero_point: np.ndarray,
 ) -> int:
-    """The kernel body; `mode`, `symmetric` and `bytewise` are compile-time constants in each caller.
-
-    `bytewise`: each value as an int8 of its own in `packed` ([rows, cols], W4AFP8's storage)
-    rather than nibbles packed eight to a uint32.
-    """
+    """The kernel body; `mode`, `symmetric` and `bytewise` are compile-time constants in each caller."""
     rows, cols = x.shape
-    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
     nibbles = np.empty(group, np.uint32)
     for r in range(rows):
         for g in range(cols // group):
@@ -169,34 +208,37 @@ def _quantize_rows(
             if not symmetric:
                 zero_point[r, g] = np.int8(zp)
             scale[r, g] = s
-            for i in range(group):
-                t = round_to(mode, decode(mode, x[r, c0 + i]) / s)
-                if not symmetric:
-                    t = round_to(mode, t + zp)
-                q = np.int32(rint_small(min(max(t, qmin), qmax)))
-                if bytewise:
-                    packed[r, c0 + i] = np.int8(q)
-                else:
-                    nibbles[i] = np.uint32(q + OFFSET)
-            if bytewise:
-                continue
-            for w in range(group // PACK):
-                b = w * PACK
-                packed[r, c0 // PACK + w] = (
-                    nibbles[b]
-                    | (nibbles[b + 1] << 4)
-                    | (nibbles[b + 2] << 8)
-                    | (nibbles[b + 3] << 12)
-                    | (nibbles[b + 4] << 16)
-                    | (nibbles[b + 5] << 20)
-                    | (nibbles[b + 6] << 24)
-                    | (nibbles[b + 7] << 28)
-                )
+            _emit_group(x, r, c0, group, mode, symmetric, bytewise, s, zp, nibbles, packed)
     return -1
 
 
-def _specialise(mode: int, symmetric: bool, bytewise: bool) -> Callable[..., int]:
-    """One compiled kernel for one (dtype, symmetry, storage).
+@array_helper
+def _given_rows(
+    x: np.ndarray,
+    mode: int,
+    group: int,
+    symmetric: bool,
+    bytewise: bool,
+    scale: np.ndarray,
+    zero_point: np.ndarray,
+    packed: np.ndarray,
+) -> int:
+    """`_quantize_rows` on parameters a search chose itself (see `quantize_given`)."""
+    rows, cols = x.shape
+    nibbles = np.empty(group, np.uint32)
+    for r in range(rows):
+        for g in range(cols // group):
+            c0 = g * group
+            bad = group_range(x, r, c0, group, mode)[2]
+            if bad >= 0:
+                return int(r * cols + bad)
+            zp = np.float32(0.0) if symmetric else np.float32(zero_point[r, g])
+            _emit_group(x, r, c0, group, mode, symmetric, bytewise, scale[r, g], zp, nibbles, packed)
+    return -1
+
+
+def _specialise(mode: int, symmetric: bool, bytewise: bool) -> tuple[Callable[..., int], Callable[..., int]]:
+    """The two compiled kernels (range-derived and given parameters) for one (dtype, symmetry, storage).
 
     The three arrive as closure constants, which numba compiles in as constants: the per-element
     rounding branches vanish and the loops vectorise (about 2x faster than a runtime switch).
@@ -208,7 +250,11 @@ def _specialise(mode: int, symmetric: bool, bytewise: bool) -> Callable[..., int
     ) -> int:
         return _quantize_rows(x, mode, group, symmetric, bytewise, shrink, packed, scale, zero_point)
 
-    return kernel
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def given(x: np.ndarray, group: int, scale: np.ndarray, zero_point: np.ndarray, packed: np.ndarray) -> int:
+        return _given_rows(x, mode, group, symmetric, bytewise, scale, zero_point, packed)
+
+    return kernel, given
 
 
 #: By (mode, symmetric, one int8 per value); W4AFP8, the one preset stored bytewise, is symmetric.
@@ -237,8 +283,28 @@ def quantize_rows(
     [rows, cols/group] (written only when asymmetric).
     Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
     """
-    kernel = _KERNELS[(mode, bool(symmetric), packed.dtype == np.int8)]
+    kernel = _KERNELS[(mode, bool(symmetric), packed.dtype == np.int8)][0]
     return kernel(x, group, shrink, packed, scale, zero_point)
+
+
+def quantize_given(
+    x: np.ndarray,
+    mode: int,
+    group: int,
+    symmetric: bool,
+    scale: np.ndarray,
+    zero_point: np.ndarray,
+    packed: np.ndarray,
+) -> int:
+    """`quantize_rows` on each group's (scale, zero point) as a parameter search chose them, rounded
+    the same way: q = round(clamp(round_to(round_to(x / s) + zp), -8, 7)).
+
+    scale: float32 [rows, cols/group], each exact in the emulated dtype; zero_point: int8
+    [rows, cols/group] in [-8, 7], read only when asymmetric; packed as `quantize_rows`'.
+    Releases the GIL. Returns the flat index of the first NaN/Inf element, or -1.
+    """
+    kernel = _KERNELS[(mode, bool(symmetric), packed.dtype == np.int8)][1]
+    return kernel(x, group, scale, zero_point, packed)
 
 
 def supports(cols: int, group: int) -> str | None:
@@ -270,4 +336,4 @@ def scale_storage(scale_f32: np.ndarray, mode: int) -> np.ndarray:
     return scale_f32.astype(MODE_DTYPES[mode])
 
 
-__all__ = ["quantize_rows", "supports"]
+__all__ = ["quantize_given", "quantize_rows", "supports"]

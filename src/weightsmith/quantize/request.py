@@ -17,7 +17,7 @@ from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_op
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import short_repr
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
-from weightsmith.quantize.recipe import GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCH, MAX_GROUP_SIZE, Recipe, load_recipe
+from weightsmith.quantize.recipe import GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCHES, MAX_GROUP_SIZE, Recipe, load_recipe
 from weightsmith.schemes import make_scheme
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def rules_for(
         return load_recipe(Path(recipe), gptq=gptq)
     for number, rule in enumerate(recipe.rules, 1):
         search = rule.scheme.scale_search
-        if gptq and search == GPTQ_REFUSED_SEARCH:  # what `load_recipe(gptq=True)` refuses in a file
+        if gptq and search in GPTQ_REFUSED_SEARCHES:  # what `load_recipe(gptq=True)` refuses in a file
             raise WeightsmithError(
                 f"rule {number}: {GPTQ_GRID_ONLY}; it does not take scale_search = {search!r} "
                 "(use another or leave it out)",
@@ -114,10 +114,10 @@ def gptq_options(
         if text is not None or builtin is not None:
             raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
         return None
-    if scale_search == GPTQ_REFUSED_SEARCH:
+    if scale_search in GPTQ_REFUSED_SEARCHES:
         raise WeightsmithError(
-            f"{GPTQ_GRID_ONLY}; it does not take --scale-search {scale_search} (whose factors need the whole tensor "
-            "first); wmse, mse and noclip choose a grid GPTQ can start from",
+            f"{GPTQ_GRID_ONLY}; it does not take --scale-search {scale_search} "
+            f"({GPTQ_REFUSED_SEARCHES[scale_search]}); wmse, mse and noclip choose a grid GPTQ can start from",
             code="usage",
         )
     if not 0 <= dampening < 1 or dampening != dampening:

@@ -3,14 +3,17 @@
 The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse`, `wmse` and `noclip`
 scale each group's range by a factor our fused kernels choose (quant/int4_search.py),
 `memoryless_mse` by llm-compressor's observer of that name, which decides its early stop over the
-whole tensor (a first pass per tensor). The default is `wmse`: on the two real models of
-docs/scale-search-study.md it lowers KL and perplexity and raises top-1 against plain
-round-to-nearest of the same symmetry; `--scale-search none` is plain round-to-nearest,
-byte-identical to llm-compressor's `model_free_ptq`.
+whole tensor (a first pass per tensor). The parameter searches (`PARAMETER_SEARCHES`: `hqq`,
+quant/int4_hqq.py) choose each group's scale and integer zero point themselves, which the kernel
+then rounds to (`int4.quantize_given`): the same format, parameters no range clip reaches. The
+default is `wmse`: on the two real models of docs/scale-search-study.md it lowers KL and
+perplexity and raises top-1 against plain round-to-nearest of the same symmetry;
+`--scale-search none` is plain round-to-nearest, byte-identical to llm-compressor's `model_free_ptq`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,17 +23,23 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io import names
-from weightsmith.quant import int4, int4_search
+from weightsmith.quant import int4, int4_hqq, int4_search
 from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
 
 DEFAULT_GROUP = 128
+#: Searches that set each group's scale (float32, exact in the weight dtype) and int8 zero point in
+#: [-8, 7] themselves rather than a clip factor of its range: name -> `search(x, mode, group,
+#: symmetric, scale, zero_point)`, returning the flat index of a NaN/Inf or -1 (x as
+#: `int4.kernel_input` gives it). GPTQ does not start from them (quantize/recipe.py): its grid
+#: carries clip factors only.
+PARAMETER_SEARCHES: dict[str, Callable[..., int]] = {"hqq": int4_hqq.search_hqq}
 
 
 @register
 @dataclass(frozen=True)
 class Int4(Scheme):
     NAMES: ClassVar[tuple[str, ...]] = ("w4a16", "w4a16-asym")
-    SEARCHES: ClassVar[tuple[str, ...]] = int4_search.SEARCHES
+    SEARCHES: ClassVar[tuple[str, ...]] = (*int4_search.SEARCHES, *PARAMETER_SEARCHES)
     DEFAULT_SEARCH: ClassVar[str | None] = "wmse"
     FORMAT: ClassVar[str] = ct.PACK_QUANTIZED
     ROW_MULTIPLE: ClassVar[int] = int4.PACK
@@ -92,8 +101,9 @@ class Int4(Scheme):
 
     def grid(self, x: np.ndarray) -> Grid | None:
         """Round-to-nearest's grid, on the clip factors this scheme's search chooses from the weight
-        alone (none for memoryless_mse, whose factors need a first pass over the whole tensor)."""
-        if self.scale_search == "memoryless_mse":
+        alone (none for memoryless_mse, whose factors need a first pass over the whole tensor, nor
+        for a parameter search, whose scales no clip factor makes again)."""
+        if self.scale_search == "memoryless_mse" or self.scale_search in PARAMETER_SEARCHES:
             return None
         n, cols = x.shape
         mode, g = int4.mode_of(x.dtype), self.group_size
@@ -132,6 +142,12 @@ class Int4(Scheme):
         g = self.group_size
         scale = alloc("scale", (n, cols // g), np.float32)
         zp = alloc("zp", (n, cols // g), np.int8)
+        search = PARAMETER_SEARCHES.get(self.scale_search or "")
+        if search is not None:  # (never with `Chosen`: GPTQ does not start from these)
+            bad = search(xin, mode, g, self.symmetric, scale, zp)
+            if bad < 0:
+                bad = int4.quantize_given(xin, mode, g, self.symmetric, scale, zp, packed)
+            return int4.scale_storage(scale, mode), zp, bad
         if isinstance(tensor_param, Chosen) and tensor_param.shrink is not None:  # GPTQ on a searched grid
             shrink = tensor_param.shrink[r0 : r0 + n]
         elif isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
@@ -180,10 +196,17 @@ class Int4Weight:
     shape: tuple[int, int]
 
 
-def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True, shrink: np.ndarray | None = None) -> Int4Weight:
+def quantize(
+    w: np.ndarray,
+    group: int = 128,
+    symmetric: bool = True,
+    shrink: np.ndarray | None = None,
+    search: str | None = None,
+) -> Int4Weight:
     """Quantize a whole 2-D weight (bf16, fp16 or fp32). Raises ValueError on NaN/Inf.
 
-    `shrink` (float32 [rows, cols/group]) clips each group's range, as a scale search chooses.
+    `shrink` (float32 [rows, cols/group]) clips each group's range, as a scale search chooses;
+    `search`, one of `PARAMETER_SEARCHES`, sets each group's scale and zero point instead.
     """
     mode = int4.mode_of(w.dtype)
     rows, cols = w.shape
@@ -196,7 +219,12 @@ def quantize(w: np.ndarray, group: int = 128, symmetric: bool = True, shrink: np
     if shrink is None:
         shrink = np.ones((rows, cols // group), np.float32)
     x = int4.kernel_input(np.ascontiguousarray(w))
-    bad = int4.quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zp)
+    if search is not None:
+        bad = PARAMETER_SEARCHES[search](x, mode, group, symmetric, scale, zp)
+        if bad < 0:
+            bad = int4.quantize_given(x, mode, group, symmetric, scale, zp, packed)
+    else:
+        bad = int4.quantize_rows(x, mode, group, symmetric, shrink, packed, scale, zp)
     if bad >= 0:
         raise ValueError(f"non-finite value at row {bad // cols}, column {bad % cols}")
     return Int4Weight(

@@ -1,0 +1,253 @@
+"""`--scale-search hqq`: half-quadratic quantization (HQQ) of int4 groups, re-derived for integer zero points.
+
+HQQ (Badri and Shaikh, 2023; mobiusml/hqq `optimize_weights_proximal_legacy`) keeps a group's min/max
+scale and solves its zero point alone, minimising the lp error sum |w - dequant(quant(w))|^p with p = 0.7
+by half-quadratic splitting: an auxiliary error `e` takes the residual's outliers (the lp shrink operator
+`sign(d) max(|d| - |d|^(p-1) / beta, 0)`), the zero point is then the least-squares one for the codes and
+`w - e` (a mean), and `beta` grows by `kappa` = 1.01 each of at most 20 rounds, stopping when the mean
+absolute error stops falling (here per group; HQQ decides it over the tensor).
+
+That zero point is a float. compressed-tensors stores an int8 zero point in [-8, 7], and its grid,
+`(q - zp) * s`, then always holds 0: a fractional shift of the grid is out of reach, and on SmolLM2's
+layers HQQ's zero point rounded to an integer never lowered the lp error of round-to-nearest's. What
+is left free is the scale, so the same splitting is applied to it: with the zero point held at HQQ's
+rounded to the nearest integer, each round takes the codes at scale `s`, the shrunk residual `e`, and
+the least-squares scale of `w - e` on `q - zp` (closed form: <w - e, q - zp> / <q - zp, q - zp>), rounded
+to the weight dtype as it will be stored, with HQQ's early stop (the mean absolute error stops falling)
+and at most 20 rounds. Symmetric groups (zero point 0) run that scale step alone, from
+compressed-tensors' absmax / 7.5.
+
+The result and round-to-nearest's parameters are then scored by their lp error with the codes
+`int4.quantize_given` will write (every intermediate rounded to the weight dtype), and each group keeps
+the lower: never worse than round-to-nearest by HQQ's own measure. On SmolLM2-135M (group 64) the
+asymmetric search lowers the relative weight MSE 11 % and next-token KL 3 % against asymmetric RTN;
+the symmetric one lowers weight MSE 12 % but raises KL 8 % (docs/scale-search-study.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from numba import njit
+
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, array_helper, round_to, scalar_helper
+from weightsmith.quant.int4 import PACK, Q_MAX, Q_MIN, load_group, quantize_rows
+
+#: HQQ's published defaults: the lp exponent, the splitting weight and its growth per round, the rounds.
+P, BETA, KAPPA, ITERS = 0.7, 10.0, 1.01, 20
+#: polynomial coefficients of `_pow_abs`: log2(1 + m) / m and 2^f on [0, 1), least-squares fits
+_L0, _L1, _L2 = np.float32(1.4426832), np.float32(-0.72044159), np.float32(0.46929683)
+_L3, _L4, _L5 = np.float32(-0.30337745), np.float32(0.14642029), np.float32(-0.034589962)
+_E0, _E1, _E2 = np.float32(0.99999990), np.float32(0.69315462), np.float32(0.24014079)
+_E3, _E4, _E5 = np.float32(0.055863258), np.float32(0.0089462249), np.float32(0.0018951086)
+
+
+@scalar_helper
+def _pow_abs(v: np.float32, p: np.float32) -> np.float32:
+    """|v|^p as 2^(p log2|v|), both by polynomial: plain arithmetic, so the group loops vectorise
+    (numba calls libm's pow once per element, several times slower). Relative error about 1e-5 for
+    normal float32 values; 0 gives 2^-88.9 for p = 0.7 and 2^38 for p = -0.3, finite either way."""
+    bits = np.float32(abs(v)).view(np.uint32)
+    e = np.float32(np.int32(bits >> np.uint32(23)) - np.int32(127))
+    m = np.uint32((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1.0)
+    # log2(1 + m) on [0, 1), a least-squares fit of degree 6 (abs. error 9e-6)
+    lg = m * (_L0 + m * (_L1 + m * (_L2 + m * (_L3 + m * (_L4 + m * _L5)))))
+    y = min(max(p * (e + lg), np.float32(-126.0)), np.float32(126.0))
+    n = np.float32(np.floor(y))
+    f = y - n
+    # 2^f on [0, 1), degree 5 (abs. error 1.1e-7)
+    ex = _E0 + f * (_E1 + f * (_E2 + f * (_E3 + f * (_E4 + f * _E5))))
+    return np.uint32(np.uint32(np.int32(n) + np.int32(127)) << np.uint32(23)).view(np.float32) * ex
+
+
+#: How the per-group loops are compiled: reassociation lets their sums vectorise, and leaves
+#: reciprocals out, so each `w / s` of the lp error is the division `int4.quantize_given` makes. Each is
+#: a function of its own, called once per group, so that no reassociation reaches the kernel's own
+#: float rounding.
+_group_loop = njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
+
+
+@scalar_helper
+def _shrink(d: np.float32, beta: np.float32) -> np.float32:
+    """HQQ's lp shrink operator: the part of residual `d` the auxiliary error takes,
+    sign(d) max(|d| - |d|^(p-1) / beta, 0)."""
+    a = abs(d)
+    r = max(a - _pow_abs(a, np.float32(P - 1.0)) / beta, np.float32(0.0))
+    return r if d >= 0 else -r
+
+
+@scalar_helper
+def _untouched(beta: np.float32) -> np.float32:
+    """The largest |residual| the shrink operator maps to 0: |d|^(2-p) <= 1 / beta.
+
+    About 0.17 at beta = 10, far above an int4 step of LLM weights: there the auxiliary error is 0
+    and each round is plain least squares, so the rounds below make a pass without the operator
+    first and a second one with it only for a group that has a residual past this bound.
+    """
+    return np.float32(beta ** (-1.0 / (2.0 - P)))
+
+
+@_group_loop
+def _lp_error(mode: int, symmetric: bool, vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float32:
+    """sum |w - dequant|^p of one group with the codes `int4.quantize_given` writes and the
+    dequantized values rounded to the weight dtype, as the model will see them.
+
+    A function of its own, called once per group (`mode` and `symmetric` are loop-invariant
+    branches here): inside the search's large body LLVM stopped inlining the rounding helpers into
+    this loop, which then ran some 10x slower.
+    """
+    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
+    err = np.float32(0.0)
+    for i in range(vals.size):
+        t = round_to(mode, vals[i] / s)
+        if not symmetric:
+            t = round_to(mode, t + zp)
+        q = np.rint(min(max(t, qmin), qmax))
+        err += _pow_abs(round_to(mode, (q - zp) * s) - vals[i], np.float32(P))
+    return err
+
+
+@_group_loop
+def _zero_round(vals: np.ndarray, s: np.float32, z: np.float32, beta: np.float32) -> tuple[np.float32, np.float32]:
+    """One HQQ round on a float zero point `z` at scale `s`: (mean |residual| at `z`, the next zero point,
+    the mean of q - (w - e) / s)."""
+    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
+    inv = np.float32(1.0) / s
+    l1 = np.float32(0.0)
+    acc = np.float32(0.0)
+    bound = _untouched(beta)
+    over = np.float32(0.0)  # a count, as a float sum (a max or an integer count keeps the loop scalar)
+    for i in range(vals.size):
+        q = np.rint(min(max(vals[i] * inv + z, qmin), qmax))
+        d = abs(vals[i] - (q - z) * s)
+        l1 += d
+        over += np.float32(1.0) if d > bound else np.float32(0.0)
+        acc += q - vals[i] * inv
+    if over > 0:
+        acc = np.float32(0.0)
+        for i in range(vals.size):
+            q = np.rint(min(max(vals[i] * inv + z, qmin), qmax))
+            acc += q - (vals[i] - _shrink(vals[i] - (q - z) * s, beta)) * inv
+    n = np.float32(vals.size)
+    return l1 / n, acc / n
+
+
+@_group_loop
+def _scale_round(vals: np.ndarray, s: np.float32, zp: np.float32, beta: np.float32) -> tuple[np.float32, np.float32]:
+    """One half-quadratic round on the scale, the zero point `zp` held: (mean |residual| at `s`, the
+    least-squares scale of `w - e` on the codes' offsets `q - zp`, 0 when every offset is 0)."""
+    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
+    inv = np.float32(1.0) / s
+    l1 = np.float32(0.0)
+    num = np.float32(0.0)
+    den = np.float32(0.0)
+    bound = _untouched(beta)
+    over = np.float32(0.0)
+    for i in range(vals.size):
+        u = np.rint(min(max(vals[i] * inv + zp, qmin), qmax)) - zp
+        d = abs(vals[i] - u * s)
+        l1 += d
+        over += np.float32(1.0) if d > bound else np.float32(0.0)
+        num += vals[i] * u
+        den += u * u
+    if over > 0:
+        num = np.float32(0.0)
+        for i in range(vals.size):
+            u = np.rint(min(max(vals[i] * inv + zp, qmin), qmax)) - zp
+            num += (vals[i] - _shrink(vals[i] - u * s, beta)) * u
+    return l1 / np.float32(vals.size), num / den if den > 0 else np.float32(0.0)
+
+
+@array_helper
+def _hqq_rows(
+    x: np.ndarray,
+    mode: int,
+    group: int,
+    symmetric: bool,
+    scale: np.ndarray,
+    zero_point: np.ndarray,
+) -> int:
+    rows, cols = x.shape
+    vals = np.empty(group, np.float32)
+    kappa = np.float32(KAPPA)
+    for r in range(rows):
+        for g in range(cols // group):
+            lo, hi, bad = load_group(x, r, g * group, group, mode, vals)
+            if bad >= 0:
+                return int(r * cols + bad)
+            s, zp = scale[r, g], np.float32(zero_point[r, g])  # round-to-nearest's
+            if not hi > lo:  # an all-zero group: nothing to solve
+                continue
+            s_rtn, zp_rtn = s, zp
+            if not symmetric:  # HQQ: the zero point alone, at the min/max scale, from the min/max zero point
+                z = np.float32(Q_MIN) - lo / s
+                beta, prev, z_best = np.float32(BETA), np.float32(np.inf), z
+                for _ in range(ITERS):
+                    l1, z_next = _zero_round(vals, s, z, beta)
+                    if not l1 < prev:
+                        break
+                    prev, z_best, z = l1, z, z_next
+                    beta *= kappa
+                zp = np.float32(np.rint(min(max(z_best, np.float32(Q_MIN)), np.float32(Q_MAX))))
+            # then the scale, by the same splitting, at that integer zero point; the same early stop
+            beta, prev, s_best = np.float32(BETA), np.float32(np.inf), s
+            for _ in range(ITERS):
+                l1, s_next = _scale_round(vals, s, zp, beta)
+                if not l1 < prev:
+                    break
+                prev, s_best = l1, s
+                s_next = round_to(mode, s_next)  # as it will be stored
+                if not s_next > 0 or s_next == s:
+                    break
+                s = s_next
+                beta *= kappa
+            if _lp_error(mode, symmetric, vals, s_best, zp) < _lp_error(mode, symmetric, vals, s_rtn, zp_rtn):
+                scale[r, g] = s_best
+                zero_point[r, g] = np.int8(zp)
+    return -1
+
+
+def _specialise(mode: int, symmetric: bool) -> Callable[..., int]:
+    """One compiled search per (dtype, symmetry), constants folded in as in int4.py's kernels.
+
+    Reassociation lets the sums vectorise; it leaves reciprocals out, so each `w / s` of
+    `_lp_error` is the division `int4.quantize_given` makes.
+    """
+
+    @njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
+    def kernel(x: np.ndarray, group: int, scale: np.ndarray, zero_point: np.ndarray) -> int:
+        return _hqq_rows(x, mode, group, symmetric, scale, zero_point)
+
+    return kernel
+
+
+_KERNELS = {
+    (mode, symmetric): _specialise(mode, symmetric)
+    for mode in (MODE_BF16, MODE_F16, MODE_F32)
+    for symmetric in (True, False)
+}
+
+
+def search_hqq(x: np.ndarray, mode: int, group: int, symmetric: bool, scale: np.ndarray, zero_point: np.ndarray) -> int:
+    """Fill `scale` (float32 [rows, cols/group], each exact in the weight dtype) and `zero_point`
+    (int8 [rows, cols/group] in [-8, 7]; 0 when symmetric) with each group's HQQ parameters.
+
+    `x`: bf16/fp16 bits as uint16, or float32 (`int4.kernel_input`). Releases the GIL. Returns the
+    flat index of the first NaN/Inf element, or -1.
+
+    Round-to-nearest's parameters come from `int4.quantize_rows` itself, not from its helpers
+    compiled into the search: compiled into it, `group_params` left its rounding helper (`rint_small`)
+    returning unrounded values in every kernel compiled after it in the same process, round-to-nearest's
+    included (tests/quant/test_hqq.py holds the two apart).
+    """
+    rows, cols = x.shape
+    codes = np.empty((rows, cols // PACK), np.uint32)  # round-to-nearest's, not kept
+    zero_point.fill(0)
+    bad = quantize_rows(x, mode, group, symmetric, np.ones(scale.shape, np.float32), codes, scale, zero_point)
+    if bad >= 0:
+        return bad
+    return _KERNELS[(mode, bool(symmetric))](x, group, scale, zero_point)
+
+
+__all__ = ["search_hqq"]
