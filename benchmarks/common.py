@@ -91,6 +91,9 @@ def build(
         "intermediate_size": inter,
         "num_hidden_layers": layers,
         "torch_dtype": "bfloat16",
+        # heads of 128 with 4 query heads per KV head, as k/v_proj's hidden // 4 rows say (a pre-pass reads them)
+        "num_attention_heads": max(1, hidden // 128),
+        "num_key_value_heads": max(1, hidden // 512),
         **(config_extra or {}),
     }
     (folder / "config.json").write_text(json.dumps(config))

@@ -13,7 +13,7 @@ grows. `--results FILE` also writes the figures as JSON (scripts/speed_report.py
 the README's table).
 
     python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search [NAME]] [--nvfp4]
-                                        [--scheme fp8-dynamic] [--results FILE]
+                                        [--scheme fp8-dynamic] [--arm LABEL=OPTIONS]... [--results FILE]
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ def main() -> None:
     ap.add_argument("--search", nargs="?", const="mse", metavar="NAME",
                     help="also time --scale-search NAME (mse when bare) against plain RTN")  # fmt: skip
     ap.add_argument("--nvfp4", action="store_true", help="also time --scheme nvfp4a16, plain and with its search")
+    ap.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="LABEL=OPTIONS",
+        help="also time weightsmith with these quantize options, e.g. 'hqq=--scheme w4a16-asym --scale-search hqq'",
+    )
     ap.add_argument("--scheme", choices=SCHEME_NAMES, default="w4a16", help="the scheme both sides run")
     ap.add_argument("--results", type=Path, help="also write the figures here as JSON")
     args = ap.parse_args()
@@ -59,6 +66,9 @@ def main() -> None:
     if args.nvfp4:
         arms[NVFP4] = ("--scheme", "nvfp4a16")
         arms[NVFP4 + " --scale-search mse"] = ("--scheme", "nvfp4a16", "--scale-search", "mse")
+    for arm in args.arm:
+        label, _, options = arm.partition("=")
+        arms[f"weightsmith {label}"] = tuple(options.split())
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
         tmp_path = Path(tmp)
