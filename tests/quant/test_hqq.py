@@ -107,15 +107,16 @@ def test_quantize_given_on_round_to_nearests_parameters_is_round_to_nearest() ->
             assert np.array_equal(rtn, given)
 
 
+@pytest.mark.parametrize("search", ["hqq", "qkx2"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_compressed_tensors_decompresses_it_as_we_dequantize(dtype: object, symmetric: bool) -> None:
+def test_compressed_tensors_decompresses_it_as_we_dequantize(dtype: object, symmetric: bool, search: str) -> None:
     torch = pytest.importorskip("torch")
     ct_q = pytest.importorskip("compressed_tensors.quantization")
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 
     w = _weights(40, 512, 5, dtype)  # 40 rows: zero points pack into a partial last word
-    ours = int4_scheme.quantize(w, 128, symmetric, search="hqq")
+    ours = int4_scheme.quantize(w, 128, symmetric, search=search)
     deq = int4_scheme.dequantize(ours, 128)
     scheme = ct_q.QuantizationScheme(
         targets=["Linear"],
@@ -142,10 +143,11 @@ def test_compressed_tensors_decompresses_it_as_we_dequantize(dtype: object, symm
     assert np.all(err[inside] <= 0.55 * step[inside] + 1e-30)
 
 
+@pytest.mark.parametrize("search", ["hqq", "qkx2"])
 @pytest.mark.parametrize("scheme", ["w4a16-asym", "w4a16", "w4afp8"])
-def test_encode_writes_the_search_and_reports_a_nan(scheme: str) -> None:
+def test_encode_writes_the_search_and_reports_a_nan(scheme: str, search: str) -> None:
     w = _weights(16, 256, 6)
-    hqq = make_scheme(scheme, 128, "hqq")
+    hqq = make_scheme(scheme, 128, search)
     assert hqq.grid(w) is None  # no clip factors for GPTQ to start from
     writes, bad = hqq.encode(w, 0, w.shape)
     assert bad == -1
@@ -155,7 +157,10 @@ def test_encode_writes_the_search_and_reports_a_nan(scheme: str) -> None:
     w[5, 200] = np.nan
     assert hqq.encode(w, 0, w.shape) == ([], 5 * 256 + 200)
     scale, zp = np.empty((16, 2), np.float32), np.zeros((16, 2), np.int8)
-    assert int4_hqq.search_hqq(w.view(np.uint16), int4.MODE_BF16, 128, False, scale, zp) == 5 * 256 + 200
+    assert (
+        int4_scheme.PARAMETER_SEARCHES[search](w.view(np.uint16), int4.MODE_BF16, 128, False, scale, zp)
+        == 5 * 256 + 200
+    )
 
 
 def test_real_weights_lower_lp_and_squared_error() -> None:
@@ -190,7 +195,8 @@ def test_gptq_refuses_it_in_one_line() -> None:
         gptq_options("gptq", tokens=64, seq_len=32, dampening=0.01, scale_search="hqq")
 
 
-def test_compiling_the_search_first_leaves_round_to_nearest_unchanged(tmp_path) -> None:
+@pytest.mark.parametrize("search", ["hqq", "qkx2"])
+def test_compiling_the_search_first_leaves_round_to_nearest_unchanged(tmp_path, search: str) -> None:
     """In a fresh process with an empty kernel cache, round-to-nearest compiled after the search
     writes the bytes it writes alone (a helper compiled into the search once changed it)."""
     import hashlib
@@ -203,7 +209,7 @@ def test_compiling_the_search_first_leaves_round_to_nearest_unchanged(tmp_path) 
         "import sys, hashlib, numpy as np, ml_dtypes\n"
         "from weightsmith.schemes import int4 as s\n"
         "w = (np.random.default_rng(0).standard_normal((64, 512)) * 0.02).astype(ml_dtypes.bfloat16)\n"
-        "if sys.argv[1] == '1': s.quantize(w, 128, False, search='hqq')\n"
+        "if sys.argv[1] == '1': s.quantize(w, 128, False, search=sys.argv[2])\n"
         "q = s.quantize(w, 128, False)\n"
         "print(hashlib.sha256(q.packed.tobytes() + q.zero_point.tobytes() + q.scale.tobytes()).hexdigest())\n"
     )
@@ -211,7 +217,9 @@ def test_compiling_the_search_first_leaves_round_to_nearest_unchanged(tmp_path) 
     digests = []
     for first in ("0", "1"):
         env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / first), "PYTHONPATH": src}
-        out = subprocess.run([sys.executable, "-c", code, first], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, first, search], env=env, capture_output=True, text=True, check=True
+        )
         digests.append(out.stdout.strip())
     assert digests[0] == digests[1] and len(digests[0]) == len(hashlib.sha256().hexdigest())
 

@@ -21,6 +21,7 @@ _SEARCH = {
     "memoryless_mse": "llm-compressor's memoryless MSE search over each group's range",
     "hqq": "each group's integer zero point and scale are solved by half-quadratic quantization (HQQ) "
     "for the lowest lp error",
+    "qkx2": "each group's scale and integer zero point are fitted by llama.cpp's weighted k-quant search",
     "noclip": "each group's scale puts its largest weight on the end of the int4 grid",
     "wmse": "each group's range is clipped to the value that lowers its magnitude-weighted squared error",
 }

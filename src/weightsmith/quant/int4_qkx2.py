@@ -216,11 +216,13 @@ def _step(
     if symmetric:
         return round_to(mode, sxl / sl2), zero
     det = sw * sl2 - sl * sl
-    step = (sw * sxl - sx * sl) / det
-    lo = (sl2 * sx - sl * sxl) / det
-    if lo > 0:
-        lo, step = zero, sxl / sl2
-    o = np.float32(np.rint(min(max(-lo / step, zero), np.float32(LEVELS))))
+    lo, step = zero, zero
+    if det > 0:  # a degenerate fit (every code equal) has no (scale, min): the offset stays 0
+        step = (sw * sxl - sx * sl) / det
+        lo = (sl2 * sx - sl * sxl) / det
+    if lo > 0 or not step > 0:
+        lo, step = zero, sxl / sl2 if sl2 > 0 else zero
+    o = np.float32(np.rint(min(max(-lo / step, zero), np.float32(LEVELS)))) if step > 0 else zero
     num = sxl - o * sx
     den = sl2 - np.float32(2.0) * o * sl + o * o * sw
     if not (num > 0 and den > 0):

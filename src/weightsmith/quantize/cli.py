@@ -328,8 +328,9 @@ def quantize(
         help="How each group's scale is chosen: none (plain RTN, byte-identical to llm-compressor model_free_ptq), "
         "wmse (clipping or widening by magnitude-weighted error: lower KL than RTN on two real models, "
         "docs/scale-search-study.md), mse (the same, unweighted), noclip (symmetric: largest weight on the grid's "
-        "end), memoryless_mse (llm-compressor's symmetric observer, exactly) or hqq (half-quadratic quantization: "
-        f"each group's integer zero point and scale for the lowest lp error). Default: {_default_searches()}; "
+        "end), memoryless_mse (llm-compressor's symmetric observer, exactly), hqq (half-quadratic quantization: "
+        "each group's integer zero point and scale for the lowest lp error) or qkx2 (llama.cpp's k-quant "
+        f"weighted scale and offset search, integer zero points). Default: {_default_searches()}; "
         "none for the other schemes.",
     ),
     ignore: list[str] = typer.Option(

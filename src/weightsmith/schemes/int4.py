@@ -4,11 +4,12 @@ The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse`, `w
 scale each group's range by a factor our fused kernels choose (quant/int4_search.py),
 `memoryless_mse` by llm-compressor's observer of that name, which decides its early stop over the
 whole tensor (a first pass per tensor). The parameter searches (`PARAMETER_SEARCHES`: `hqq`,
-quant/int4_hqq.py) choose each group's scale and integer zero point themselves, which the kernel
-then rounds to (`int4.quantize_given`): the same format, parameters no range clip reaches. The
-default is `wmse`: on the two real models of docs/scale-search-study.md it lowers KL and
-perplexity and raises top-1 against plain round-to-nearest of the same symmetry;
-`--scale-search none` is plain round-to-nearest, byte-identical to llm-compressor's `model_free_ptq`.
+quant/int4_hqq.py; `qkx2`, llama.cpp's weighted searches, quant/int4_qkx2.py) choose each group's
+scale and integer zero point themselves, which the kernel then rounds to (`int4.quantize_given`):
+the same format, parameters no range clip reaches. The default is `wmse`: on the two real models of
+docs/scale-search-study.md it lowers KL and perplexity and raises top-1 against plain
+round-to-nearest of the same symmetry; `--scale-search none` is plain round-to-nearest,
+byte-identical to llm-compressor's `model_free_ptq`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io import names
-from weightsmith.quant import int4, int4_hqq, int4_search
+from weightsmith.quant import int4, int4_hqq, int4_qkx2, int4_search
 from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
 
 DEFAULT_GROUP = 128
@@ -32,7 +33,7 @@ DEFAULT_GROUP = 128
 #: symmetric, scale, zero_point)`, returning the flat index of a NaN/Inf or -1 (x as
 #: `int4.kernel_input` gives it). GPTQ does not start from them (quantize/recipe.py): its grid
 #: carries clip factors only.
-PARAMETER_SEARCHES: dict[str, Callable[..., int]] = {"hqq": int4_hqq.search_hqq}
+PARAMETER_SEARCHES: dict[str, Callable[..., int]] = {"hqq": int4_hqq.search_hqq, "qkx2": int4_qkx2.search_qkx2}
 
 
 @register
