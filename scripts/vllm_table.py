@@ -65,6 +65,8 @@ ROWS: dict[str, tuple[list[str], list[str]]] = {
     "w4a16": (["--scheme", "w4a16", *G64], []),
     "w4a16-asym": (["--scheme", "w4a16-asym", *G64], []),
     "w8a16": (["--scheme", "w8a16", *G64], []),
+    "w4a16-asym + --scale-search hqq": (["--scheme", "w4a16-asym", *G64, "--scale-search", "hqq"], []),
+    "w4a16 + --scale-search qkx2": (["--scheme", "w4a16", *G64, "--scale-search", "qkx2"], []),
     "w4a16 + --pre-pass sinq": (["--scheme", "w4a16", *G64, "--pre-pass", "sinq"], []),
     "w4a16-asym + --pre-pass sinq": (["--scheme", "w4a16-asym", *G64, "--pre-pass", "sinq"], []),
     "w4a16 gptq": (["--scheme", "w4a16", *G64, "--method", "gptq", "--tokens", "512"], []),
