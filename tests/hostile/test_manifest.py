@@ -19,6 +19,7 @@ import pytest
 from hostile.harness import Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.api import quantize
+from weightsmith.io.manifest import MANIFEST_VERSION
 
 TINY = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip
@@ -72,7 +73,8 @@ CASES: list[tuple[str, Callable[[str], str], str]] = [
     ("empty-object", lambda text: "{}", "weightsmith.json: has no field manifest_version"),
     ("version-string", edited(lambda d: d.update(manifest_version="2")), "manifest_version is a string, not an int"),
     ("version-bool", edited(lambda d: d.update(manifest_version=True)), "manifest_version is true or false, not an"),
-    ("version-newer", edited(lambda d: d.update(manifest_version=4)), "manifest_version 4 is not one this"),
+    ("version-newer", edited(lambda d: d.update(manifest_version=MANIFEST_VERSION + 1)),
+     f"manifest_version {MANIFEST_VERSION + 1} is not one this"),
     ("version-huge", edited(lambda d: d.update(manifest_version=10**40)), "manifest_version is a 41-digit int"),
     ("tool-null", edited(lambda d: d.update(tool=None)), "tool is null, not an object"),
     ("no-source-format", edited(lambda d: d["recipe"].pop("source_format")), "has no field recipe.source_format"),

@@ -469,10 +469,8 @@ def execute(
     check_space(out, plan.bytes_out + other_bytes + (1 << 20))
     workers = max(1, workers)
     started = time.perf_counter()
-    balance = None
-    if plan.pre_pass is not None:
-        balance = sinq.balance(plan, workers)
-    pre_pass = time.perf_counter() - started
+    balance = sinq.balance(plan, workers) if plan.pre_pass is not None else None
+    pre_pass = time.perf_counter() - started if balance is not None else 0.0
     try:
         with staged(out, force) as folder:
             readers = {shard: ShardReader(src.path(shard), h) for shard, h in src.headers.items()}
