@@ -44,6 +44,8 @@ class Case:
     choice: tuple[str, str]
     #: isa -> substring of vLLM's error line, for a machine where it cannot serve the scheme
     refused_on: tuple[tuple[str, str], ...] = ()
+    #: `--pre-pass`: the norms and v/up_proj rows it rewrites are served as written
+    pre_pass: str | None = None
 
 
 _NO_WNA16_GEMM = "object has no attribute 'cpu_gemm_wna16'"
@@ -51,6 +53,13 @@ SERVED = {
     "w4a16": Case("w4a16", 64, ("CPUWNA16LinearKernel", "CompressedTensorsWNA16"), (("avx2", _NO_WNA16_GEMM),)),
     "w4a16-asym": Case(
         "w4a16-asym", 64, ("CPUWNA16LinearKernel", "CompressedTensorsWNA16"), (("avx2", _NO_WNA16_GEMM),)
+    ),
+    "w4a16-asym + sinq": Case(
+        "w4a16-asym",
+        64,
+        ("CPUWNA16LinearKernel", "CompressedTensorsWNA16"),
+        (("avx2", _NO_WNA16_GEMM),),
+        pre_pass="sinq",
     ),
     "fp8-dynamic": Case("fp8-dynamic", None, ("ChannelWiseTorchFP8ScaledMMLinearKernel", "CompressedTensorsW8A8Fp8")),
     "w8a8": Case("w8a8", None, ("CPUInt8ScaledMMLinearKernel", "CompressedTensorsW8A8Int8")),
@@ -72,15 +81,15 @@ def src() -> Path:
     return smollm2_fp32()
 
 
-def _quantize(src: Path, out: Path, scheme: str, group_size: int | None) -> Path:
-    weightsmith.quantize(src, out, scheme=scheme, group_size=group_size, hash_sources=False)
+def _quantize(src: Path, out: Path, scheme: str, group_size: int | None, pre_pass: str | None = None) -> Path:
+    weightsmith.quantize(src, out, scheme=scheme, group_size=group_size, pre_pass=pre_pass, hash_sources=False)
     return out
 
 
 @pytest.mark.parametrize("name", list(SERVED))
 def test_served_token_for_token(name: str, src: Path, isa: str, tmp_path: Path) -> None:
     case = SERVED[name]
-    model = _quantize(src, tmp_path / name, case.scheme, case.group_size)
+    model = _quantize(src, tmp_path / "out", case.scheme, case.group_size, case.pre_pass)
     refused = dict(case.refused_on).get(isa)
     if refused is not None:
         line = vllm_cpu.refusal(model, tmp_path / "logs", prompt="def fibonacci(n):")
