@@ -306,8 +306,29 @@ def write_docs() -> None:
         if missing:
             doc += [f"Not yet measured on {title} (run `make fidelity-study`): {', '.join(missing)}.", ""]
         doc_json["models"][model] = {"title": title, "group_size": group, "results": results}
-    (REPO / "docs" / "fidelity-study.md").write_text("\n".join(doc))
+    (REPO / "docs" / "fidelity-study.md").write_text("\n".join([*doc, *SPEED]))
     (REPO / "docs" / "fidelity-study.json").write_text(json.dumps(doc_json, indent=2) + "\n")
+
+
+#: Speed of the recipes that matter, measured apart from the study (one idle machine, warm kernels), by
+#: `python benchmarks/quantize_speed.py --gib 0.5 --repeats 1 --skip-reference --scheme w4a16-asym
+#: --arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` (a 1.15 GiB 7B-wide BF16 checkpoint).
+SPEED = [
+    "## Speed (BF16 input, 2 cores, load 0.2-0.7)",
+    "",
+    "`python benchmarks/quantize_speed.py --gib 0.5 --repeats 1 --skip-reference --scheme w4a16-asym "
+    '--arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` on a 1.15 GiB 7B-wide checkpoint:',
+    "",
+    "| recipe | GB/s of BF16 input | peak RSS |",
+    "|---|---|---|",
+    "| W4A16 asym RTN | 0.85 | 170 MiB |",
+    "| W4A16 asym + wmse (the asymmetric default) | 0.70 | 171 MiB |",
+    "| W4A16 asym + SINQ pre-pass + wmse | 0.13 (the pre-pass: 7.3 of 9.2 s) | 1,279 MiB |",
+    "",
+    "`hqq` ran at 0.34 GB/s and `qkx2` at 0.15-0.35 GB/s under load (the kernels alone,",
+    "`--search hqq`; tests/quant/test_int4_qkx2.py's matrix).",
+    "",
+]
 
 
 def _preamble() -> list[str]:
