@@ -190,12 +190,16 @@ def _quantize_rows(
     group: int,
     symmetric: bool,
     bytewise: bool,
+    given: bool,
     shrink: np.ndarray,
     packed: np.ndarray,
     scale: np.ndarray,
     zero_point: np.ndarray,
 ) -> int:
-    """The kernel body; `mode`, `symmetric` and `bytewise` are compile-time constants in each caller."""
+    """The kernel body; `mode`, `symmetric`, `bytewise` and `given` are compile-time constants in each
+    caller. `given`: each group's (scale, zero point) is read from `scale` and `zero_point`, as a
+    parameter search chose them (`shrink` unread); otherwise both are derived from the group's range
+    clipped by `shrink` and written there."""
     rows, cols = x.shape
     nibbles = np.empty(group, np.uint32)
     for r in range(rows):
@@ -204,36 +208,14 @@ def _quantize_rows(
             lo, hi, bad = group_range(x, r, c0, group, mode)
             if bad >= 0:
                 return int(r * cols + bad)
-            s, zp = group_params(mode, symmetric, lo, hi, shrink[r, g])
-            if not symmetric:
-                zero_point[r, g] = np.int8(zp)
-            scale[r, g] = s
+            if given:
+                s, zp = scale[r, g], np.float32(0.0) if symmetric else np.float32(zero_point[r, g])
+            else:
+                s, zp = group_params(mode, symmetric, lo, hi, shrink[r, g])
+                if not symmetric:
+                    zero_point[r, g] = np.int8(zp)
+                scale[r, g] = s
             _emit_group(x, r, c0, group, mode, symmetric, bytewise, s, zp, nibbles, packed)
-    return -1
-
-
-@array_helper
-def _given_rows(
-    x: np.ndarray,
-    mode: int,
-    group: int,
-    symmetric: bool,
-    bytewise: bool,
-    scale: np.ndarray,
-    zero_point: np.ndarray,
-    packed: np.ndarray,
-) -> int:
-    """`_quantize_rows` on parameters a search chose itself (see `quantize_given`)."""
-    rows, cols = x.shape
-    nibbles = np.empty(group, np.uint32)
-    for r in range(rows):
-        for g in range(cols // group):
-            c0 = g * group
-            bad = group_range(x, r, c0, group, mode)[2]
-            if bad >= 0:
-                return int(r * cols + bad)
-            zp = np.float32(0.0) if symmetric else np.float32(zero_point[r, g])
-            _emit_group(x, r, c0, group, mode, symmetric, bytewise, scale[r, g], zp, nibbles, packed)
     return -1
 
 
@@ -248,11 +230,11 @@ def _specialise(mode: int, symmetric: bool, bytewise: bool) -> tuple[Callable[..
     def kernel(
         x: np.ndarray, group: int, shrink: np.ndarray, packed: np.ndarray, scale: np.ndarray, zero_point: np.ndarray
     ) -> int:
-        return _quantize_rows(x, mode, group, symmetric, bytewise, shrink, packed, scale, zero_point)
+        return _quantize_rows(x, mode, group, symmetric, bytewise, False, shrink, packed, scale, zero_point)
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def given(x: np.ndarray, group: int, scale: np.ndarray, zero_point: np.ndarray, packed: np.ndarray) -> int:
-        return _given_rows(x, mode, group, symmetric, bytewise, scale, zero_point, packed)
+        return _quantize_rows(x, mode, group, symmetric, bytewise, True, scale, packed, scale, zero_point)
 
     return kernel, given
 
