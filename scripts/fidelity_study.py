@@ -323,7 +323,12 @@ SPEED = [
     "|---|---|---|",
     "| W4A16 asym RTN | 0.85 | 170 MiB |",
     "| W4A16 asym + wmse (the asymmetric default) | 0.70 | 171 MiB |",
-    "| W4A16 asym + SINQ pre-pass + wmse | 0.13 (the pre-pass: 7.3 of 9.2 s) | 1,279 MiB |",
+    "| W4A16 asym + SINQ pre-pass + wmse | 0.11 at load 6-7, where `wmse` ran at 0.33 and RTN at 0.86 in the "
+    "same run (the pre-pass: 4.3 of 10.7 s) | 530 MiB |",
+    "",
+    "Random weights take all 16 Sinkhorn steps a tile (real ones 4-5), so the pre-pass weighs more here than",
+    "on a model: on this checkpoint it took 1.7-1.9 CPU s (14.5-14.9 before its one-pass float32 kernel);",
+    "on Qwen2.5-Coder-1.5B the whole quantize took 26-32 s against 55-80 s before, at load 7-8, interleaved.",
     "",
     "`hqq` ran at 0.34 GB/s and `qkx2` at 0.15-0.35 GB/s under load (the kernels alone,",
     "`--search hqq`; tests/quant/test_int4_qkx2.py's matrix).",

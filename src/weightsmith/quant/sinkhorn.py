@@ -7,44 +7,147 @@ Only the column scale is returned here: a row scale is absorbed by the group sca
 
 The iteration follows the paper's reference: steps are damped (each factor's change is clamped to
 [0.7, 2] of the smallest spread), spreads are clamped to [1e-3, 1e3], log-scales to [-0.3, 10], and
-the scales kept are those of the least imbalanced iterate; the first iterate that is more
-imbalanced than the best ends the search (later steps would only move further away).
+the scales kept are those of the last iterate not more imbalanced than the best; the first iterate
+that is more imbalanced (beyond a tie, `TIE`) ends the search (later steps would only move further away).
+
+The matrix to balance is often several weights stacked (projections that share an input), some
+rows scaled or columns permuted: it is never built whole. Each tile of `group` columns is copied
+from the weights as they are stored (BF16 decoded from its bits) into one float32 buffer, and each
+step takes its row and column sums in one pass over it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
+
+from weightsmith.quant.floatbits import MODE_BF16, bf16_round, decode
 
 #: Sinkhorn steps at most: the reference's default for its dual-scale quantizer.
 ITERATIONS = 16
 _SPREAD_MIN, _SPREAD_MAX = 1e-3, 1e3
 _STEP_MIN, _STEP_MAX = math.log(0.7), math.log(2.0)
 _LOG_MIN, _LOG_MAX = -0.3, 10.0
+#: How much more imbalanced than the best an iterate must be to end the search. Steps whose extreme
+#: spreads are both clamped leave the imbalance unchanged, so exact ties occur in real weights, and
+#: which way rounding breaks them (float64 or float32, one summation order or another) would decide
+#: how many steps a tile takes: a near-tie goes on, as an exact one does.
+TIE = 1e-5
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows of the matrix to balance, read from a stored weight: `weight` [r, c] (BF16, FP16, FP32)
+    with each row times `factor` (float32 [r], the product rounded to float32) and the balanced
+    column k read from `weight[:, columns[k]]` (all of `weight`'s columns in order when None)."""
+
+    weight: np.ndarray
+    factor: np.ndarray | None = None
+    columns: np.ndarray | None = None
+
+    @property
+    def width(self) -> int:
+        return int(self.weight.shape[1] if self.columns is None else len(self.columns))
+
+
+#: Rows whose column sums are added in float32 before they join the float64 totals: short enough
+#: that the partial sums keep float32's precision, long enough that the float64 adds cost nothing.
+_CHUNK = 256
+_FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
 @njit(nogil=True, cache=True)
+def _start(columns: np.ndarray, c0: int, g: int) -> int:
+    """The first source column of the tile at `c0` when its columns are consecutive there, else -1."""
+    start = columns[c0]
+    for j in range(g):
+        if columns[c0 + j] != start + j:
+            return -1
+    return int(start)
+
+
+@njit(nogil=True, cache=True)
+def _load_bits(bits: np.ndarray, columns: np.ndarray, c0: int, factor: np.ndarray, r0: int, tile: np.ndarray) -> None:
+    """BF16 rows (their uint16 bits) of the tile's columns, times `factor`, into `tile` from row `r0`
+    on: a BF16 value is the top half of its float32. Rows are taken as slices, which the compiler
+    vectorizes, where 2-D indexing with a run-time offset it does not."""
+    g = tile.shape[1]
+    start = _start(columns, c0, g)
+    word = np.empty(g, np.uint32)
+    row = word.view(np.float32)
+    for i in range(bits.shape[0]):
+        src = bits[i]
+        if start >= 0:
+            src = src[start : start + g]
+            for j in range(g):
+                word[j] = np.uint32(src[j]) << np.uint32(16)
+        else:
+            for j in range(g):
+                word[j] = np.uint32(src[columns[c0 + j]]) << np.uint32(16)
+        dst = tile[r0 + i]
+        f = factor[i]
+        for j in range(g):
+            dst[j] = row[j] * f
+
+
+@njit(nogil=True, cache=True)
+def _load(w: np.ndarray, columns: np.ndarray, c0: int, factor: np.ndarray, r0: int, tile: np.ndarray) -> None:
+    """Float32 rows of the tile's columns, times `factor`, into `tile` from row `r0` on."""
+    g = tile.shape[1]
+    start = _start(columns, c0, g)
+    for i in range(w.shape[0]):
+        src = w[i]
+        dst = tile[r0 + i]
+        f = factor[i]
+        if start >= 0:
+            src = src[start : start + g]
+            for j in range(g):
+                dst[j] = src[j] * f
+        else:
+            for j in range(g):
+                dst[j] = src[columns[c0 + j]] * f
+
+
+@njit(nogil=True, cache=True, fastmath=_FAST)
 def _spreads(
-    w: np.ndarray, c0: int, inv_col: np.ndarray, inv_row: np.ndarray, row_sd: np.ndarray, col_sd: np.ndarray
+    tile: np.ndarray, inv_col: np.ndarray, inv_row: np.ndarray, row_sd: np.ndarray, col_sd: np.ndarray
 ) -> float:
-    """Row and column standard deviations (n - 1) of the tile `w[:, c0:c0+g]` divided by the
-    current scales, in one pass; returns its imbalance (largest spread over the smallest)."""
-    rows, g = w.shape[0], inv_col.shape[0]
+    """Row and column standard deviations (n - 1) of `tile` divided by the current scales (float32
+    [g] and [rows]), in one pass; returns its imbalance (largest spread over the smallest).
+
+    The products and row sums are float32, the column sums float32 over `_CHUNK` rows and then
+    float64: the spreads are those of a float64 pass to about 1e-6, at the speed of float32 vectors.
+    """
+    rows, g = tile.shape
     col_s = np.zeros(g)
     col_q = np.zeros(g)
-    for i in range(rows):
-        b = inv_row[i]
-        s = 0.0
-        q = 0.0
+    part_s = np.empty(g, np.float32)
+    part_q = np.empty(g, np.float32)
+    for i0 in range(0, rows, _CHUNK):
+        part_s[:] = 0
+        part_q[:] = 0
+        for i in range(i0, min(i0 + _CHUNK, rows)):
+            t = tile[i]
+            b = inv_row[i]
+            s = np.float32(0)
+            q = np.float32(0)
+            for j in range(g):
+                y = t[j] * inv_col[j]
+                s += y
+                q += y * y
+                x = y * b
+                part_s[j] += x
+                part_q[j] += x * x
+            bb = np.float64(b) * np.float64(b)
+            row_sd[i] = math.sqrt(bb * max(np.float64(q) - np.float64(s) * np.float64(s) / g, 0.0) / max(g - 1, 1))
         for j in range(g):
-            x = w[i, c0 + j] * inv_col[j] * b
-            s += x
-            q += x * x
-            col_s[j] += x
-            col_q[j] += x * x
-        row_sd[i] = math.sqrt(max(q - s * s / g, 0.0) / max(g - 1, 1))
+            col_s[j] += part_s[j]
+            col_q[j] += part_q[j]
     for j in range(g):
         col_sd[j] = math.sqrt(max(col_q[j] - col_s[j] * col_s[j] / rows, 0.0) / max(rows - 1, 1))
     lo: float = min(row_sd.min(), col_sd.min())
@@ -53,28 +156,29 @@ def _spreads(
 
 
 @njit(nogil=True, cache=True)
-def _tile(w: np.ndarray, c0: int, g: int, iterations: int, out: np.ndarray) -> None:
-    """The column scales of one tile of `g` columns into `out[c0:c0+g]`."""
-    rows = w.shape[0]
+def _tile(tile: np.ndarray, iterations: int, out: np.ndarray) -> None:
+    """The column scales of one tile (float32 [rows, g]) into `out` [g]."""
+    rows, g = tile.shape
     log_col = np.zeros(g)
     log_row = np.zeros(rows)
     row_sd = np.empty(rows)
     col_sd = np.empty(g)
     best = math.inf
     target = 0.0
-    for j in range(g):
-        out[c0 + j] = 1.0
+    out[:] = 1.0
     for step in range(iterations):
-        imbalance = _spreads(w, c0, np.exp(-log_col), np.exp(-log_row), row_sd, col_sd)
+        inv_col = np.exp(-log_col).astype(np.float32)
+        inv_row = np.exp(-log_row).astype(np.float32)
+        imbalance = _spreads(tile, inv_col, inv_row, row_sd, col_sd)
         if step == 0:
             lo_r = min(max(row_sd.min(), _SPREAD_MIN), _SPREAD_MAX)
             lo_c = min(max(col_sd.min(), _SPREAD_MIN), _SPREAD_MAX)
             target = min(lo_r, lo_c) + 1e-6
-        if imbalance > best:
+        if imbalance > best * (1 + TIE):
             return
-        best = imbalance
+        best = min(best, imbalance)
         for j in range(g):
-            out[c0 + j] = math.exp(log_col[j])
+            out[j] = math.exp(log_col[j])
         for j in range(g):
             sd = min(max(col_sd[j], _SPREAD_MIN), _SPREAD_MAX)
             step_j = min(max(math.log(sd / target), _STEP_MIN), _STEP_MAX)
@@ -85,25 +189,80 @@ def _tile(w: np.ndarray, c0: int, g: int, iterations: int, out: np.ndarray) -> N
             log_row[i] = min(max(log_row[i] + step_i, _LOG_MIN), _LOG_MAX)
 
 
-@njit(nogil=True, cache=True)
-def _columns(w: np.ndarray, g: int, iterations: int) -> np.ndarray:
-    out = np.empty(w.shape[1], np.float32)
-    for c0 in range(0, w.shape[1], g):
-        _tile(w, c0, g, iterations, out)
-    return out
+def _source(part: Rows) -> tuple[np.ndarray, bool, np.ndarray, np.ndarray]:
+    """(the weight as the loaders read it, whether as BF16 bits, its column map, its row factor)."""
+    w = part.weight
+    bf16 = w.dtype.name == "bfloat16"
+    src = w.view(np.uint16) if bf16 else np.asarray(w, np.float32)
+    columns = np.arange(w.shape[1]) if part.columns is None else np.asarray(part.columns, np.int64)
+    factor = np.ones(w.shape[0], np.float32) if part.factor is None else np.asarray(part.factor, np.float32)
+    return np.ascontiguousarray(src), bf16, columns, factor
 
 
-def column_scales(w: np.ndarray, group: int, iterations: int = ITERATIONS) -> np.ndarray:
-    """A scale per column of `w` (float32 [rows, cols], cols a multiple of `group`), balanced
-    within each tile of `group` columns and divided by their median, so that the scales centre on 1.
+def column_scales(
+    w: np.ndarray | Sequence[Rows], group: int, iterations: int = ITERATIONS, workers: int = 1
+) -> np.ndarray:
+    """A scale per column of `w` (a float matrix, or the `Rows` stacked in order, cols a multiple of
+    `group`), balanced within each tile of `group` columns and divided by their median, so that the
+    scales centre on 1. Tiles are independent: `workers` threads take every `workers`-th one.
 
     `w / scales` is the matrix to quantize; the input of its layer is multiplied by `scales`.
     """
-    rows, cols = w.shape
+    parts = [Rows(w)] if isinstance(w, np.ndarray) else list(w)
+    cols = parts[0].width
+    if any(p.width != cols for p in parts):
+        raise ValueError(f"stacked rows disagree on their columns ({[p.width for p in parts]})")
     if cols % group:
         raise ValueError(f"{cols} columns are not a whole number of groups of {group}")
+    rows = sum(int(p.weight.shape[0]) for p in parts)
     if rows == 0 or cols == 0:
         return np.ones(cols, np.float32)
-    scales: np.ndarray = _columns(np.ascontiguousarray(w, np.float32), group, iterations)
+    sources = [_source(p) for p in parts]
+    scales = np.empty(cols, np.float32)
+
+    def tiles(first: int, step: int) -> None:
+        tile = np.empty((rows, group), np.float32)
+        for c0 in range(first * group, cols, step * group):
+            r0 = 0
+            for src, bf16, columns, factor in sources:
+                (_load_bits if bf16 else _load)(src, columns, c0, factor, r0, tile)
+                r0 += src.shape[0]
+            _tile(tile, iterations, scales[c0 : c0 + group])
+
+    threads = max(1, min(workers, cols // group))
+    if threads == 1:
+        tiles(0, 1)
+    else:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ws-sinkhorn") as pool:
+            for done in [pool.submit(tiles, k, threads) for k in range(threads)]:
+                done.result()
     centred: np.ndarray = (scales / np.median(scales)).astype(np.float32)
     return centred
+
+
+@njit(nogil=True, cache=True)
+def _scale_bits(bits: np.ndarray, inv_col: np.ndarray, row: np.ndarray, out: np.ndarray) -> None:
+    for i in range(bits.shape[0]):
+        src = bits[i]
+        dst = out[i]
+        f = row[i]
+        for j in range(src.shape[0]):
+            y = bf16_round(decode(MODE_BF16, src[j]) * inv_col[j] * f)
+            dst[j] = np.uint16(np.float32(y).view(np.uint32) >> np.uint32(16))
+
+
+def scale(x: np.ndarray, inv_col: np.ndarray, row: np.ndarray | None = None) -> np.ndarray:
+    """`x` [rows, cols] times `inv_col` [cols] and `row` [rows] (float32), in `x`'s dtype: each value
+    widened to float32, multiplied in that order and rounded once (ties to even), as NumPy would;
+    BF16 in one pass over its bits, without the float32 copy and ml_dtypes' slower rounding."""
+    if x.dtype.name != "bfloat16":
+        y: np.ndarray = x.astype(np.float32) * inv_col
+        if row is not None:
+            y *= row[:, None]
+        return y.astype(x.dtype)
+    out = np.empty(x.shape, x.dtype)
+    ones = np.ones(len(x), np.float32) if row is None else np.ascontiguousarray(row, np.float32)
+    _scale_bits(
+        np.ascontiguousarray(x).view(np.uint16), np.ascontiguousarray(inv_col, np.float32), ones, out.view(np.uint16)
+    )
+    return out

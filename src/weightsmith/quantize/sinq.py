@@ -141,16 +141,21 @@ class Balance:
         inv = self.cols.get(name)
         if inv is None:
             return x
-        y: np.ndarray = x.astype(np.float32) * inv
         rows = self.rows.get(name)
-        if rows is not None:
-            y *= rows[r0 : r0 + len(x), None]
-        return y.astype(x.dtype)
+        return sinkhorn.scale(x, inv, None if rows is None else rows[r0 : r0 + len(x)])
 
 
-def _scales(w: np.ndarray, group: int) -> np.ndarray:
-    """SINQ's column scale of `w`, tiled by the quantization group (a divisor of the columns)."""
-    return sinkhorn.column_scales(w, math.gcd(group, w.shape[1]))
+def _scales(rows: list[sinkhorn.Rows], group: int, workers: int) -> np.ndarray:
+    """SINQ's column scale of `rows` stacked, tiled by the quantization group (a divisor of the columns)."""
+    return sinkhorn.column_scales(rows, math.gcd(group, rows[0].width), workers=workers)
+
+
+def _o_columns(heads: Heads) -> list[np.ndarray]:
+    """Per query head of a KV group, the o_proj columns it reads: column (k, d) of the p-th list is
+    query head k * per_kv + p's d-th column, so that the stacked heads of one KV head share a scale."""
+    kv, per, dim = heads.kv, heads.per_kv, heads.dim
+    base = (np.arange(kv)[:, None] * per * dim + np.arange(dim)[None, :]).reshape(-1)
+    return [base + p * dim for p in range(per)]
 
 
 def _fold_norm(norm: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,14 +167,14 @@ def _fold_norm(norm: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return stored, np.where(ok, back / np.where(ok, g, 1), t).astype(np.float32)
 
 
-def _layer(plan: Plan, heads: Heads, layer: str) -> Balance:
-    """One decoder layer's folds: its weights read once, in float32."""
+def _layer(plan: Plan, heads: Heads, layer: str, workers: int) -> Balance:
+    """One decoder layer's folds: its weights read once each in their stored dtype (no float32 copy)."""
     group = {d.module: d.rule.scheme.group_size for d in plan.decisions if d.rule is not None}
     out = Balance()
     with OriginalWeights(plan.source) as reader:
 
         def weight(module: str) -> np.ndarray:
-            return reader.weight(f"{layer}.{module}").astype(np.float32)
+            return reader.weight(f"{layer}.{module}")
 
         def tensor(name: str) -> np.ndarray | None:
             full = f"{layer}.{name}"
@@ -180,11 +185,10 @@ def _layer(plan: Plan, heads: Heads, layer: str) -> Balance:
 
         # o_proj: columns of query heads sharing a KV head stacked as rows, so they get one scale
         o = weight("self_attn.o_proj")
-        stacked = o.reshape(o.shape[0], heads.kv, heads.per_kv, heads.dim).transpose(2, 0, 1, 3)
-        t_v = _scales(stacked.reshape(heads.per_kv * o.shape[0], heads.kv * heads.dim), gsize("self_attn.o_proj"))
-        del o, stacked
+        t_v = _scales([sinkhorn.Rows(o, columns=c) for c in _o_columns(heads)], gsize("self_attn.o_proj"), workers)
+        del o
         t_o = np.repeat(t_v.reshape(heads.kv, 1, heads.dim), heads.per_kv, axis=1).reshape(-1)
-        t_d = _scales(weight("mlp.down_proj"), gsize("mlp.down_proj"))
+        t_d = _scales([sinkhorn.Rows(weight("mlp.down_proj"))], gsize("mlp.down_proj"), workers)
         for module, t in (("self_attn.v_proj", t_v), ("mlp.up_proj", t_d)):
             out.rows[f"{layer}.{module}.{names.WEIGHT}"] = t
             bias = tensor(f"{module}.{names.BIAS}")
@@ -192,15 +196,8 @@ def _layer(plan: Plan, heads: Heads, layer: str) -> Balance:
                 out.values[f"{layer}.{module}.{names.BIAS}"] = (bias.astype(np.float32) * t).astype(bias.dtype)
 
         def joint(norm: str, modules: tuple[str, ...]) -> None:
-            stack = np.concatenate(
-                [
-                    weight(m) * out.rows[f"{layer}.{m}.{names.WEIGHT}"][:, None]
-                    if f"{layer}.{m}.{names.WEIGHT}" in out.rows
-                    else weight(m)
-                    for m in modules
-                ]
-            )
-            t = _scales(stack, gsize(modules[0]))
+            stack = [sinkhorn.Rows(weight(m), out.rows.get(f"{layer}.{m}.{names.WEIGHT}")) for m in modules]
+            t = _scales(stack, gsize(modules[0]), workers)
             del stack
             norm_weight = tensor(f"{norm}.{names.WEIGHT}")
             assert norm_weight is not None  # `check` found it
@@ -216,12 +213,15 @@ def _layer(plan: Plan, heads: Heads, layer: str) -> Balance:
 
 
 def balance(plan: Plan, workers: int) -> Balance:
-    """Every layer's folds, `workers` layers at a time (the kernel releases the GIL)."""
+    """Every layer's folds, `workers` layers at a time (the kernel releases the GIL); where there are
+    fewer layers than workers, each layer's tiles are shared among the workers left over."""
     layers = check(plan)
     heads = _heads(plan.source.config)
     total = Balance()
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ws-sinq") as pool:
-        for part in pool.map(lambda layer: _layer(plan, heads, layer), layers):
+    workers = max(1, workers)
+    at_once = min(workers, len(layers))
+    with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="ws-sinq") as pool:
+        for part in pool.map(lambda layer: _layer(plan, heads, layer, workers // at_once), layers):
             total.rows |= part.rows
             total.cols |= part.cols
             total.values |= part.values
