@@ -77,7 +77,9 @@ def calibrate_command(
     in_world = "WORLD_SIZE" in os.environ
     if processes > 1 and not in_world:
         check_out(src, out, force)  # here, once, rather than as the same error from every rank
-        sys.stderr.write(launch.ranks(sys.argv[1:], processes))
+        shown = launch.ranks(sys.argv[1:], processes)
+        sys.stdout.write(shown.out)
+        sys.stderr.write(shown.err)
         return
     with distributed.joined(peer_timeout) as world:
         if processes not in (1, world.size):

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from weightsmith.core.errors import WeightsmithError
 
@@ -94,6 +95,42 @@ class World:
         with self._collective("barrier"):
             dist.barrier()
 
+    def broadcast(self, tensor: Any, source: int) -> Any:
+        """`tensor` as rank `source` holds it, on every rank (filled in place elsewhere; contiguous, CPU)."""
+        import torch.distributed as dist
+
+        with self._collective(f"broadcast from rank {source}"):
+            dist.broadcast(tensor, src=source)
+        return tensor
+
+    def broadcast_object(self, value: Any, source: int) -> Any:
+        """Rank `source`'s `value` (any picklable object; the others pass a placeholder), on every rank."""
+        if self.size == 1:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        with self._collective(f"broadcast from rank {source}"):
+            dist.broadcast_object_list(box, src=source)
+        return box[0]
+
+    def send(self, tensor: Any, to: int) -> None:
+        """`tensor` (contiguous, CPU) to rank `to`, which `receive`s it; returns once it is sent."""
+        import torch.distributed as dist
+
+        with self._collective(f"sending to rank {to}"):
+            dist.send(tensor, dst=to)
+
+    def receive(self, source: int, shape: tuple[int, ...], dtype: str = "float32") -> Any:
+        """A float32 (or `dtype`) tensor of `shape` that rank `source` `send`s."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+        with self._collective(f"receiving from rank {source}"):
+            dist.recv(tensor, src=source)
+        return tensor
+
     @contextmanager
     def _collective(self, what: str) -> Iterator[None]:
         """A failed collective as one `PeerLost` line instead of gloo's multi-line RuntimeError."""
@@ -104,6 +141,16 @@ class World:
                 f"rank {self.rank} of {self.size}: {what} failed: {PEER_LOST} within {self.timeout:g} s"
                 f" ({_first_line(exc)})",
             ) from None
+
+
+def cores_per_rank(world: World) -> int | None:
+    """This node's cores shared among the ranks torchrun started on it (LOCAL_WORLD_SIZE), or None for
+    a world of one process (which takes every core): P ranks each taking every core would fight."""
+    if world.size == 1:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    return max(1, cores // int(local)) if local.isdigit() and int(local) > 0 else max(1, cores // world.size)
 
 
 @contextmanager

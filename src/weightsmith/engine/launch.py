@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.distributed import PEER_LOST
@@ -29,8 +30,15 @@ GRACE = 5.0
 POLL = 0.02
 
 
-def ranks(args: list[str], processes: int) -> str:
-    """Run `python -m weightsmith ARGS` as `processes` ranks; rank 0's stderr once all succeeded.
+class Shown(NamedTuple):
+    """What rank 0 printed: the command's report, which the launcher prints as its own."""
+
+    out: str
+    err: str
+
+
+def ranks(args: list[str], processes: int) -> Shown:
+    """Run `python -m weightsmith ARGS` as `processes` ranks; rank 0's stdout and stderr once all succeeded.
 
     Each rank gets an equal part of this machine's cores as its torch threads (OMP_NUM_THREADS, unless
     set; torchrun gives each 1): P ranks of all cores each would fight over them. Raises a
@@ -46,13 +54,13 @@ def ranks(args: list[str], processes: int) -> str:
         children: list[subprocess.Popen[bytes]] = []
         try:
             for rank in range(processes):
-                with open(Path(logs) / f"{rank}.err", "wb") as err:
+                with open(Path(logs) / f"{rank}.err", "wb") as err, open(Path(logs) / f"{rank}.out", "wb") as out:
                     children.append(
                         subprocess.Popen(
                             [sys.executable, "-m", "weightsmith", *args],
                             env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                             stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL,
+                            stdout=out,
                             stderr=err,
                             start_new_session=True,
                             preexec_fn=dying,
@@ -62,9 +70,10 @@ def ranks(args: list[str], processes: int) -> str:
         finally:
             _stop(children)
         lines = [(Path(logs) / f"{rank}.err").read_text(errors="replace") for rank in range(processes)]
+        printed = (Path(logs) / "0.out").read_text(errors="replace")
     if failed:
         raise WeightsmithError(_culprit(children, failed, lines), code="distributed.rank")
-    return lines[0]
+    return Shown(printed, lines[0])
 
 
 def _free_port() -> int:
