@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import pytest
@@ -19,6 +20,15 @@ def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *ar
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def sigint_default() -> None:
+    """`preexec_fn` of a child a test interrupts: SIGINT back to its default disposition.
+
+    An ignored signal stays ignored across exec, and a background `make test` starts with SIGINT
+    ignored: a child left with that would never see the interrupt the test sends it.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def one_error_line(err: str) -> str:

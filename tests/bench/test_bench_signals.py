@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from standin_vllm import standin_command
 
+from clirun import sigint_default
+
 
 def _pids_with(marker: str) -> list[int]:
     """Processes whose command line holds `marker` (the stand-in's unique model name)."""
@@ -57,6 +59,7 @@ def test_signal_mid_run_stops_the_server_and_writes_the_results(tmp_path: Path, 
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NO_COLOR": "1"},
+        preexec_fn=sigint_default,
     )
     try:
         # stop the run once the stand-in has answered a measured request: mid-visit

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,10 @@ TOKENS, SEQ_LEN = 256, 128
 
 
 @pytest.fixture(scope="module")
-def quantized(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return quantize(smollm2_fp32(), tmp_path_factory.mktemp("q") / "w4a16", "w4a16", workers=2).output
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("q")
+    yield quantize(smollm2_fp32(), root / "w4a16", "w4a16", workers=2).output
+    shutil.rmtree(root, ignore_errors=True)  # 0.4 GB: a test run's disk stays bounded by a few such
 
 
 def _copy(quantized: Path, tmp_path: Path) -> Path:

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,7 +63,7 @@ def draft_bench(speeds: dict[str, float]) -> BenchResults:
 
 
 @pytest.fixture(scope="module")
-def draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def draft(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     from weightsmith.quantize.demo import write_demo_checkpoint
 
     root = tmp_path_factory.mktemp("draft")
@@ -70,7 +71,8 @@ def draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = root / "draft-w4a16"
     run_quantize(src, out, scheme="w4a16", group_size=128, ignore=[], preset="dflash-draft", workers=2, force=False,
                  show_progress=False)  # fmt: skip
-    return out
+    yield out
+    shutil.rmtree(root, ignore_errors=True)  # 0.4 GB: a test run's disk stays bounded by a few such
 
 
 @pytest.fixture(scope="module")

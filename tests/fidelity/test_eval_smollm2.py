@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,10 @@ GROUP = 64
 
 
 @pytest.fixture(scope="module")
-def smollm2_w4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    orig = smollm2_fp32()
-    return orig, quantize(orig, tmp_path_factory.mktemp("smollm2") / "w4a16-g64", group=GROUP)
+def smollm2_w4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    orig, root = smollm2_fp32(), tmp_path_factory.mktemp("smollm2")
+    yield orig, quantize(orig, root / "w4a16-g64", group=GROUP)
+    shutil.rmtree(root, ignore_errors=True)  # a test run's disk stays bounded by a few checkpoints
 
 
 def test_w4a16_g64_costs_what_the_end_to_end_test_measures(smollm2_w4: tuple[Path, Path]) -> None:

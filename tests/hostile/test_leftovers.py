@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from clirun import sigint_default
 from hostile.harness import Sandbox, run_inprocess, snapshot
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.io.outputdir import LOCK_FILE, REPLACED_MARKER, remove_stale
@@ -142,6 +143,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path: Path) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=sigint_default,
         )
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
@@ -184,11 +186,16 @@ def _main_exit_code(
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     monkeypatch.setattr(entry, "ending", ending)
     monkeypatch.setitem(sys.modules, "weightsmith.cli", types.SimpleNamespace(main=command))
+    # Python's own Ctrl-C handler, as a command started from a shell has: a background test run
+    # inherits SIGINT ignored, and then `_thread.interrupt_main` (the redelivery) does nothing
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(SystemExit) as stopped:
             entry.main()
     except KeyboardInterrupt:
         pytest.fail("the interrupt escaped main() and would print a traceback")
+    finally:
+        signal.signal(signal.SIGINT, before)
     return stopped.value.code
 
 

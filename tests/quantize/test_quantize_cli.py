@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from clirun import one_error_line, run
+from clirun import one_error_line, run, sigint_default
 from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import OutputError
 from weightsmith.io.checkpoint import Checkpoint
@@ -293,6 +293,7 @@ def test_ctrl_c_leaves_nothing_that_looks_finished(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_default,
     )
     deadline = time.time() + 60
     while not list(tmp_path.glob("out.partial-*")) and time.time() < deadline and proc.poll() is None:

@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ def edit_quant_config(folder: Path, edit: Callable[[dict[str, Any]], None]) -> N
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """SmolLM2-135M quantized fp8-dynamic by the CLI, then split into two shards with an index."""
     work = tmp_path_factory.mktemp("healthy")
     single = work / "single"
@@ -91,7 +91,9 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if f.suffix != ".safetensors" and f.name != "weightsmith.json":
             shutil.copy(f, out / f.name)
     write_shards(out, safetensors_torch.load_file(single / "model.safetensors"))
-    return out
+    shutil.rmtree(single)
+    yield out
+    shutil.rmtree(work, ignore_errors=True)  # a test run's disk stays bounded by a few checkpoints
 
 
 @pytest.fixture(scope="module")
