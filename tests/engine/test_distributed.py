@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import one_error_line, run
+from clirun import one_error_line, run, sigint_default
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.distributed import PEER_LOST, World, joined
 
@@ -44,10 +44,6 @@ except WeightsmithError as exc:
     print(exc, file=sys.stderr)
     sys.exit(2)
 """
-
-
-def default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:
@@ -94,7 +90,7 @@ def test_a_lost_peer_is_one_line_naming_this_rank_and_the_collective(mode: str) 
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=default_sigint,
+            preexec_fn=sigint_default,
         )
         for rank in range(2)
     ]
@@ -141,7 +137,7 @@ def test_torchrun_with_more_ranks_than_sequences(tiny_llama: Path, tmp_path: Pat
         capture_output=True,
         text=True,
         timeout=300,
-        preexec_fn=default_sigint,
+        preexec_fn=sigint_default,
     )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes() == (tmp_path / "one.safetensors").read_bytes()
@@ -155,7 +151,7 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_file(tiny_llama: Path, 
         [*command, "--tokens", "4096", "--seq-len", "32", "--processes", "2"],
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=default_sigint,
+        preexec_fn=sigint_default,
     )
     try:
         rank = joining_rank(launcher.pid, b"RANK=1")

@@ -26,7 +26,7 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 def _manifest(out: Path) -> dict:
     """The manifest without the moment it was written."""
     manifest = json.loads((out / "weightsmith.json").read_text())
-    manifest["weightsmith"].pop("created_utc")
+    manifest.pop("created_utc")
     return manifest
 
 
