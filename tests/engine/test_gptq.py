@@ -265,11 +265,12 @@ def test_a_failing_group_stops_the_layer_without_running_the_queued_ones() -> No
 
     started: list[str] = []
 
-    def quantize_group(members: list[str], hessian: object) -> None:
+    def quantize_group(members: list[str], hessian: object) -> dict:
         started.append(members[0])
         if members[0] == "widest":
             raise RuntimeError("boom")
         time.sleep(0.2)
+        return {}
 
     groups = [([f"narrow{i}"], torch.zeros(4, 4)) for i in range(4)] + [(["widest"], torch.zeros(8, 8))]
     with pytest.raises(RuntimeError, match="boom"):
@@ -281,7 +282,8 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
     """q and k share one input; q's scheme is memoryless_mse (no grid before a first pass), k's is plain:
     k still gets GPTQ's values, and only q is left to its scheme, with the reason. A group where no
     member has a grid is all left."""
-    from weightsmith.engine.gptq import NO_GRID, Result, Target, _quantize_group
+    from weightsmith.engine.distributed import World
+    from weightsmith.engine.gptq import NO_GRID, Result, Target, _keep, _quantize_group, _share
 
     W, H = _problem(rows=64, cols=128)
     linears = {m: torch.nn.Linear(128, 64, bias=False) for m in ("q", "k", "v")}
@@ -294,10 +296,15 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
         "v": Target(make_scheme("nvfp4a16"), f32),
     }
     result = Result()
-    common = dict(linears=linears, targets=targets, workdir=tmp_path, dampening=GPTQ_DAMPENING, block_size=128,
-                  actorder="static", result=result)  # fmt: skip
-    _quantize_group(["q", "k"], H.clone(), **common)
+    common = dict(linears=linears, targets=targets, dampening=GPTQ_DAMPENING, block_size=128, actorder="static")
+
+    def solve(members: list[str]) -> None:
+        solved = _quantize_group(members, H.clone(), **common)
+        _share(solved, [(members, H)], {members[0]: 0}, linears, World())
+        _keep(solved, tmp_path, result)
+
+    solve(["q", "k"])
     assert result.rtn == {"q": NO_GRID} and list(result.chosen) == ["k"]
     assert not torch.equal(linears["k"].weight, W) and torch.equal(linears["q"].weight, W)
-    _quantize_group(["v"], H.clone(), **common)
+    solve(["v"])
     assert result.rtn == {"q": NO_GRID, "v": NO_GRID} and list(result.chosen) == ["k"]

@@ -3,11 +3,17 @@
 
 Exit status 0 when the statistics are written, 2 for bad input (one line from `cli.main`, nothing
 written). The file is written whole or not at all (`stats_file.write`).
+
+`calibrate` runs as one rank of several when torchrun started it (`engine.distributed.joined`), or
+starts `--processes P` ranks of itself on this machine (`engine.launch`), which then reports for
+them: rank 0's lines, or one line naming the rank that failed (status 2).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -16,8 +22,10 @@ from rich.console import Console
 
 from weightsmith.calibration import kv, stats_file
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
-from weightsmith.calibration.run import calibrate
+from weightsmith.calibration.run import calibrate, check_out
+from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import markup_safe
+from weightsmith.engine import distributed, launch
 from weightsmith.io.texts import BUILTINS, TEXT_HELP
 
 err_console = Console(stderr=True, highlight=False)
@@ -45,8 +53,55 @@ def calibrate_command(
         bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing statistics file.")] = False,
+    processes: Annotated[
+        int,
+        typer.Option(
+            "--processes",
+            min=1,
+            max=1024,
+            help="Run as this many ranks on this machine, each on its share of the sequences (under torchrun: "
+            "leave out).",
+        ),
+    ] = 1,
+    peer_timeout: Annotated[
+        float,
+        typer.Option(
+            "--peer-timeout",
+            min=1,
+            max=7 * 24 * 3600,
+            help="Seconds a rank waits for the others (to join, and to exchange maxima) before the run ends.",
+        ),
+    ] = distributed.DEFAULT_TIMEOUT,
 ) -> None:
     """Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by layer."""
+    in_world = "WORLD_SIZE" in os.environ
+    if processes > 1 and not in_world:
+        check_out(src, out, force)  # here, once, rather than as the same error from every rank
+        shown = launch.ranks(sys.argv[1:], processes)
+        sys.stdout.write(shown.out)
+        sys.stderr.write(shown.err)
+        return
+    with distributed.joined(peer_timeout) as world:
+        if processes not in (1, world.size):
+            raise WeightsmithError(
+                f"--processes {processes} in a run of {world.size} ranks: torchrun starts them, leave --processes out",
+                code="usage",
+            )
+        _calibrate(src, out, text, builtin, tokens, seq_len, trust_remote_code, force, world)
+
+
+def _calibrate(
+    src: Path,
+    out: Path,
+    text: Path | None,
+    builtin: str | None,
+    tokens: int,
+    seq_len: int,
+    trust_remote_code: bool,
+    force: bool,
+    world: distributed.World,
+) -> None:
+    """The run of one rank (of one, or of a world); rank 0 reports it."""
     show = err_console.is_terminal
     result = calibrate(
         src,
@@ -59,7 +114,10 @@ def calibrate_command(
         trust_remote_code=trust_remote_code,
         progress=(lambda line: err_console.print(f"calibrate: {markup_safe(line)}", end="\r")) if show else None,
         warn=lambda line: err_console.print(f"[yellow]warning:[/] {markup_safe(line)}", soft_wrap=True),
+        world=world,
     )
+    if not world.leader:
+        return
     stats, count, seconds = result.stats, result.tokens, result.seconds
     err_console.print(
         f"{markup_safe(out)}: {len(stats.kv)} attention modules, {len(stats.inputs)} Linear inputs; {count} tokens in "

@@ -18,6 +18,7 @@ from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.core.errors import OutputError, WeightsmithError
 from weightsmith.core.files import check_file_name
 from weightsmith.core.terminal import Say, short_repr, warner
+from weightsmith.engine.distributed import World
 from weightsmith.io import provenance
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.io.manifest import measured_activations, source_fingerprint
@@ -59,6 +60,7 @@ def calibrate(
     trust_remote_code: bool = False,
     progress: Say | None = None,
     warn: Say | None = None,
+    world: World = World(),
 ) -> CalibrateResult:
     """Measure K/V maxima and every Linear's input maximum of `src` on calibration text; write them to `out`.
 
@@ -68,7 +70,13 @@ def calibrate(
     the checkpoint, the model code) is checked first. `text` is a file, `builtin` a built-in text
     ("code" by default); `progress` gets a line per decoder layer; `warn` (else Python's `warnings`) is
     told when the tokens are too few for a stable maximum. The ranges of `tokens` and `seq_len` are the
-    command line's."""
+    command line's.
+
+    In a `world` of several ranks (`engine.distributed.joined`), every rank reads the same checkpoint
+    and text and runs its share of the sequences; all end with the same statistics, which rank 0 alone
+    checks the destination for, writes and reports (`progress`, `warn`), while the others wait for it
+    at a barrier, so that no rank ends before the file exists and all end with an error if rank 0
+    fails to write it. The returned `path` is written only on rank 0."""
     from weightsmith.fidelity.logits import missing_library
 
     tokens = stats_file.tokens_option()(tokens)
@@ -77,7 +85,8 @@ def calibrate(
             f"--seq-len {short_repr(seq_len)}: give a whole number from 1 to {stats_file.MAX_TOKENS:,}", code="usage"
         )
     src, out = Path(src), Path(out)
-    check_out(src, out, force)
+    if world.leader:  # only rank 0 writes: the others' node may not even see the folder
+        check_out(src, out, force)
     ckpt = Checkpoint.open(src)
     missing = missing_library()
     if missing is not None:
@@ -96,11 +105,12 @@ def calibrate(
     )
     sequences = read.sequences
     count = sum(map(len, sequences))
-    if count < stats_file.MIN_TOKENS:
+    if count < stats_file.MIN_TOKENS and world.leader:
         few = f"{count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: a maximum over so few is not stable"
         warner(warn, depth=1)(few)
     started = time.perf_counter()
-    kv, inputs = measure(src, sequences, trust_remote_code=trust_remote_code, progress=progress)
+    progress = progress if world.leader else None
+    kv, inputs = measure(src, sequences, world=world, trust_remote_code=trust_remote_code, progress=progress)
     seconds = time.perf_counter() - started
     record = provenance.Provenance.of_run(
         model,
@@ -112,5 +122,7 @@ def calibrate(
         text_chunks=read.chunks,
     )
     stats = stats_file.CalibrationStats(record, kv, inputs)
-    stats_file.write(out, stats, replace=force)
+    if world.leader:
+        stats_file.write(out, stats, replace=force)
+    world.barrier()
     return CalibrateResult(out, stats, count, seconds)

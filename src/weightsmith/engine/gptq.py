@@ -42,6 +42,7 @@ from numba import njit
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.timesplit import adding
+from weightsmith.engine.distributed import World
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.engine.lapack import factor_reversed, one_blas_thread
@@ -135,8 +136,10 @@ def quantize_weight(
         hinv = torch.from_numpy(inverse)
         mode = mode_of(grid.scale.dtype)
         scale = np.ascontiguousarray(grid.scale.astype(np.float32).T)
-        zp = np.zeros((0, 0), np.float32) if grid.zero_point is None else np.ascontiguousarray(
-            grid.zero_point.astype(np.float32).T
+        zp = (
+            np.zeros((0, 0), np.float32)
+            if grid.zero_point is None
+            else np.ascontiguousarray(grid.zero_point.astype(np.float32).T)
         )
         group_of = (order // grid.group).numpy().astype(np.int64)
         codes = np.empty((cols, rows), np.int8)
@@ -229,13 +232,14 @@ def run(
     ckpt_dir: Path,
     token_ids: list[list[int]],
     targets: dict[str, Target],
-    workdir: Path,
+    workdir: Path | None,
     *,
     dampening: float = GPTQ_DAMPENING,
     block_size: int = BLOCK_SIZE,
     actorder: str = "static",
     trust_remote_code: bool = False,
     workers: int = 1,
+    world: World = World(),
     progress: Progress | None = None,
 ) -> Result:
     """GPTQ values for every module in `targets` (checkpoint module names), layer by layer.
@@ -244,6 +248,11 @@ def run(
     memory holds one layer, not the model. A target the engine never runs (outside the decoder
     layers, or named otherwise by transformers) is left to round-to-nearest, with the reason.
     A layer's groups (one Hessian each) are quantized on `workers` threads at once.
+
+    In a `world` of several ranks each rank runs its turns of the batches (`_turns`) and solves the
+    groups `_owners` gives it; the values are the single process's, byte for byte (`_hessians` says
+    why), and only the leader (rank 0, whose `workdir` is the one given; the others pass None) keeps
+    them: the other ranks return a `Result` without values.
     """
     import torch
 
@@ -258,7 +267,8 @@ def run(
             sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
             states, calls = layer_arguments(loader, sequences)
             batches = _batches([h.shape[1] for h in states])
-            hidden = [torch.cat([states[s] for s in batch]) for batch in batches]  # one tensor per batch, kept
+            mine = _turns(len(batches), world)
+            hidden = {b: torch.cat([states[s] for s in batches[b]]) for b in mine}  # one tensor per batch, kept
             del states
         count = len(skeleton.layers)
         for index in range(count):
@@ -274,26 +284,30 @@ def run(
                         if isinstance(module, torch.nn.Linear) and f"{prefix}.{name}" in targets
                     }
                     if linears:
-                        layer_calls = [calls[index][batch[0]] for batch in batches]
+                        layer_calls = {b: calls[index][batches[b][0]] for b in mine}
                         with adding(seconds, "hessians"):
-                            groups = _hessians(layer, linears, hidden, layer_calls, len(sequences))
+                            groups, owners = _hessians(layer, linears, hidden, layer_calls, len(sequences),
+                                                       len(batches), world)  # fmt: skip
                         quantize_group = partial(
-                            _quantize_group,
-                            linears=linears, targets=targets, workdir=workdir, dampening=dampening,
-                            block_size=block_size, actorder=actorder, result=result,
+                            _quantize_group, linears=linears, targets=targets, dampening=dampening,
+                            block_size=block_size, actorder=actorder,
                         )  # fmt: skip
                         with adding(seconds, "quantize"):
-                            _in_parallel(quantize_group, groups, workers)
+                            solved = _in_parallel(quantize_group, [g for g in groups if owners[g[0][0]] == world.rank],
+                                                  workers)  # fmt: skip
+                            _share(solved, groups, owners, linears, world)
+                            if world.leader:
+                                _keep(solved, workdir, result)
                     if index + 1 < count:  # the next layer's inputs, from this layer as quantized
                         with adding(seconds, "outputs"):
-                            for b, batch in enumerate(batches):
-                                hidden[b] = calls[index][batch[0]](layer, hidden[b])
+                            for b in mine:
+                                hidden[b] = calls[index][batches[b][0]](layer, hidden[b])
             finally:
                 loader.free(index)
             if progress is not None:
                 progress(f"layer {index + 1}/{count}")
     for module in targets:
-        if module not in result.chosen and module not in result.rtn:
+        if module not in result.chosen and module not in result.rtn and world.leader:
             result.rtn[module] = "not run by the engine (outside the decoder layers)"
     return result
 
@@ -314,22 +328,43 @@ def _batches(lengths: list[int]) -> list[list[int]]:
     return out
 
 
+def _turns(count: int, world: World) -> range:
+    """The batches this rank runs: every `size`-th from its rank on, so that in step `t` the ranks run
+    batches `t * size + rank`, consecutive batches, which the owner of a Hessian adds in that order."""
+    return range(world.rank, count, world.size)
+
+
+Group = tuple[list[str], Any]  # (modules sharing one input, in the layer's order; their Hessian)
+
+
 def _hessians(
-    layer: Any, linears: dict[str, Any], hidden: list[Any], calls: list[Any], n: int
-) -> list[tuple[list[str], Any]]:
-    """Run every batch through `layer`: (modules sharing one input, their Hessian 2/n sum X^T X).
+    layer: Any, linears: dict[str, Any], hidden: dict[int, Any], calls: dict[int, Any], n: int, batches: int,
+    world: World,
+) -> tuple[list[Group], dict[str, int]]:  # fmt: skip
+    """Run this rank's batches through `layer`: every group of modules sharing one input (q/k/v,
+    gate/up), its Hessian 2/n sum X^T X on the rank that owns its solve (an empty tensor elsewhere),
+    and the owners (by the group's first module).
 
     `n` is the number of sequences, as llm-compressor counts its samples. Modules called with the
-    very tensor the previous one was (q/k/v, gate/up) share its Hessian. A batch stops as soon as
-    every Linear has received its input: what the layer computes after (the last Linear itself,
-    the residual) is not needed, and the layer runs again anyway, quantized.
+    very tensor the previous one was share its Hessian. A batch stops as soon as every Linear has
+    received its input: what the layer computes after (the last Linear itself, the residual) is not
+    needed, and the layer runs again anyway, quantized.
+
+    A Hessian is the float32 sum, batch after batch in order, of each batch's `2 X^T X` (upper
+    triangle): `add_gram` adds each product to the running sum as it is made, so one process's sum
+    is `(((0 + P0) + P1) + P2) ...`. Several ranks make the same products (the same batches, the same
+    arithmetic) and the owner adds them in the same order: in step `t` every rank makes the product of
+    its batch `t * size + rank` and sends it to the owner, which adds them in rank order. The sum is
+    the single process's to the bit whatever the world size, and no rank holds more than one batch's
+    products beside the Hessians it owns.
     """
     import torch
 
     owner: dict[str, str] = {}
-    sums: dict[str, Any] = {}
     last: list[Any] = [None, None]  # (the tensor last accumulated, its module): held, so never reused
     seen: set[str] = set()
+    alone = world.size == 1
+    products: dict[str, Any] = {}  # this step's, keyed by the group's first module (alone: the sums themselves)
 
     def hook_for(path: str) -> Any:
         def hook(_module: Any, args: tuple[Any, ...]) -> None:
@@ -337,9 +372,11 @@ def _hessians(
             if path not in owner:
                 owner[path] = last[1] if last[0] is x else path
             if owner[path] == path:
-                if path not in sums:
-                    sums[path] = torch.zeros((x.shape[-1], x.shape[-1]), dtype=torch.float32)
-                add_gram(sums[path], x.reshape(-1, x.shape[-1]).to(torch.float32), alpha=2.0)  # upper triangle
+                if path not in products:
+                    products[path] = torch.zeros((x.shape[-1], x.shape[-1]), dtype=torch.float32)
+                elif not alone:
+                    products[path].zero_()
+                add_gram(products[path], x.reshape(-1, x.shape[-1]).to(torch.float32), alpha=2.0)  # upper triangle
                 last[0], last[1] = x, path
             seen.add(path)
             if len(seen) == len(linears):
@@ -348,19 +385,78 @@ def _hessians(
         return hook
 
     handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in linears.items()]
+    structure: list[tuple[list[str], int]] = []  # (members, input width) per group: rank 0's, told to all
+    owners: dict[str, int] = {}
+    sums: dict[str, Any] = {}
     try:
-        for states, call in zip(hidden, calls, strict=True):
-            with suppress(_AllSeen):
-                call(layer, states)
-            last[0] = last[1] = None
-            seen.clear()
+        for step in range(-(-batches // world.size)):
+            b = step * world.size + world.rank
+            if b < batches:
+                with suppress(_AllSeen):
+                    calls[b](layer, hidden[b])
+                last[0] = last[1] = None
+                seen.clear()
+            if alone:
+                continue
+            if step == 0:
+                structure = world.broadcast_object(
+                    [([m for m in linears if owner.get(m) == key], int(p.shape[0])) for key, p in products.items()], 0
+                )
+                owners = _owners(structure, linears, world.size)
+            senders = [r for r in range(world.size) if step * world.size + r < batches]
+            for members, width in structure:
+                key, to = members[0], owners[members[0]]
+                if to == world.rank:
+                    total = sums.setdefault(key, torch.zeros((width, width), dtype=torch.float32))
+                    for r in senders:
+                        total.add_(products[key] if r == world.rank else world.receive(r, (width, width)))
+                elif world.rank in senders:
+                    world.send(products[key], to)
     finally:
         for handle in handles:
             handle.remove()
-    return [([m for m in linears if owner.get(m) == key], symmetrize(total).div_(n)) for key, total in sums.items()]
+    if alone:
+        sums = products
+        structure = [([m for m in linears if owner.get(m) == key], int(p.shape[0])) for key, p in products.items()]
+        owners = {members[0]: 0 for members, _ in structure}
+    empty = torch.empty(0)
+    groups = [
+        (members, symmetrize(sums[members[0]]).div_(n) if members[0] in sums else empty) for members, _ in structure
+    ]
+    return groups, owners
 
 
-def _in_parallel(quantize_group: Callable[..., None], groups: list[tuple[list[str], Any]], workers: int) -> None:
+def _owners(structure: list[tuple[list[str], int]], linears: dict[str, Any], size: int) -> dict[str, int]:
+    """The rank that solves each group (by its first module): the costliest first, each to the rank
+    with the least work so far (GPTQ's arithmetic grows as rows x width^2 + width^3), ties to the lower
+    rank: a function of the layer alone, so every rank computes the same answer."""
+    load = [0] * size
+    out: dict[str, int] = {}
+    cost = {
+        members[0]: width * width * (width + sum(int(linears[m].weight.shape[0]) for m in members))
+        for members, width in structure
+    }
+    for members, _ in sorted(structure, key=lambda g: -cost[g[0][0]]):
+        rank = min(range(size), key=lambda r: (load[r], r))
+        out[members[0]] = rank
+        load[rank] += cost[members[0]]
+    return out
+
+
+@dataclass
+class _Solved:
+    """One module's outcome of its group's solve: its dequantized weight and integer values (None when
+    its scheme has no grid), the clip factors of a searched grid, and why it fell back, if it did."""
+
+    dequantized: Any = None
+    codes: npt.NDArray[np.int8] | None = None
+    shrink: npt.NDArray[np.float32] | None = None
+    fallback: str | None = None
+
+
+def _in_parallel(
+    quantize_group: Callable[[list[str], Any], dict[str, _Solved]], groups: list[Group], workers: int
+) -> dict[str, _Solved]:
     """`quantize_group(members, hessian)` for every group, on `workers` threads, the costliest first.
 
     Torch is held to one thread for the duration, so each group's linear algebra runs on a core of
@@ -369,13 +465,54 @@ def _in_parallel(quantize_group: Callable[..., None], groups: list[tuple[list[st
     uneven (down_proj's Hessian is 2.7x wider than the rest), so the widest goes first.
     """
     costliest = sorted(groups, key=lambda g: g[1].shape[0], reverse=True)  # the widest Hessian first
+    solved: dict[str, _Solved] = {}
     with _one_thread():
         pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gptq")
         try:
             for done in [pool.submit(quantize_group, members, hessian) for members, hessian in costliest]:
-                done.result()
+                solved |= done.result()
         finally:  # a failure or an interrupt: the groups not yet started are dropped, not run to the end
             pool.shutdown(wait=True, cancel_futures=True)
+    return solved
+
+
+def _share(
+    solved: dict[str, _Solved], groups: list[Group], owners: dict[str, int], linears: dict[str, Any], world: World
+) -> None:
+    """Every module's weight replaced by its dequantized values on every rank (each rank runs its batches
+    through the quantized layer), and the leader given every module's outcome (the values it writes)."""
+    import torch
+
+    for members, _ in groups:
+        source = owners[members[0]]
+        for m in members:
+            if world.size > 1 and world.rank != source:
+                valued, shrink, fallback = world.broadcast_object(None, source)
+                solved[m] = _Solved(shrink=shrink, fallback=fallback)
+                if valued:
+                    shape = linears[m].weight.shape
+                    solved[m].dequantized = world.broadcast(torch.empty(shape, dtype=torch.float32), source)
+                    solved[m].codes = world.broadcast(torch.empty(shape, dtype=torch.int8), source).numpy()
+            elif world.size > 1:
+                mine = solved[m]
+                world.broadcast_object((mine.codes is not None, mine.shrink, mine.fallback), source)
+                if mine.codes is not None:
+                    world.broadcast(mine.dequantized, source)
+                    world.broadcast(torch.from_numpy(mine.codes), source)
+            if solved[m].dequantized is not None:
+                linears[m].weight.data.copy_(solved[m].dequantized)
+
+
+def _keep(solved: dict[str, _Solved], workdir: Path | None, result: Result) -> None:
+    """The leader's record of a layer's outcomes: values to `workdir` (memory-mapped back), fallbacks."""
+    assert workdir is not None, "the leader keeps the values in its workdir"
+    for m, one in solved.items():
+        if one.codes is not None:
+            path = workdir / f"{m}.npy"
+            np.save(path, one.codes)
+            result.chosen[m] = Chosen(np.load(path, mmap_mode="r"), one.shrink)
+        if one.fallback is not None:
+            result.rtn[m] = one.fallback
 
 
 class _AllSeen(Exception):
@@ -388,30 +525,27 @@ def _quantize_group(
     *,
     linears: dict[str, Any],
     targets: dict[str, Target],
-    workdir: Path,
     dampening: float,
     block_size: int,
     actorder: str,
-    result: Result,
-) -> None:
-    """GPTQ on the stacked rows of `members` (one input, one Hessian); each module's weight becomes
-    its dequantized values, and its integer values go to a file under `workdir`."""
+) -> dict[str, _Solved]:
+    """GPTQ on the stacked rows of `members` (one input, one Hessian): each module's dequantized values
+    and integer values."""
     import torch
 
     weights = [linears[m].weight.detach() for m in members]
     grids = [targets[m].scheme.grid(w.numpy().astype(targets[m].dtype)) for m, w in zip(members, weights, strict=True)]
     if len({None if g is None else (g.group, g.q_min, g.q_max, g.zero_point is None) for g in grids}) > 1:
+        out: dict[str, _Solved] = {}
         for m in members:  # one input but different grids (or none for some): one column loop each
-            _quantize_group(
-                [m], hessian.clone(), linears=linears, targets=targets, workdir=workdir, dampening=dampening,
-                block_size=block_size, actorder=actorder, result=result,
+            out |= _quantize_group(
+                [m], hessian.clone(), linears=linears, targets=targets, dampening=dampening,
+                block_size=block_size, actorder=actorder,
             )  # fmt: skip
-        return
+        return out
     real = [g for g in grids if g is not None]
     if not real:
-        for m in members:
-            result.rtn[m] = NO_GRID
-        return
+        return {m: _Solved(fallback=NO_GRID) for m in members}
     first = real[0]
     searched = any(g.shrink is not None for g in real)
     grid = Grid(
@@ -422,14 +556,12 @@ def _quantize_group(
         first.q_max,
     )
     codes, dequantized, singular = quantize_weight(torch.cat(weights), hessian, grid, dampening, block_size, actorder)
+    out = {}
     r0 = 0
     for m, w, g in zip(members, weights, real, strict=True):
         r1 = r0 + w.shape[0]
-        linears[m].weight.data.copy_(dequantized[r0:r1])
-        path = workdir / f"{m}.npy"
-        np.save(path, codes[r0:r1])
         shrink = None if not searched else g.shrink if g.shrink is not None else np.ones(g.scale.shape, np.float32)
-        result.chosen[m] = Chosen(np.load(path, mmap_mode="r"), shrink)
-        if singular:
-            result.rtn[m] = "its Hessian is not positive definite after dampening"
+        fallback = "its Hessian is not positive definite after dampening" if singular else None
+        out[m] = _Solved(dequantized[r0:r1].contiguous(), np.ascontiguousarray(codes[r0:r1]), shrink, fallback)
         r0 = r1
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import read_regular
 from weightsmith.core.interrupt import terminate_as_interrupt
 from weightsmith.core.terminal import markup_safe
+from weightsmith.engine import distributed, launch
+from weightsmith.io.outputdir import check_destination
 from weightsmith.io.texts import TEXT_HELP
 from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.quantize.library import write
@@ -125,8 +128,7 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
         console.print(f"[yellow]note:[/] {markup_safe(note)}")
     console.print(f"[bold green]wrote[/] {markup_safe(result.output)}")
     console.print(
-        f"  tensors   {t.quantize} quantized, {t.keep} kept, "
-        f"{t.decode} FP8 decoded to BF16, {t.drop} scales consumed"
+        f"  tensors   {t.quantize} quantized, {t.keep} kept, {t.decode} FP8 decoded to BF16, {t.drop} scales consumed"
     )
     console.print(
         f"  size      {_mib(s.bytes_before)} -> {_mib(s.bytes_after)} "
@@ -202,9 +204,11 @@ def run_quantize(
     kv_cache: str | None = None,
     gptq: GptqOptions | None = None,
     pre_pass: str | None = None,
-) -> tuple[QuantizeResult, float]:
-    """Open, plan and execute; returns the result and wall seconds. `recipe` a file, or the rules
-    `request.resolve` gave (then `scheme`, `group_size` and `scale_search` are None)."""
+    world: distributed.World = distributed.World(),
+) -> tuple[QuantizeResult | None, float]:
+    """Open, plan and execute; returns the result (None on a rank other than 0 of a `world`) and wall
+    seconds. `recipe` a file, or the rules `request.resolve` gave (then `scheme`, `group_size` and
+    `scale_search` are None)."""
     started = time.perf_counter()
     plan = open_plan(
         src,
@@ -215,10 +219,11 @@ def run_quantize(
         kv_cache=kv_cache,
         pre_pass=pre_pass,
     )
-    _warn_plan(plan)
+    if world.leader:
+        _warn_plan(plan)
     with terminate_as_interrupt():  # the partial output is removed either way
         try:
-            if gptq is not None or not show_progress:
+            if gptq is not None or not show_progress or world.size > 1:
                 layers = (lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if err.is_terminal else None
                 result = write(
                     plan,
@@ -230,6 +235,7 @@ def run_quantize(
                     gptq_progress=layers,
                     warn=_warn,
                     on_compile=compile_notice,
+                    world=world,
                 )
                 return result, time.perf_counter() - started
             # imported here: a run without a bar (--json, no terminal) starts without them
@@ -359,9 +365,7 @@ def quantize(
         "--method",
         help="rtn (round-to-nearest, data-free) or gptq (GPTQ on calibration text, one decoder layer at a time).",
     ),
-    text: Path | None = typer.Option(
-        None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."
-    ),
+    text: Path | None = typer.Option(None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."),
     builtin: str | None = typer.Option(
         None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
     ),
@@ -394,6 +398,21 @@ def quantize(
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
     force: bool = typer.Option(False, help="Replace an existing output folder."),
     no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
+    processes: int = typer.Option(
+        1,
+        "--processes",
+        min=1,
+        max=1024,
+        help="--method gptq: run as this many ranks on this machine, each on its turns of the calibration "
+        "batches and its share of the solves (under torchrun: leave out).",
+    ),
+    peer_timeout: float = typer.Option(
+        distributed.DEFAULT_TIMEOUT,
+        "--peer-timeout",
+        min=1,
+        max=7 * 24 * 3600,
+        help="--method gptq across ranks: seconds a rank waits for the others before the run ends.",
+    ),
 ) -> None:
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
     rules, gptq = resolve(
@@ -430,23 +449,40 @@ def quantize(
             if gptq is not None:
                 console.print(markup_safe(_gptq_line(gptq)), soft_wrap=True)
         return
-    result, seconds = run_quantize(
-        src,
-        out,
-        scheme=None,
-        group_size=None,
-        ignore=ignore,
-        preset=preset,
-        workers=workers or default_workers(),
-        force=force,
-        show_progress=not json_out and err.is_terminal,
-        hash_sources=not no_hash,
-        recipe=rules,
-        calibration=calibration,
-        kv_cache=kv_cache,
-        gptq=gptq,
-        pre_pass=pre_pass,
-    )
+    if processes > 1 and "WORLD_SIZE" not in os.environ:
+        if gptq is None:
+            raise WeightsmithError("--processes: only --method gptq runs across ranks", code="usage")
+        check_destination(src, out, force)  # here, once, rather than as the same error from every rank
+        shown = launch.ranks(sys.argv[1:], processes)
+        sys.stdout.write(shown.out)
+        sys.stderr.write(shown.err)
+        return
+    with distributed.joined(peer_timeout) as world:
+        if processes not in (1, world.size):
+            raise WeightsmithError(
+                f"--processes {processes} in a run of {world.size} ranks: torchrun starts them, leave --processes out",
+                code="usage",
+            )
+        result, seconds = run_quantize(
+            src,
+            out,
+            scheme=None,
+            group_size=None,
+            ignore=ignore,
+            preset=preset,
+            workers=workers or distributed.cores_per_rank(world) or default_workers(),
+            force=force,
+            show_progress=not json_out and err.is_terminal,
+            hash_sources=not no_hash,
+            recipe=rules,
+            calibration=calibration,
+            kv_cache=kv_cache,
+            gptq=gptq,
+            pre_pass=pre_pass,
+            world=world,
+        )
+    if result is None:
+        return
     if json_out:
         print(
             json.dumps(
@@ -457,7 +493,8 @@ def quantize(
                     "engine_split": {phase: round(t, 3) for phase, t in result.engine.items()},
                     "notes": result.notes,
                     "manifest": result.manifest.to_json(),
-                }, indent=2
+                },
+                indent=2,
             )
         )
     else:
@@ -543,6 +580,7 @@ def demo(
         force=True,
         show_progress=err.is_terminal,
     )
+    assert result is not None, "one process is its own rank 0"
     _summary(result, seconds)
     console.print(
         f"[bold]4. verify[/] (the checks `weightsmith verify` runs, values scanned too) on {markup_safe(out)}"

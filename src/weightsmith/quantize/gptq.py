@@ -6,6 +6,10 @@ the calibration text, warn when the tokens are too few for the Hessians, keep th
 folder beside OUT, then write the plan through the quantize pipeline with the method and the
 calibration recorded in the manifest. The command line and the library both call `run`.
 
+Across ranks (`engine.distributed`) every rank reads the checkpoint and the text and runs its part of
+the engine's work; rank 0 alone touches OUT (the others' node may not see its folder), warns, writes,
+and reports, and the others wait for it at a barrier so that none ends before the output exists.
+
 Importing it does not import the engine, torch or transformers: they are imported when a run starts
 (their import time is the "libraries" phase of `engine.gptq.PHASES`).
 """
@@ -18,6 +22,7 @@ from pathlib import Path
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import Say
 from weightsmith.core.timesplit import adding
+from weightsmith.engine.distributed import World
 from weightsmith.engine.gptq_defaults import GPTQ_DAMPENING
 from weightsmith.io.manifest import MethodRecord
 from weightsmith.io.outputdir import check_destination, remove_stale, scratch
@@ -37,15 +42,21 @@ def run(
     hash_sources: bool,
     progress: Say | None = None,
     warn: Say | None = None,
-) -> QuantizeResult:
+    world: World = World(),
+) -> QuantizeResult | None:
     """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run.
 
     `progress` gets a line per decoder layer; `warn` each warning (too few tokens; each module left to
-    round-to-nearest, also recorded in the manifest's `method.rtn_fallback`)."""
-    # now, not after the hours the values take; what a killed run left goes first (a killed GPTQ run's
-    # scratch folder frees its disk, a previous OUT it had set aside is back before OUT is judged)
-    stale = remove_stale(out, keep=[plan.source.root])
-    check_destination(plan.source.root, out, force)
+    round-to-nearest, also recorded in the manifest's `method.rtn_fallback`). In a `world` of several
+    ranks only rank 0 returns the result; the others return None once it is written."""
+    stale: list[str] = []
+    if world.leader:
+        # now, not after the hours the values take; what a killed run left goes first (a killed GPTQ run's
+        # scratch folder frees its disk, a previous OUT it had set aside is back before OUT is judged)
+        stale = remove_stale(out, keep=[plan.source.root])
+        check_destination(plan.source.root, out, force)
+    else:
+        progress = warn = None
     seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
     with adding(seconds, "libraries"):
         from weightsmith.calibration.measure import calibration_tokens
@@ -99,7 +110,10 @@ def run(
         hash_sources=hash_sources,
         trust_remote_code=opts.trust_remote_code,
         progress=progress,
+        world=world,
     )
+    if result is None:
+        return None
     result.engine = {**seconds, **result.engine}
     result.notes[:0] = stale
     method = result.manifest.method
@@ -122,11 +136,13 @@ def quantize(
     hash_sources: bool = True,
     trust_remote_code: bool = False,
     progress: Say | None = None,
-) -> QuantizeResult:
+    world: World = World(),
+) -> QuantizeResult | None:
     """`plan` written to `out` with GPTQ's values for every quantized Linear the engine runs.
 
     The values wait in a scratch folder beside `out` (`outputdir.scratch`), removed however the run
-    ends, and by the next run for `out` if this one is killed.
+    ends, and by the next run for `out` if this one is killed. Ranks other than 0 keep no values and
+    return None when rank 0 has written `out`.
     """
     from weightsmith.engine import gptq as engine  # the module, not its `run`: tests stand in for it
 
@@ -135,6 +151,13 @@ def quantize(
         for d in plan.decisions
         if d.action == QUANTIZE and d.rule is not None
     }
+    if not world.leader:
+        engine.run(
+            plan.source.root, token_ids, targets, None, dampening=dampening, actorder=actorder,
+            trust_remote_code=trust_remote_code, workers=workers, world=world,
+        )  # fmt: skip
+        world.barrier()  # rank 0 has written OUT
+        return None
     with scratch(out, "gptq") as work:
         found = engine.run(
             plan.source.root,
@@ -145,6 +168,7 @@ def quantize(
             actorder=actorder,
             trust_remote_code=trust_remote_code,
             workers=workers,
+            world=world,
             progress=progress,
         )
         method = MethodRecord(
@@ -166,4 +190,5 @@ def quantize(
             calibrated_from=provenance,
         )
         written.engine = found.seconds
-        return written
+    world.barrier()
+    return written

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import Say, warner
+from weightsmith.engine.distributed import World
 from weightsmith.quantize.pipeline import (
     MAX_WORKERS,
     CompileNotice,
@@ -148,7 +149,7 @@ def quantize(
         raise WeightsmithError(f"--workers {workers!r}: give a whole number from 0 to {MAX_WORKERS}", code="usage")
     pre_pass_option(pre_pass, gptq=gptq is not None)
     the_plan = _plan(src, rules, ignore, preset, calibration, kv_cache, pre_pass, warn)
-    return write(
+    result = write(
         the_plan,
         Path(out),
         gptq,
@@ -159,6 +160,8 @@ def quantize(
         gptq_progress=gptq_progress,
         warn=warner(warn),
     )
+    assert result is not None, "one process is its own rank 0"
+    return result
 
 
 def write(
@@ -173,18 +176,27 @@ def write(
     gptq_progress: Say | None = None,
     warn: Say | None = None,
     on_compile: CompileNotice | None = None,
-) -> QuantizeResult:
+    world: World = World(),
+) -> QuantizeResult | None:
     """The plan written to `out`: by the GPTQ run when `gptq` is given, else by the data-free pipeline.
 
     The one place the command and the library call decide it. `progress` gets the input bytes done
     (the data-free write), `gptq_progress` a line per decoder layer, `warn` the GPTQ run's warnings,
-    `on_compile` the notice before a kernel compiles (the data-free write)."""
+    `on_compile` the notice before a kernel compiles (the data-free write). In a `world` of several
+    ranks only GPTQ runs (it has work to share), and only rank 0 returns a result."""
     if gptq is not None:
         pre_pass_option(plan.pre_pass, gptq=True)
         from weightsmith.quantize.gptq import run
 
         return run(
-            plan, out, gptq, workers=workers, force=force, hash_sources=hash_sources, progress=gptq_progress, warn=warn
+            plan, out, gptq, workers=workers, force=force, hash_sources=hash_sources, progress=gptq_progress, warn=warn,
+            world=world,
+        )  # fmt: skip
+    if world.size > 1:
+        raise WeightsmithError(
+            f"{world.size} ranks, but only --method gptq runs across ranks (round-to-nearest has no calibration "
+            "run to share): run it as one process",
+            code="usage",
         )
     return execute(
         plan, out, workers=workers, force=force, progress=progress, hash_sources=hash_sources, on_compile=on_compile

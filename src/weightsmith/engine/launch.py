@@ -1,0 +1,152 @@
+"""`--processes P`: one command line run as P ranks of one world on this machine, as torchrun would.
+
+Each rank is `python -m weightsmith ARGS` with torchrun's variables set (RANK, WORLD_SIZE, a free
+localhost port as MASTER_PORT), so a rank cannot tell this launcher from torchrun. The launcher
+watches them: when one ends badly it stops the rest (they would otherwise wait in a collective until
+the timeout) and reports one line that names that rank. Ranks run in sessions of their own, so a
+Ctrl-C reaches the launcher alone, which stops them and prints one line, not one per rank; on Linux
+each rank is also killed if the launcher itself dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.engine.distributed import PEER_LOST
+
+#: Seconds the other ranks get to end after SIGTERM before SIGKILL.
+GRACE = 5.0
+#: Seconds between looks at the ranks.
+POLL = 0.02
+
+
+class Shown(NamedTuple):
+    """What rank 0 printed: the command's report, which the launcher prints as its own."""
+
+    out: str
+    err: str
+
+
+def ranks(args: list[str], processes: int) -> Shown:
+    """Run `python -m weightsmith ARGS` as `processes` ranks; rank 0's stdout and stderr once all succeeded.
+
+    Each rank gets an equal part of this machine's cores as its torch threads (OMP_NUM_THREADS, unless
+    set; torchrun gives each 1): P ranks of all cores each would fight over them. Raises a
+    `WeightsmithError` naming the first rank that failed.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    env = dict(os.environ)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(processes))
+    env.update(LOCAL_WORLD_SIZE=str(processes))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))
+    dying = _die_with_parent()
+    with tempfile.TemporaryDirectory(prefix="weightsmith-ranks-") as logs:
+        children: list[subprocess.Popen[bytes]] = []
+        try:
+            for rank in range(processes):
+                with open(Path(logs) / f"{rank}.err", "wb") as err, open(Path(logs) / f"{rank}.out", "wb") as out:
+                    children.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", "weightsmith", *args],
+                            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=err,
+                            start_new_session=True,
+                            preexec_fn=dying,
+                        )
+                    )
+            failed = _watch(children)
+        finally:
+            _stop(children)
+        lines = [(Path(logs) / f"{rank}.err").read_text(errors="replace") for rank in range(processes)]
+        printed = (Path(logs) / "0.out").read_text(errors="replace")
+    if failed:
+        raise WeightsmithError(_culprit(children, failed, lines), code="distributed.rank")
+    return Shown(printed, lines[0])
+
+
+def _free_port() -> int:
+    """A TCP port free on localhost now (the OS's pick), for rank 0's rendezvous store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """What a child runs before exec so that Linux sends it SIGKILL when the launcher ends, however it
+    ends (None elsewhere). libc is loaded here, in the launcher: between fork and exec a child may
+    not import (another thread may hold the import lock)."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _watch(children: list[subprocess.Popen[bytes]]) -> list[int]:
+    """Wait until every rank succeeded (returns []) or some failed (returns those ended badly so far)."""
+    while True:
+        codes = [child.poll() for child in children]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed or all(code == 0 for code in codes):
+            return failed
+        time.sleep(POLL)
+
+
+def _stop(children: list[subprocess.Popen[bytes]]) -> None:
+    """End every rank still running: SIGTERM, then SIGKILL for any still there after `GRACE`."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + GRACE
+    for child in children:
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _culprit(children: list[subprocess.Popen[bytes]], failed: list[int], logs: list[str]) -> str:
+    """One line for the rank that ended the run: of those seen failing together, one killed by a
+    signal, else one that failed on its own, before one that failed because another rank ended."""
+    size = len(children)
+
+    def error(rank: int) -> str | None:
+        lines = [line for line in logs[rank].splitlines() if line.startswith("error: ")]
+        return lines[-1].removeprefix("error: ") if lines else None
+
+    def order(rank: int) -> tuple[int, int]:
+        code = children[rank].returncode
+        line = error(rank)
+        return (0 if code < 0 else 2 if line is not None and PEER_LOST in line else 1, rank)
+
+    rank = min(failed, key=order)
+    code, line = children[rank].returncode, error(rank)
+    if code < 0:
+        return f"rank {rank} of {size} was killed by {_signal_name(-code)}; the other ranks were stopped"
+    if line is not None:
+        return line if PEER_LOST in line else f"rank {rank} of {size}: {line}"
+    tail = [text for text in logs[rank].splitlines() if text.strip()]
+    return f"rank {rank} of {size} exited with status {code}" + (f" ({tail[-1][:200]})" if tail else "")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {number}"

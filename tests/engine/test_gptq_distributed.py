@@ -1,0 +1,94 @@
+"""`quantize --method gptq` over several processes: the one process's bytes at world sizes 1, 2 and 3.
+
+6,400 tokens in sequences of 256 are 25 sequences, 4 batches (`engine.gptq.BATCH_TOKENS`): 2 ranks
+take 2 turns each, 3 ranks leave rank 0 a second turn alone. World size 2 runs under real torchrun,
+3 under `--processes`. A rank killed mid-run ends the run with one line naming it, and leaves
+nothing beside the destination's parent that looks finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clirun import one_error_line, run, sigint_default
+
+ARGS = ("--method", "gptq", "--group-size", "32", "--builtin", "code", "--tokens", "6400", "--seq-len", "256")
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def _manifest(out: Path) -> dict:
+    """The manifest without the moment it was written."""
+    manifest = json.loads((out / "weightsmith.json").read_text())
+    manifest.pop("created_utc")
+    return manifest
+
+
+def test_world_sizes_one_two_three_write_the_same_bytes(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    one = tmp_path / "1"
+    code, _, err = run(capsys, monkeypatch, "quantize", tiny_llama, one, *ARGS)
+    assert code == 0, err
+
+    two = tmp_path / "2"
+    done = subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "weightsmith", "quantize", str(tiny_llama),
+         str(two), *ARGS],
+        capture_output=True, text=True, timeout=600, preexec_fn=sigint_default,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    three = tmp_path / "3"
+    code, report, err = run(capsys, monkeypatch, "quantize", tiny_llama, three, *ARGS, "--processes", "3", "--json")
+    assert code == 0, err
+    assert json.loads(report)["output"] == str(three)  # rank 0's report reaches the launcher's stdout
+
+    for out in (two, three):
+        assert (out / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
+        assert _manifest(out) == _manifest(one)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]  # no scratch folder left
+
+
+def test_a_killed_rank_ends_the_run_with_one_line_and_no_output(tiny_llama: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "weightsmith", "quantize", str(tiny_llama), str(out), *ARGS, "--processes", "2"],
+        stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
+    )  # fmt: skip
+    try:
+        rank = _rank_in_a_layer(launcher.pid, b"RANK=1")
+        os.kill(rank, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 2
+    assert one_error_line(err) == "error: rank 1 of 2 was killed by SIGKILL; the other ranks were stopped"
+    assert list(tmp_path.iterdir()) == []  # no output, no partial one, no scratch folder
+
+
+def _rank_in_a_layer(launcher: int, mark: bytes) -> int:
+    """The pid of the launcher's child with `mark` in its environment once it runs the decoder layers
+    (it holds a socket to the other rank and has read the model: well past joining)."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for pid in map(int, Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()):
+            try:
+                if mark not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    continue
+                fds = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+            except OSError:  # it ended, or an fd closed while listed
+                continue
+            if any(f.startswith("socket:") for f in fds) and any(f.endswith(".safetensors") for f in fds):
+                return pid
+        time.sleep(0.01)
+    raise AssertionError("the rank never reached the layers")
