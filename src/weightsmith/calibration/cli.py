@@ -12,8 +12,6 @@ them: rank 0's lines, or one line naming the rank that failed (status 2).
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +21,6 @@ from rich.console import Console
 from weightsmith.calibration import kv, stats_file
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.calibration.run import calibrate, check_out
-from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import markup_safe
 from weightsmith.engine import distributed, launch
 from weightsmith.io.texts import BUILTINS, TEXT_HELP
@@ -74,19 +71,11 @@ def calibrate_command(
     ] = distributed.DEFAULT_TIMEOUT,
 ) -> None:
     """Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by layer."""
-    in_world = "WORLD_SIZE" in os.environ
-    if processes > 1 and not in_world:
+    if launch.launching(processes):
         check_out(src, out, force)  # here, once, rather than as the same error from every rank
-        shown = launch.ranks(sys.argv[1:], processes)
-        sys.stdout.write(shown.out)
-        sys.stderr.write(shown.err)
+        launch.relay(processes)
         return
-    with distributed.joined(peer_timeout) as world:
-        if processes not in (1, world.size):
-            raise WeightsmithError(
-                f"--processes {processes} in a run of {world.size} ranks: torchrun starts them, leave --processes out",
-                code="usage",
-            )
+    with distributed.joined(peer_timeout, processes) as world:
         _calibrate(src, out, text, builtin, tokens, seq_len, trust_remote_code, force, world)
 
 

@@ -154,7 +154,7 @@ def cores_per_rank(world: World) -> int | None:
 
 
 @contextmanager
-def joined(timeout: float = DEFAULT_TIMEOUT) -> Iterator[World]:
+def joined(timeout: float = DEFAULT_TIMEOUT, processes: int = 1) -> Iterator[World]:
     """This process's world, joined for the duration: torchrun's, or one process when not started by one.
 
     With WORLD_SIZE set above 1, the gloo process group is initialised from RANK, WORLD_SIZE, MASTER_ADDR
@@ -189,6 +189,11 @@ def joined(timeout: float = DEFAULT_TIMEOUT) -> Iterator[World]:
             f" ({_first_line(exc)})"
         ) from None
     try:
+        if processes not in (1, size):
+            raise WeightsmithError(
+                f"--processes {processes} in a run of {size} ranks: torchrun starts them, leave --processes out",
+                code="usage",
+            )
         yield World(rank, size, timeout)
     finally:
         dist.destroy_process_group()

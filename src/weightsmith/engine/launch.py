@@ -37,6 +37,19 @@ class Shown(NamedTuple):
     err: str
 
 
+def launching(processes: int) -> bool:
+    """Whether this command line is to start `processes` ranks of itself: more than one asked for, and
+    it is not itself a rank (torchrun's or this launcher's)."""
+    return processes > 1 and "WORLD_SIZE" not in os.environ
+
+
+def relay(processes: int) -> None:
+    """This command line run as `processes` ranks, rank 0's output printed as this process's own."""
+    shown = ranks(sys.argv[1:], processes)
+    sys.stdout.write(shown.out)
+    sys.stderr.write(shown.err)
+
+
 def ranks(args: list[str], processes: int) -> Shown:
     """Run `python -m weightsmith ARGS` as `processes` ranks; rank 0's stdout and stderr once all succeeded.
 

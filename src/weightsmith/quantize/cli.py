@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -449,20 +448,13 @@ def quantize(
             if gptq is not None:
                 console.print(markup_safe(_gptq_line(gptq)), soft_wrap=True)
         return
-    if processes > 1 and "WORLD_SIZE" not in os.environ:
+    if launch.launching(processes):
         if gptq is None:
             raise WeightsmithError("--processes: only --method gptq runs across ranks", code="usage")
         check_destination(src, out, force)  # here, once, rather than as the same error from every rank
-        shown = launch.ranks(sys.argv[1:], processes)
-        sys.stdout.write(shown.out)
-        sys.stderr.write(shown.err)
+        launch.relay(processes)
         return
-    with distributed.joined(peer_timeout) as world:
-        if processes not in (1, world.size):
-            raise WeightsmithError(
-                f"--processes {processes} in a run of {world.size} ranks: torchrun starts them, leave --processes out",
-                code="usage",
-            )
+    with distributed.joined(peer_timeout, processes) as world:
         result, seconds = run_quantize(
             src,
             out,
