@@ -314,21 +314,22 @@ def write_docs() -> None:
 #: `python benchmarks/quantize_speed.py --gib 0.5 --repeats 1 --skip-reference --scheme w4a16-asym
 #: --arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` (a 1.15 GiB 7B-wide BF16 checkpoint).
 SPEED = [
-    "## Speed (BF16 input, 2 cores, load 0.2-0.7)",
+    "## Speed (BF16 input, 2 cores, idle: load 0.4-1.1)",
     "",
     "`python benchmarks/quantize_speed.py --gib 0.5 --repeats 1 --skip-reference --scheme w4a16-asym "
-    '--arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` on a 1.15 GiB 7B-wide checkpoint:',
+    '--arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` on a 1.15 GiB 7B-wide checkpoint',
+    "of random weights, which take all 16 Sinkhorn steps a tile:",
     "",
     "| recipe | GB/s of BF16 input | peak RSS |",
     "|---|---|---|",
-    "| W4A16 asym RTN | 0.85 | 170 MiB |",
-    "| W4A16 asym + wmse (the asymmetric default) | 0.70 | 171 MiB |",
-    "| W4A16 asym + SINQ pre-pass + wmse | 0.11 at load 6-7, where `wmse` ran at 0.33 and RTN at 0.86 in the "
-    "same run (the pre-pass: 4.3 of 10.7 s) | 530 MiB |",
+    "| W4A16 asym RTN | 0.90 | 170 MiB |",
+    "| W4A16 asym + wmse (the asymmetric default) | 0.88 | 171 MiB |",
+    "| W4A16 asym + SINQ pre-pass + wmse | 0.43 (the pre-pass: 1.33 of 2.90 s) | 528 MiB |",
     "",
-    "Random weights take all 16 Sinkhorn steps a tile (real ones 4-5), so the pre-pass weighs more here than",
-    "on a model: on this checkpoint it took 1.7-1.9 CPU s (14.5-14.9 before its one-pass float32 kernel);",
-    "on Qwen2.5-Coder-1.5B the whole quantize took 26-32 s against 55-80 s before, at load 7-8, interleaved.",
+    "Real weights take 4-5 steps. Qwen2.5-Coder-1.5B (3.55 GB of files), `weightsmith quantize ... --json`,",
+    "two rounds interleaved: `--scheme w4a16-asym --scale-search wmse` 5.6 s (0.64 GB/s; 9.1 s on a cold",
+    "page cache), with `--pre-pass sinq` 7.0 and 7.4 s (0.48-0.51 GB/s; the pre-pass 1.75-1.79 s), peak",
+    "RSS 172 and 304 MiB.",
     "",
     "`hqq` ran at 0.34 GB/s and `qkx2` at 0.15-0.35 GB/s under load (the kernels alone,",
     "`--search hqq`; tests/quant/test_int4_qkx2.py's matrix).",
