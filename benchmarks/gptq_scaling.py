@@ -127,30 +127,31 @@ def forward_flops(shapes: Shapes, tokens: int) -> float:
 #: DeepSeek-V3 / R1 (671B, 37B active): hidden 7168, 61 layers (3 dense, 58 MoE), 256 routed experts of
 #: 2048 and one shared, 8 routed per token; attention with a 1536 q rank and 512 + 64 kv rank, 128 heads.
 MOE_LAYERS, MOE_HIDDEN, EXPERTS, EXPERT_INTER, ROUTED = 58, 7168, 256, 2048, 8
-ATTENTION = [(1536, 7168), (576, 7168), (128 * 192, 1536), (128 * 256, 512), (7168, 128 * 128)]
-
-
-def moe_layer() -> Shapes:
-    """One MoE layer of the 671B model, every expert a Linear group of its own (gate/up share a Hessian)."""
-    expert = [(EXPERT_INTER, MOE_HIDDEN), (EXPERT_INTER, MOE_HIDDEN), (MOE_HIDDEN, EXPERT_INTER)]
-    linears = ATTENTION + expert * (EXPERTS + 1)
-    hessians = [7168, 1536, 512, 128 * 128] + [MOE_HIDDEN, EXPERT_INTER] * (EXPERTS + 1)
-    return Shapes(hessians, linears)
+#: The attention's Linears (q down/up, kv down/up, o) and Hessians of one layer, then every expert's
+#: (gate/up share a Hessian, down has its own), routed and shared alike.
+ATTENTION = Shapes(
+    [7168, 1536, 512, 128 * 128], [(1536, 7168), (576, 7168), (128 * 192, 1536), (128 * 256, 512), (7168, 128 * 128)]
+)
+EXPERTS_OF_A_LAYER = Shapes(
+    [MOE_HIDDEN, EXPERT_INTER] * (EXPERTS + 1),
+    [(EXPERT_INTER, MOE_HIDDEN), (EXPERT_INTER, MOE_HIDDEN), (MOE_HIDDEN, EXPERT_INTER)] * (EXPERTS + 1),
+)
+MOE_LAYER = Shapes(ATTENTION.hessians + EXPERTS_OF_A_LAYER.hessians, ATTENTION.linears + EXPERTS_OF_A_LAYER.linears)
 
 
 def moe_projection(rates: dict[str, float], tokens: int, nodes: int, cores: int, gbits: float) -> dict[str, float]:
-    """Seconds a 671B run would take on `nodes` nodes of `cores` cores, from this machine's rates per core."""
-    layer = moe_layer()
+    """Seconds a 671B run would take on `nodes` nodes of `cores` cores, from this machine's rates per core.
+
+    The Hessian phase's rate already holds the layer pass that feeds it (it was measured that way), so
+    the layer pass is counted once more, for the outputs, as in `engine.gptq`'s phases."""
     share = tokens / nodes  # each node's turns of the batches
     expert_tokens = share * ROUTED / EXPERTS  # tokens an expert sees of a node's share (uniform routing)
-    attention = Shapes([7168, 1536, 512, 128 * 128], ATTENTION)
-    experts = Shapes([MOE_HIDDEN, EXPERT_INTER] * (EXPERTS + 1), layer.linears[len(ATTENTION) :])
-    gram = gram_flops(attention, int(share)) + gram_flops(experts, int(expert_tokens))
-    forward = forward_flops(attention, int(share)) + forward_flops(experts, int(expert_tokens)) * 2  # run twice
-    solve = solve_flops(layer) / nodes  # solves spread over the ranks (the experts evenly)
+    gram = gram_flops(ATTENTION, int(share)) + gram_flops(EXPERTS_OF_A_LAYER, int(expert_tokens))
+    forward = forward_flops(ATTENTION, int(share)) + forward_flops(EXPERTS_OF_A_LAYER, int(expert_tokens))
+    solve = solve_flops(MOE_LAYER) / nodes  # solves spread over the ranks (the experts evenly)
     compute = gram / rates["hessians"] + forward / rates["outputs"] + solve / rates["quantize"]
     batches = max(1, tokens // BATCH_TOKENS)
-    network = traffic(layer, batches, nodes) / nodes / (gbits * 1e9 / 8)  # every node sends its part at once
+    network = traffic(MOE_LAYER, batches, nodes) / nodes / (gbits * 1e9 / 8)  # every node sends its part at once
     per_layer = compute / cores + network
     return {"compute_s": compute / cores * MOE_LAYERS, "network_s": network * MOE_LAYERS,
             "total_h": per_layer * MOE_LAYERS / 3600}  # fmt: skip

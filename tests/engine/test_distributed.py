@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from clirun import one_error_line, run, sigint_default
+from engine.ranks import rank_pid
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.distributed import PEER_LOST, World, joined
 
@@ -154,7 +155,7 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_file(tiny_llama: Path, 
         preexec_fn=sigint_default,
     )
     try:
-        rank = joining_rank(launcher.pid, b"RANK=1")
+        rank = rank_pid(launcher.pid, 1)
         os.kill(rank, signal.SIGKILL)  # before it has sent its maxima: rank 0 cannot have written
         _, err = launcher.communicate(timeout=120)
     finally:
@@ -162,23 +163,6 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_file(tiny_llama: Path, 
     assert launcher.returncode == 2
     assert one_error_line(err) == "error: rank 1 of 2 was killed by SIGKILL; the other ranks were stopped"
     assert list(out.iterdir()) == []  # no statistics file, no temporary one
-
-
-def joining_rank(launcher: int, mark: bytes) -> int:
-    """The pid of the launcher's child with `mark` in its environment, once it has opened a socket
-    (it is joining the world, the first thing a rank does)."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for pid in map(int, Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()):
-            try:
-                if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and any(
-                    os.readlink(fd).startswith("socket:") for fd in Path(f"/proc/{pid}/fd").iterdir()
-                ):
-                    return pid
-            except OSError:  # it ended, or an fd closed while listed
-                continue
-        time.sleep(0.01)
-    raise AssertionError("the rank never joined")
 
 
 def test_a_rank_error_is_relayed_as_one_line(tiny_llama: Path, tmp_path: Path, capsys, monkeypatch) -> None:

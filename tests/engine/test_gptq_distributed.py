@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from clirun import one_error_line, run, sigint_default
+from engine.ranks import rank_pid
 
 ARGS = ("--method", "gptq", "--group-size", "32", "--builtin", "code", "--tokens", "6400", "--seq-len", "256")
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -64,7 +65,7 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_output(tiny_llama: Path
         stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
     )  # fmt: skip
     try:
-        rank = _rank_in_a_layer(launcher.pid, b"RANK=1")
+        rank = rank_pid(launcher.pid, 1, reading=".safetensors")  # mid-run
         os.kill(rank, signal.SIGKILL)
         _, err = launcher.communicate(timeout=120)
     finally:
@@ -72,23 +73,3 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_output(tiny_llama: Path
     assert launcher.returncode == 2
     assert one_error_line(err) == "error: rank 1 of 2 was killed by SIGKILL; the other ranks were stopped"
     assert list(tmp_path.iterdir()) == []  # no output, no partial one, no scratch folder
-
-
-def _rank_in_a_layer(launcher: int, mark: bytes) -> int:
-    """The pid of the launcher's child with `mark` in its environment once it runs the decoder layers
-    (it holds a socket to the other rank and has read the model: well past joining)."""
-    import time
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for pid in map(int, Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()):
-            try:
-                if mark not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                    continue
-                fds = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
-            except OSError:  # it ended, or an fd closed while listed
-                continue
-            if any(f.startswith("socket:") for f in fds) and any(f.endswith(".safetensors") for f in fds):
-                return pid
-        time.sleep(0.01)
-    raise AssertionError("the rank never reached the layers")

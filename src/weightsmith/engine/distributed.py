@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from weightsmith.core import cores
 from weightsmith.core.errors import WeightsmithError
 
 #: Seconds a rank waits for the others to join and at each collective: long enough for the slowest
@@ -148,9 +149,8 @@ def cores_per_rank(world: World) -> int | None:
     a world of one process (which takes every core): P ranks each taking every core would fight."""
     if world.size == 1:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     local = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    return max(1, cores // int(local)) if local.isdigit() and int(local) > 0 else max(1, cores // world.size)
+    return cores.per_rank(int(local) if local.isdigit() else world.size)
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from weightsmith.core import cores
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.distributed import PEER_LOST
 
@@ -57,11 +58,10 @@ def ranks(args: list[str], processes: int) -> Shown:
     set; torchrun gives each 1): P ranks of all cores each would fight over them. Raises a
     `WeightsmithError` naming the first rank that failed.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     env = dict(os.environ)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(processes))
     env.update(LOCAL_WORLD_SIZE=str(processes))
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))
+    env.setdefault("OMP_NUM_THREADS", str(cores.per_rank(processes)))
     dying = _die_with_parent()
     with tempfile.TemporaryDirectory(prefix="weightsmith-ranks-") as logs:
         children: list[subprocess.Popen[bytes]] = []

@@ -17,6 +17,7 @@ Importing it does not import the engine, torch or transformers: they are importe
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 from weightsmith.core.errors import WeightsmithError
@@ -151,14 +152,8 @@ def quantize(
         for d in plan.decisions
         if d.action == QUANTIZE and d.rule is not None
     }
-    if not world.leader:
-        engine.run(
-            plan.source.root, token_ids, targets, None, dampening=dampening, actorder=actorder,
-            trust_remote_code=trust_remote_code, workers=workers, world=world,
-        )  # fmt: skip
-        world.barrier()  # rank 0 has written OUT
-        return None
-    with scratch(out, "gptq") as work:
+    # rank 0 keeps the values; the others' node may not even see OUT's folder, so they keep none
+    with scratch(out, "gptq") if world.leader else nullcontext(None) as work:
         found = engine.run(
             plan.source.root,
             token_ids,
@@ -171,6 +166,9 @@ def quantize(
             world=world,
             progress=progress,
         )
+        if not world.leader:
+            world.barrier()  # rank 0 has written OUT
+            return None
         method = MethodRecord(
             name="gptq",
             dampening=dampening,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import functools
 import math
-import os
 import threading
 import time
 from collections import Counter, defaultdict, deque
@@ -24,6 +23,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from weightsmith.core import cores
 from weightsmith.core.errors import CheckpointError, OutputError
 from weightsmith.core.files import copy_new, write_json_new
 from weightsmith.core.timesplit import TimeSplit
@@ -577,4 +577,4 @@ MAX_WORKERS = 256
 
 
 def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return cores.usable()
