@@ -158,10 +158,12 @@ def ours(src: Path, out: Path, workers: int, *extra: str, default_search: bool =
     split (`--json`'s `time_split`) and the 1-minute load average when it ended.
 
     Plain round-to-nearest (`--scale-search none`, what `model_free_ptq` does, so the two compare like
-    for like) unless `extra` names a search or `default_search` asks for the scheme's default one.
+    for like) unless `extra` names a search or `default_search` asks for the scheme's default one; no
+    pre-pass unless `extra` names one.
     """
     shutil.rmtree(out, ignore_errors=True)
     search = [] if default_search or "--scale-search" in extra else ["--scale-search", "none"]
+    search += [] if "--pre-pass" in extra else ["--pre-pass", "none"]  # the scheme's own speed, unless asked
     cmd = [sys.executable, "-m", "weightsmith.cli", "quantize", str(src), str(out), "--json", "--no-hash", *search,
            *extra]  # fmt: skip
     cmd += [a for i in IGNORE for a in ("--ignore", i)] + (["--workers", str(workers)] if workers else [])

@@ -82,7 +82,7 @@ def main() -> None:
     w4a16 = work / "qwen-w4a16"
     if not (w4a16 / "config.json").exists():
         print("quantize w4a16", flush=True)
-        subprocess.run([*WS, "quantize", str(bf16), str(w4a16), "--scheme", "w4a16"], check=True)
+        subprocess.run([*WS, "quantize", str(bf16), str(w4a16), "--scheme", "w4a16", "--pre-pass", "none"], check=True)
     env = {**os.environ, "VLLM_PY": str(vllm_cpu.PYTHON), "QWEN_BF16": str(bf16), "QWEN_W4A16": str(w4a16)}
     OUT.mkdir(parents=True, exist_ok=True)
     timing = json.loads((OUT / "run.json").read_text()) if (OUT / "run.json").exists() else {}

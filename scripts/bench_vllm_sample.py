@@ -41,8 +41,8 @@ G64 = ["--group-size", "64"]  # SmolLM2's 576 columns: group 128 would leave eve
 DRAFTS: dict[str, list[str]] = {
     "bf16": [],
     "w4a16-rtn": ["--scheme", "w4a16", *G64, "--scale-search", "none"],
-    "w4a16": ["--scheme", "w4a16", *G64],
-    "w4a16-asym": ["--scheme", "w4a16-asym", *G64],
+    "w4a16": ["--scheme", "w4a16", *G64, "--pre-pass", "none"],
+    "w4a16-asym": ["--scheme", "w4a16-asym", *G64, "--pre-pass", "none"],
     "w4a16-gptq": ["--scheme", "w4a16", *G64, "--method", "gptq", "--builtin", "prose", "--tokens", "512"],
     "w8a8": ["--scheme", "w8a8"],
 }

@@ -27,12 +27,14 @@ from models import smollm2_fp32  # noqa: E402
 
 RECIPES: list[tuple[str, list[str]]] = [
     ("W4A16 RTN (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "none"]),
-    ("W4A16 + our mse search (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "mse"]),
-    ("W4A16 + memoryless_mse (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "memoryless_mse"]),
+    ("W4A16 + our mse search (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "mse",
+                                       "--pre-pass", "none"]),
+    ("W4A16 + memoryless_mse (g64)", ["--scheme", "w4a16", "--group-size", "64", "--scale-search", "memoryless_mse",
+      "--pre-pass", "none"]),
     ("W4A16 asymmetric (g64)", ["--scheme", "w4a16-asym", "--group-size", "64", "--scale-search", "none"]),
     (
         "W4A16 asymmetric + our mse search (g64)",
-        ["--scheme", "w4a16-asym", "--group-size", "64", "--scale-search", "mse"],
+        ["--scheme", "w4a16-asym", "--group-size", "64", "--scale-search", "mse", "--pre-pass", "none"],
     ),
     ("NVFP4A16", ["--scheme", "nvfp4a16"]),
     ("NVFP4A16 + FP8 scale-code search", ["--scheme", "nvfp4a16", "--scale-search", "mse"]),

@@ -58,15 +58,17 @@ scheme = "w4a16"
 group_size = 64
 """
 G64 = ["--group-size", "64"]  # SmolLM2's 576 columns: group 128 would leave every 576-wide Linear in BF16
+#: The weights as the source stores them (int4's default pre-pass would balance them first).
+PLAIN = ["--pre-pass", "none"]
 
 #: name -> (how it is made, extra vLLM flags)
 ROWS: dict[str, tuple[list[str], list[str]]] = {
     "bf16 (original)": ([], []),
-    "w4a16": (["--scheme", "w4a16", *G64], []),
-    "w4a16-asym": (["--scheme", "w4a16-asym", *G64], []),
+    "w4a16": (["--scheme", "w4a16", *G64, *PLAIN], []),
+    "w4a16-asym": (["--scheme", "w4a16-asym", *G64, *PLAIN], []),
     "w8a16": (["--scheme", "w8a16", *G64], []),
-    "w4a16-asym + --scale-search hqq": (["--scheme", "w4a16-asym", *G64, "--scale-search", "hqq"], []),
-    "w4a16 + --scale-search qkx2": (["--scheme", "w4a16", *G64, "--scale-search", "qkx2"], []),
+    "w4a16-asym + --scale-search hqq": (["--scheme", "w4a16-asym", *G64, "--scale-search", "hqq", *PLAIN], []),
+    "w4a16 + --scale-search qkx2": (["--scheme", "w4a16", *G64, "--scale-search", "qkx2", *PLAIN], []),
     "w4a16 + --pre-pass sinq": (["--scheme", "w4a16", *G64, "--pre-pass", "sinq"], []),
     "w4a16-asym + --pre-pass sinq": (["--scheme", "w4a16-asym", *G64, "--pre-pass", "sinq"], []),
     "w4a16 gptq": (["--scheme", "w4a16", *G64, "--method", "gptq", "--tokens", "512"], []),

@@ -112,7 +112,7 @@ def test_hf_fp8_block_scale_of_narrow_weights_matches_llmcompressor(sandbox: San
     model_free_ptq(str(src), str(ref), scheme="W4A16", ignore=IGNORE, device="cpu", converter=converter)
 
     result = _quantize(capsys, monkeypatch, sandbox, src, "--ignore", "lm_head", "--ignore", "model.embed_tokens",
-                       "--scale-search", "none")  # fmt: skip
+                       "--scheme", "w4a16", "--scale-search", "none")  # fmt: skip
     assert result.code == 0, result.err
     same_tensors(ref, sandbox.root / "out")
     sandbox.assert_untouched("out")
@@ -140,7 +140,7 @@ def test_ct_fp8_scales_of_narrow_weights_match_llmcompressor(
     model_free_ptq(str(src), str(ref), scheme="W4A16", ignore=IGNORE, device="cpu", converter=converter)
 
     result = _quantize(capsys, monkeypatch, sandbox, src, "--ignore", "lm_head", "--ignore", "model.embed_tokens",
-                       "--scale-search", "none")  # fmt: skip
+                       "--scheme", "w4a16", "--scale-search", "none")  # fmt: skip
     assert result.code == 0, result.err
     same_tensors(ref, sandbox.root / "out")
     sandbox.assert_untouched("out")

@@ -58,7 +58,24 @@ def test_quantize_writes_a_complete_checkpoint_and_never_touches_the_source(src,
     assert shard["sha256"] == hashlib.sha256((src / "model-00001-of-00002.safetensors").read_bytes()).hexdigest()
     assert ckpt.index["metadata"]["total_size"] == ckpt.tensor_bytes
     assert "model.layers.0.mlp.up_proj.weight" not in ckpt.tensors
-    assert ckpt.config["quantization_config"]["config_groups"]["W4A16"]["weights"]["group_size"] == 128
+    weights = ckpt.config["quantization_config"]["config_groups"]["W4A16_ASYM"]["weights"]  # the default scheme
+    assert weights["group_size"] == 128 and weights["symmetric"] is False
+    assert m["pre_pass"]["name"] == "sinq" and result["pre_pass_skipped"] is None  # a Llama: balanced by default
+
+
+def test_the_summary_says_whether_the_pre_pass_ran(src, tmp_path, capsys, monkeypatch) -> None:
+    code, out, _ = run(capsys, monkeypatch, "quantize", src, tmp_path / "sinq", "--no-hash")
+    assert code == 0 and "pre-pass  sinq: weights balanced, column scales folded into 4 norms" in out
+    code, out, _ = run(capsys, monkeypatch, "quantize", src, tmp_path / "rtn", "--scale-search", "none", "--no-hash")
+    assert code == 0 and "pre-pass  none: --scale-search none asks for plain round-to-nearest" in out
+    code, out, _ = run(capsys, monkeypatch, "quantize", src, tmp_path / "off", "--pre-pass", "none", "--no-hash")
+    assert code == 0 and "pre-pass" not in out
+    code, out, _ = run(capsys, monkeypatch, "quantize", src, tmp_path / "plan", "--dry-run")
+    assert code == 0 and "pre-pass: sinq, folding into 4 norms and biases" in out
+    code, out, _ = run(capsys, monkeypatch, "quantize", src, tmp_path / "plan", "--dry-run", "--scheme", "w8a16")
+    assert code == 0 and "pre-pass: none (tensor model.layers.0.self_attn.q_proj.weight must be quantized as" in out
+    code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "plan", "--dry-run", "--pre-pass", "awq")
+    assert code == 2 and "--pre-pass 'awq': choose from auto, sinq, none" in err
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(src, tmp_path, capsys, monkeypatch) -> None:

@@ -126,7 +126,7 @@ def test_eval_says_the_weight_error_includes_the_balancing(tmp_path: Path) -> No
 
     src = _llama(tmp_path / "src")
     quantize(src, tmp_path / "sinq", "w4a16", group_size=64, pre_pass="sinq", workers=1)
-    quantize(src, tmp_path / "plain", "w4a16", group_size=64, workers=1)
+    quantize(src, tmp_path / "plain", "w4a16", group_size=64, pre_pass="none", workers=1)
     caveat = evaluate(src, tmp_path / "sinq", logits=False).weights_caveat
     assert caveat is not None and "--pre-pass sinq" in caveat and "compare KL" in caveat
     assert evaluate(src, tmp_path / "plain", logits=False).weights_caveat is None
@@ -151,6 +151,61 @@ def test_refusals(tmp_path: Path) -> None:
         WeightsmithError, match=re.escape("tensor model.layers.0.self_attn.q_norm.weight has no known fold")
     ):
         plan_quantize(odd, "w4a16", pre_pass="sinq")
+
+
+def test_auto_is_the_default_where_sinq_applies(tmp_path: Path) -> None:
+    """No scheme and no pre-pass named: asymmetric int4 balanced by SINQ, the same bytes as asking for both."""
+    src = _llama(tmp_path / "src")
+    default = quantize(src, tmp_path / "default", group_size=64, workers=1, hash_sources=False)
+    asked = quantize(
+        src, tmp_path / "asked", "w4a16-asym", group_size=64, pre_pass="sinq", workers=1, hash_sources=False
+    )
+    assert default.manifest.pre_pass is not None and default.manifest.pre_pass.name == "sinq"
+    assert default.pre_pass_skipped is None
+    assert default.manifest.recipe.rules[0].scheme == "w4a16-asym"
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "default" / name).read_bytes() == (tmp_path / "asked" / name).read_bytes()
+    assert asked.manifest.pre_pass == default.manifest.pre_pass
+
+
+def test_auto_says_why_it_did_not_apply(tmp_path: Path) -> None:
+    src = _llama(tmp_path / "src")
+    plain = plan_quantize(src, scale_search="none")
+    assert plain.pre_pass is None and "--scale-search none" in (plain.pre_pass_skipped or "")
+    assert plan_quantize(src, "w8a16").pre_pass_skipped == "tensor model.layers.0.self_attn.q_proj.weight must be " \
+        "quantized as w4a16 or w4a16-asym (is quantized as w8a16)"  # fmt: skip
+    gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), dict(CONFIG, model_type="gemma"))
+    skipped = plan_quantize(gemma).pre_pass_skipped
+    assert skipped is not None and skipped.startswith("config.json model_type 'gemma'")
+    gptq = plan_quantize(src, method="gptq")
+    assert gptq.pre_pass is None and gptq.pre_pass_skipped is None  # GPTQ never balances: nothing to explain
+    none = plan_quantize(src, pre_pass="none")
+    assert none.pre_pass is None and none.pre_pass_skipped is None and none.changed == []
+
+
+def test_auto_leaves_kv_cache_scales_true_and_sinq_refuses_them(tmp_path: Path) -> None:
+    """v_proj's rows are rescaled by the fold, so V-cache scales measured on the source would be wrong."""
+    from calibration.synthetic import write_stats
+
+    src = _llama(tmp_path / "src")
+    stats, _ = write_stats(src, tmp_path / "stats.safetensors")
+    plan = plan_quantize(src, calibration=stats, kv_cache="fp8")
+    assert plan.pre_pass is None and "--kv-cache" in (plan.pre_pass_skipped or "")
+    with pytest.raises(WeightsmithError, match="KV-cache scales measured on SRC"):
+        plan_quantize(src, calibration=stats, kv_cache="fp8", pre_pass="sinq")
+
+
+@pytest.mark.parametrize("module", ["self_attn.o_proj", "mlp.down_proj", "self_attn.k_proj", "mlp.up_proj"])
+def test_a_nan_in_a_weight_is_named_as_the_quantizer_names_it(tmp_path: Path, module: str) -> None:
+    """The pre-pass reads the weights first: a NaN they hold is refused naming that weight and where,
+    not the norm its scales would have reached."""
+    tensors = llama_tensors(CONFIG, np.float32)
+    name = f"model.layers.1.{module}.weight"
+    tensors[name][3, 5] = np.nan
+    src = write_checkpoint(tmp_path / "src", tensors, CONFIG)
+    with pytest.raises(WeightsmithError, match=re.escape(f"tensor '{name}': has a NaN or Inf at row 3, column 5")):
+        quantize(src, tmp_path / "out", group_size=64, workers=1)
+    assert not (tmp_path / "out").exists()
 
 
 def test_column_scales_balance_a_matrix() -> None:

@@ -110,7 +110,8 @@ def test_none_round_trips_through_the_cli_and_a_recipe(src: Path, tmp_path: Path
     """`--scale-search none`, a recipe's `scale_search = "none"` and the API's `scale_search="none"` write
     the same bytes; a recipe rule without the key takes the default, as `--scheme` does."""
     api = _quantize(src, tmp_path / "api", "w4a16", NONE)
-    code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "cli", "--scale-search", "none", "--no-hash")
+    code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "cli", "--scheme", "w4a16",
+                       "--scale-search", "none", "--no-hash")  # fmt: skip
     assert code == 0, err
     assert (tmp_path / "cli" / SHARD).read_bytes() == (api / SHARD).read_bytes()
     for key, reference in (('scale_search = "none"\n', api), ("", _quantize(src, tmp_path / "dflt", "w4a16", None))):
@@ -145,7 +146,7 @@ def test_gptq_dry_run_plans_the_same_grids(src: Path, tmp_path: Path, capsys, mo
     reasons = {}
     for method in ("rtn", "gptq"):
         code, out, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--method", method, "--dry-run",
-                             "--json")  # fmt: skip
+                             "--json", "--scheme", "w4a16", "--pre-pass", "none")  # fmt: skip
         assert code == 0, err
         reasons[method] = {t["reason"] for t in json.loads(out)["tensors"] if t["action"] == "quantize"}
     assert reasons["rtn"] == reasons["gptq"] == {"Linear weight -> W4A16 g128, wmse scale search"}

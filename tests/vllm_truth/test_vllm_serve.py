@@ -54,6 +54,7 @@ SERVED = {
     "w4a16-asym": Case(
         "w4a16-asym", 64, ("CPUWNA16LinearKernel", "CompressedTensorsWNA16"), (("avx2", _NO_WNA16_GEMM),)
     ),
+    # the default recipe (`quantize` with no flags on a Llama: test_sinq holds them byte-identical), group 64
     "w4a16-asym + sinq": Case(
         "w4a16-asym",
         64,

@@ -33,6 +33,9 @@ ITERATIONS = 16
 _SPREAD_MIN, _SPREAD_MAX = 1e-3, 1e3
 _STEP_MIN, _STEP_MAX = math.log(0.7), math.log(2.0)
 _LOG_MIN, _LOG_MAX = -0.3, 10.0
+#: The same bounds on a step and on a scale as factors (the row scales are kept as factors).
+_RATIO_MIN, _RATIO_MAX = 0.7, 2.0
+_FACTOR_MIN, _FACTOR_MAX = math.exp(_LOG_MIN), math.exp(_LOG_MAX)
 #: How much more imbalanced than the best an iterate must be to end the search. Steps whose extreme
 #: spreads are both clamped leave the imbalance unchanged, so exact ties occur in real weights, and
 #: which way rounding breaks them (float64 or float32, one summation order or another) would decide
@@ -128,6 +131,8 @@ def _spreads(
     col_q = np.zeros(g)
     part_s = np.empty(g, np.float32)
     part_q = np.empty(g, np.float32)
+    row_s = np.empty(rows, np.float32)
+    row_q = np.empty(rows, np.float32)
     for i0 in range(0, rows, _CHUNK):
         part_s[:] = 0
         part_q[:] = 0
@@ -143,11 +148,15 @@ def _spreads(
                 x = y * b
                 part_s[j] += x
                 part_q[j] += x * x
-            bb = np.float64(b) * np.float64(b)
-            row_sd[i] = math.sqrt(bb * max(np.float64(q) - np.float64(s) * np.float64(s) / g, 0.0) / max(g - 1, 1))
+            row_s[i] = s
+            row_q[i] = q
         for j in range(g):
             col_s[j] += part_s[j]
             col_q[j] += part_q[j]
+    for i in range(rows):  # apart from the pass, whose rows then do not wait on a square root each
+        bb = np.float64(inv_row[i]) * np.float64(inv_row[i])
+        s64 = np.float64(row_s[i])
+        row_sd[i] = math.sqrt(bb * max(np.float64(row_q[i]) - s64 * s64 / g, 0.0) / max(g - 1, 1))
     for j in range(g):
         col_sd[j] = math.sqrt(max(col_q[j] - col_s[j] * col_s[j] / rows, 0.0) / max(rows - 1, 1))
     lo: float = min(row_sd.min(), col_sd.min())
@@ -157,10 +166,15 @@ def _spreads(
 
 @njit(nogil=True, cache=True)
 def _tile(tile: np.ndarray, iterations: int, out: np.ndarray) -> None:
-    """The column scales of one tile (float32 [rows, g]) into `out` [g]."""
+    """The column scales of one tile (float32 [rows, g]) into `out` [g].
+
+    The row scales are kept as factors, not logarithms: a tile has far more rows than columns, and a
+    logarithm and an exponential per row and step cost more than the pass itself. exp(clamp(log x))
+    is clamp(x) to a few float64 ulps, so the float32 factors the pass reads are the same."""
     rows, g = tile.shape
     log_col = np.zeros(g)
-    log_row = np.zeros(rows)
+    row = np.ones(rows)
+    inv_row = np.ones(rows, np.float32)
     row_sd = np.empty(rows)
     col_sd = np.empty(g)
     best = math.inf
@@ -168,7 +182,6 @@ def _tile(tile: np.ndarray, iterations: int, out: np.ndarray) -> None:
     out[:] = 1.0
     for step in range(iterations):
         inv_col = np.exp(-log_col).astype(np.float32)
-        inv_row = np.exp(-log_row).astype(np.float32)
         imbalance = _spreads(tile, inv_col, inv_row, row_sd, col_sd)
         if step == 0:
             lo_r = min(max(row_sd.min(), _SPREAD_MIN), _SPREAD_MAX)
@@ -185,8 +198,9 @@ def _tile(tile: np.ndarray, iterations: int, out: np.ndarray) -> None:
             log_col[j] = min(max(log_col[j] + step_j, _LOG_MIN), _LOG_MAX)
         for i in range(rows):
             sd = min(max(row_sd[i], _SPREAD_MIN), _SPREAD_MAX)
-            step_i = min(max(math.log(sd / target), _STEP_MIN), _STEP_MAX)
-            log_row[i] = min(max(log_row[i] + step_i, _LOG_MIN), _LOG_MAX)
+            step_i = min(max(sd / target, _RATIO_MIN), _RATIO_MAX)
+            row[i] = min(max(row[i] * step_i, _FACTOR_MIN), _FACTOR_MAX)
+            inv_row[i] = np.float32(1.0 / row[i])
 
 
 def _source(part: Rows) -> tuple[np.ndarray, bool, np.ndarray, np.ndarray]:

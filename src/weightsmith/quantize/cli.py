@@ -31,6 +31,8 @@ from weightsmith.quantize.plan import Plan
 from weightsmith.quantize.presets import PRESETS
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING, MAX_GROUP_SIZE, Recipe
 from weightsmith.quantize.request import (
+    AUTO,
+    DEFAULT_SCHEME,
     GPTQ_SEQ_LEN,
     GPTQ_TOKENS,
     GptqOptions,
@@ -100,6 +102,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "calibration_measured_on": plan.calibration.measured_on if plan.calibration else None,
         "kv_cache": plan.kv_cache,
         "pre_pass": plan.pre_pass,
+        "pre_pass_skipped": plan.pre_pass_skipped,
         "changed_by_pre_pass": plan.changed,
         "added": [
             {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "shard": shard}
@@ -135,6 +138,13 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
         f"bits/param {s.bits_per_parameter_before:.2f} -> {s.bits_per_parameter_after:.2f}"
     )
     console.print(f"  ignore    {markup_safe(', '.join(m.recipe.ignore) or '(none)')}")
+    if m.pre_pass is not None:
+        console.print(
+            f"  pre-pass  {m.pre_pass.name}: weights balanced, column scales folded into {len(m.pre_pass.changed)} "
+            "norms and biases and the v/up_proj rows (same function; --pre-pass none keeps the source's)"
+        )
+    elif result.pre_pass_skipped is not None:
+        console.print(f"  pre-pass  none: {markup_safe(result.pre_pass_skipped)}")
     if m.calibration is not None:
         cal = m.calibration
         console.print(
@@ -314,7 +324,7 @@ def quantize(
         ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
     ),
     out: Path = typer.Argument(..., help="Output folder (must not exist unless --force)."),
-    scheme: str | None = typer.Option(None, help=f"One of: {', '.join(SCHEME_NAMES)} (default w4a16)."),
+    scheme: str | None = typer.Option(None, help=f"One of: {', '.join(SCHEME_NAMES)} (default {DEFAULT_SCHEME})."),
     recipe: Path | None = typer.Option(
         None,
         "--recipe",
@@ -351,13 +361,14 @@ def quantize(
     kv_cache: str | None = typer.Option(
         None, "--kv-cache", help="Declare an FP8 KV cache with k_scale/v_scale measured on --calibration: fp8."
     ),
-    pre_pass: str | None = typer.Option(
-        None,
+    pre_pass: str = typer.Option(
+        AUTO,
         "--pre-pass",
         help="sinq: balance each weight's columns first (SINQ's Sinkhorn column scales, found from the weights "
         "alone) and fold the scales into the norms and the v/up_proj rows, so the model computes the same "
         "function and the checkpoint keeps the usual format. Llama, Mistral and Qwen2 under w4a16[-asym], "
-        "--method rtn only.",
+        "--method rtn only. auto (the default): sinq where it applies, unless --scale-search none or "
+        "--kv-cache is given; the summary says which. none: the weights as the source stores them.",
     ),
     method: str = typer.Option(
         "rtn",
@@ -428,11 +439,12 @@ def quantize(
         actorder=actorder,
         trust_remote_code=trust_remote_code,
     )
-    pre_pass_option(pre_pass, gptq=gptq is not None)
+    pre_pass_choice = pre_pass_option(pre_pass, gptq=gptq is not None)
     if dry_run:
         plan = open_plan(
-            src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache, pre_pass=pre_pass
-        )
+            src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache,
+            pre_pass=pre_pass_choice,
+        )  # fmt: skip
         _warn_plan(plan)
         if json_out:
             print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
@@ -445,6 +457,10 @@ def quantize(
                 f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
                 f"ignore: {markup_safe(', '.join(plan.ignore) or '(none)')}"
             )
+            if plan.pre_pass is not None:
+                console.print(f"pre-pass: {plan.pre_pass}, folding into {len(plan.changed)} norms and biases")
+            elif plan.pre_pass_skipped is not None:
+                console.print(f"pre-pass: none ({markup_safe(plan.pre_pass_skipped)})")
             if gptq is not None:
                 console.print(markup_safe(_gptq_line(gptq)), soft_wrap=True)
         return
@@ -470,7 +486,7 @@ def quantize(
             calibration=calibration,
             kv_cache=kv_cache,
             gptq=gptq,
-            pre_pass=pre_pass,
+            pre_pass=pre_pass_choice,
             world=world,
         )
     if result is None:
@@ -484,6 +500,7 @@ def quantize(
                     "time_split": result.timing.to_json(),
                     "engine_split": {phase: round(t, 3) for phase, t in result.engine.items()},
                     "notes": result.notes,
+                    "pre_pass_skipped": result.pre_pass_skipped,
                     "manifest": result.manifest.to_json(),
                 },
                 indent=2,

@@ -26,6 +26,7 @@ from weightsmith.quantize.pipeline import (
 from weightsmith.quantize.plan import Plan
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, Recipe
 from weightsmith.quantize.request import (
+    AUTO,
     GPTQ_SEQ_LEN,
     GPTQ_TOKENS,
     GptqOptions,
@@ -48,13 +49,13 @@ def plan_quantize(
     preset: str | None = None,
     calibration: str | os.PathLike[str] | None = None,
     kv_cache: str | None = None,
-    pre_pass: str | None = None,
+    pre_pass: str | None = AUTO,
     warn: Say | None = None,
 ) -> Plan:
     """What `quantize` would do to every tensor of `src`, and the predicted sizes; nothing is written.
 
     This is `quantize --dry-run`: it refuses what that refuses, so a plan that passes here is one
-    `quantize` will carry out. `scheme` defaults to w4a16; a `recipe` (a TOML file or a `Recipe`)
+    `quantize` will carry out. `scheme` defaults to w4a16-asym; a `recipe` (a TOML file or a `Recipe`)
     says every rule's scheme itself, so passing `scheme`, `group_size` or `scale_search` beside it is
     refused rather than silently dropped. `scale_search` None takes the scheme's default (`wmse` for
     w4a16 and w4a16-asym); `"none"` is plain round-to-nearest, byte-identical to llm-compressor's
@@ -63,10 +64,12 @@ def plan_quantize(
     fp8) and `kv_cache="fp8"` (KV-cache scales) need one. `warn` is told of recipe targets that
     match nothing and of a statistics file measured on too few tokens. `pre_pass="sinq"` balances the
     weights before quantizing them (SINQ's column scales folded into the norms and v/up_proj rows; Llama,
-    Mistral and Qwen2 under w4a16 or w4a16-asym, data-free only), checked here from the headers.
+    Mistral and Qwen2 under w4a16 or w4a16-asym, data-free only), checked here from the headers;
+    `"auto"`, the default, does so wherever that check passes, no `--kv-cache` is asked for and the
+    search is not `"none"` (the plan's `pre_pass_skipped` says why not); `"none"` or None never does.
     """
     rules, _ = resolve(scheme=scheme, group_size=group_size, scale_search=scale_search, recipe=recipe, method=method)
-    pre_pass_option(pre_pass, gptq=method == "gptq")
+    pre_pass = pre_pass_option(pre_pass, gptq=method == "gptq")
     return _plan(src, rules, ignore, preset, calibration, kv_cache, pre_pass, warn)
 
 
@@ -102,7 +105,7 @@ def quantize(
     preset: str | None = None,
     calibration: str | os.PathLike[str] | None = None,
     kv_cache: str | None = None,
-    pre_pass: str | None = None,
+    pre_pass: str | None = AUTO,
     text: str | os.PathLike[str] | None = None,
     builtin: str | None = None,
     tokens: int = GPTQ_TOKENS,
@@ -147,7 +150,7 @@ def quantize(
     )
     if workers is not None and (type(workers) is not int or not 0 <= workers <= MAX_WORKERS):
         raise WeightsmithError(f"--workers {workers!r}: give a whole number from 0 to {MAX_WORKERS}", code="usage")
-    pre_pass_option(pre_pass, gptq=gptq is not None)
+    pre_pass = pre_pass_option(pre_pass, gptq=gptq is not None)
     the_plan = _plan(src, rules, ignore, preset, calibration, kv_cache, pre_pass, warn)
     result = write(
         the_plan,

@@ -392,6 +392,8 @@ class QuantizeResult:
     #: `--method gptq`: the engine's wall seconds per phase before the write (`engine.gptq.PHASES`);
     #: empty for a data-free run.
     engine: dict[str, float] = field(default_factory=dict)
+    #: Why `--pre-pass auto` left the weights unbalanced (the plan's `pre_pass_skipped`), if it did.
+    pre_pass_skipped: str | None = None
 
     @property
     def skipped_files(self) -> dict[str, str]:
@@ -520,7 +522,7 @@ def execute(
         raise OutputError(
             f"could not be written ({exc.strerror or exc})", file=exc.filename or out, code="output.io"
         ) from None
-    return QuantizeResult(out, manifest, notes=notes, timing=timing)
+    return QuantizeResult(out, manifest, notes=notes, timing=timing, pre_pass_skipped=plan.pre_pass_skipped)
 
 
 def _schedule(

@@ -87,6 +87,8 @@ class Plan:
     pre_pass: str | None = None
     #: Unquantized tensors whose values the pre-pass changes (written, not copied from the source).
     changed: list[str] = field(default_factory=list)
+    #: `--pre-pass auto` that did not apply: why, in words (None where it applied or was not asked).
+    pre_pass_skipped: str | None = None
 
     def shards(self) -> dict[str, list[TensorSpec]]:
         """Output shard file name -> the tensors it holds (same file names as the source)."""

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from weightsmith.quantize.plan import Plan
 
 METHODS = ("rtn", "gptq")
+#: The scheme of a request that names none: asymmetric int4 lowered KL against symmetric on both
+#: models of docs/fidelity-study.md, with every search and with GPTQ.
+DEFAULT_SCHEME = "w4a16-asym"
+#: `--pre-pass` values beside the pre-passes themselves: the default, and none at all.
+AUTO, NONE = "auto", "none"
 #: `--method gptq`'s calibration tokens (at most) and tokens per sequence, unless given.
 GPTQ_TOKENS, GPTQ_SEQ_LEN = 2048, 256
 #: compressed-tensors' names for group ordering (a g_idx per column): "dynamic" is its alias of "group".
@@ -61,7 +66,8 @@ def rules_for(
     *,
     gptq: bool = False,
 ) -> Recipe:
-    """`recipe` (a TOML file or a `Recipe`), or the one-rule recipe of `scheme` (w4a16 when neither is given).
+    """`recipe` (a TOML file or a `Recipe`), or the one-rule recipe of `scheme` (`DEFAULT_SCHEME` when neither is
+    given).
 
     A recipe says the scheme of every rule, so a scheme, group size or scale search beside it would be
     silently dropped: refused instead. `gptq`: a rule whose search GPTQ cannot start from is refused."""
@@ -70,7 +76,7 @@ def rules_for(
             raise WeightsmithError(  # the command line's option range, for callers that bypass it
                 f"--group-size {short_repr(group_size)}: give a whole number from 1 to {MAX_GROUP_SIZE:,}", code="usage"
             )
-        return Recipe.single(make_scheme(scheme or "w4a16", group_size, scale_search))
+        return Recipe.single(make_scheme(scheme or DEFAULT_SCHEME, group_size, scale_search))
     given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
              if v is not None]  # fmt: skip
     where = recipe.file if isinstance(recipe, Recipe) else Path(recipe)
@@ -188,17 +194,26 @@ def open_plan(
     pre_pass: str | None = None,
 ) -> Plan:
     """The plan of `rules` (from `resolve`) for the checkpoint `src`, with its statistics file if any,
-    and the pre-pass `pre_pass` (checked against the checkpoint from its headers)."""
+    and the pre-pass `pre_pass` as `pre_pass_option` returned it (checked against the checkpoint from
+    its headers): "auto" takes SINQ where `sinq.skipped` finds nothing against it, and says why not."""
     from weightsmith.calibration import derived
     from weightsmith.io.checkpoint import Checkpoint
+    from weightsmith.quantize import sinq
     from weightsmith.quantize.plan import build_plan
 
     ckpt = Checkpoint.open(src)
     cal = derived.load(calibration, ckpt) if calibration is not None else None
     plan = build_plan(ckpt, rules, ignore, preset, cal, kv_cache)
+    if pre_pass == AUTO:
+        plan.pre_pass_skipped = sinq.skipped(plan)
+        pre_pass = None if plan.pre_pass_skipped else "sinq"
+    elif pre_pass is not None and kv_cache is not None:
+        raise WeightsmithError(
+            f"--pre-pass {pre_pass} rescales v_proj's rows, so KV-cache scales measured on SRC would not fit "
+            "the values it writes; leave out --kv-cache or use --pre-pass none",
+            code="usage",
+        )
     if pre_pass is not None:
-        from weightsmith.quantize import sinq
-
         plan.pre_pass = pre_pass
         plan.changed = sinq.changed_tensors(plan, sinq.check(plan))
         changed = set(plan.changed)
@@ -210,20 +225,24 @@ def open_plan(
     return plan
 
 
-def pre_pass_option(pre_pass: str | None, *, gptq: bool) -> None:
-    """Refuse a `--pre-pass` that is unknown or that the method cannot start from."""
+def pre_pass_option(pre_pass: str | None, *, gptq: bool) -> str | None:
+    """`--pre-pass` as `open_plan` takes it: "auto" (the default), "sinq", or None for "none" (and for
+    "auto" under GPTQ, which chooses its values from unbalanced weights). Refuses an unknown name, and
+    an explicit pre-pass the method cannot start from."""
     from weightsmith.quantize.sinq import PRE_PASSES
 
-    if pre_pass is None:
-        return
-    if pre_pass not in PRE_PASSES:
-        raise WeightsmithError(f"--pre-pass {short_repr(pre_pass)}: choose from {', '.join(PRE_PASSES)}", code="usage")
+    if pre_pass is None or pre_pass == NONE or (pre_pass == AUTO and gptq):
+        return None
+    if pre_pass != AUTO and pre_pass not in PRE_PASSES:
+        choices = ", ".join((AUTO, *PRE_PASSES, NONE))
+        raise WeightsmithError(f"--pre-pass {short_repr(pre_pass)}: choose from {choices}", code="usage")
     if gptq:
         raise WeightsmithError(
             f"--pre-pass {pre_pass} is data-free: --method gptq would choose values for weights the pre-pass "
             "has not balanced; use --method rtn",
             code="usage",
         )
+    return pre_pass
 
 
 def plan_warnings(plan: Plan) -> list[str]:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from weightsmith.core.errors import CheckpointError, WeightsmithError
+from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.formats.source import OriginalWeights
 from weightsmith.io import names
 from weightsmith.quant import sinkhorn
@@ -111,6 +112,22 @@ def check(plan: Plan) -> list[str]:
     return sorted(layers, key=lambda p: int(p.rsplit(".", 1)[1]))
 
 
+def skipped(plan: Plan) -> str | None:
+    """Why `--pre-pass auto` leaves `plan` unbalanced, in words, or None where SINQ applies: an
+    architecture, tensor or scheme `check` refuses, plain round-to-nearest asked for (`--scale-search
+    none` promises llm-compressor's bytes), or KV-cache scales measured on v_proj's unbalanced rows."""
+    try:
+        layers = check(plan)
+    except WeightsmithError as exc:
+        return str(exc).removeprefix("--pre-pass sinq: ")
+    if plan.kv_cache is not None:
+        return "--kv-cache's scales were measured on v_proj's rows as the source stores them"
+    projections = {f"{layer}.{m}.{names.WEIGHT}" for layer in layers for m in _PROJECTIONS}
+    if any(d.rule is not None and d.rule.scheme.scale_search is None for d in plan.decisions if d.name in projections):
+        return "--scale-search none asks for plain round-to-nearest of the source's weights"
+    return None
+
+
 def folds(name: str) -> bool:
     """Whether `name` is a projection weight of a decoder layer (balanced by the pre-pass)."""
     found = _LAYER.match(name)
@@ -150,6 +167,23 @@ def _scales(rows: list[sinkhorn.Rows], group: int, workers: int) -> np.ndarray:
     return sinkhorn.column_scales(rows, math.gcd(group, rows[0].width), workers=workers)
 
 
+def _finite(plan: Plan, t: np.ndarray, weights: dict[str, np.ndarray]) -> np.ndarray:
+    """`t`, or the quantizer's own one-line refusal of the first weight (by name) holding a NaN or Inf
+    that made it non-finite: the error names the weight the source got wrong, not a norm it reached."""
+    if np.isfinite(t).all():
+        return t
+    for name, w in weights.items():
+        bad = np.flatnonzero(~np.isfinite(w.astype(np.float32)))
+        if len(bad):
+            raise CheckpointError(
+                f"has a NaN or Inf at row {bad[0] // w.shape[1]}, column {bad[0] % w.shape[1]}; cannot quantize it",
+                file=plan.source.path(plan.source.tensors[name].shard),
+                tensor=name,
+                code="values.non-finite",
+            )
+    return t  # finite weights: `balance` names the norm or bias that overflowed
+
+
 def _o_columns(heads: Heads) -> list[np.ndarray]:
     """Per query head of a KV group, the o_proj columns it reads: column (k, d) of the p-th list is
     query head k * per_kv + p's d-th column, so that the stacked heads of one KV head share a scale."""
@@ -186,9 +220,13 @@ def _layer(plan: Plan, heads: Heads, layer: str, workers: int) -> Balance:
         # o_proj: columns of query heads sharing a KV head stacked as rows, so they get one scale
         o = weight("self_attn.o_proj")
         t_v = _scales([sinkhorn.Rows(o, columns=c) for c in _o_columns(heads)], gsize("self_attn.o_proj"), workers)
+        t_v = _finite(plan, t_v, {f"{layer}.self_attn.o_proj.{names.WEIGHT}": o})
         del o
         t_o = np.repeat(t_v.reshape(heads.kv, 1, heads.dim), heads.per_kv, axis=1).reshape(-1)
-        t_d = _scales([sinkhorn.Rows(weight("mlp.down_proj"))], gsize("mlp.down_proj"), workers)
+        down = weight("mlp.down_proj")
+        t_d = _finite(plan, _scales([sinkhorn.Rows(down)], gsize("mlp.down_proj"), workers),
+                      {f"{layer}.mlp.down_proj.{names.WEIGHT}": down})  # fmt: skip
+        del down
         for module, t in (("self_attn.v_proj", t_v), ("mlp.up_proj", t_d)):
             out.rows[f"{layer}.{module}.{names.WEIGHT}"] = t
             bias = tensor(f"{module}.{names.BIAS}")
@@ -198,7 +236,9 @@ def _layer(plan: Plan, heads: Heads, layer: str, workers: int) -> Balance:
         def joint(norm: str, modules: tuple[str, ...]) -> None:
             stack = [sinkhorn.Rows(weight(m), out.rows.get(f"{layer}.{m}.{names.WEIGHT}")) for m in modules]
             t = _scales(stack, gsize(modules[0]), workers)
-            del stack
+            stored = {f"{layer}.{m}.{names.WEIGHT}": part.weight for m, part in zip(modules, stack, strict=True)}
+            t = _finite(plan, t, stored)
+            del stack, stored
             norm_weight = tensor(f"{norm}.{names.WEIGHT}")
             assert norm_weight is not None  # `check` found it
             out.values[f"{layer}.{norm}.{names.WEIGHT}"], applied = _fold_norm(norm_weight, t)
@@ -217,6 +257,7 @@ def balance(plan: Plan, workers: int) -> Balance:
     fewer layers than workers, each layer's tiles are shared among the workers left over."""
     layers = check(plan)
     heads = _heads(plan.source.config)
+    keep_freed_memory()
     total = Balance()
     workers = max(1, workers)
     at_once = min(workers, len(layers))
