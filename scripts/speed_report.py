@@ -71,7 +71,7 @@ def quantize_rows(q: dict[str, Any]) -> list[str]:
     )
     rows = [f"| {what} | {figure} | {cmd} |"]
     searches = (
-        (DEFAULT, "W4A16 as it comes (its default search, wmse)"),
+        (DEFAULT, "W4A16 with its default search (wmse), no pre-pass"),
         (NVFP4, "NVFP4A16"),
         (NVFP4_MSE, "NVFP4A16 `--scale-search mse`"),
         (MSE, "W4A16 `--scale-search mse`"),
