@@ -121,6 +121,17 @@ def test_verify_notes_the_changed_norms(tmp_path: Path) -> None:
     assert len(notes) == 1 and "differ from the source by design" in notes[0].message
 
 
+def test_the_card_says_what_the_pre_pass_changed(tmp_path: Path, capsys, monkeypatch) -> None:
+    from clirun import run
+
+    src = _llama(tmp_path / "src")
+    quantize(src, tmp_path / "out", group_size=64, workers=1)  # the default: balanced
+    assert run(capsys, monkeypatch, "card", tmp_path / "out")[0] == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    line = next(x for x in card.splitlines() if x.startswith("- **Pre-pass**"))
+    assert "differ from the source's by design" in line and "adapters (LoRA) trained on the source" in line
+
+
 def test_eval_says_the_weight_error_includes_the_balancing(tmp_path: Path) -> None:
     from weightsmith.fidelity.evaluate import evaluate
 

@@ -249,7 +249,8 @@ def _pre_pass_lines(m: Manifest, c: Citations) -> list[str]:
         f"Sinkhorn column scales (at most {c.num(str(p.iterations), M, 'pre_pass.iterations')} steps per group, "
         "from the weights alone) before quantizing, the scales folded into the layer norms and the v_proj/up_proj "
         "rows so that the unquantized model computes the same function; the norm weights (and biases) listed in "
-        "the manifest's pre_pass.changed differ from the source's by design."
+        "the manifest's pre_pass.changed differ from the source's by design, so adapters (LoRA) trained on the "
+        "source's weights do not fit this checkpoint."
     ]
 
 
