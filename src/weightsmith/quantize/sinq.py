@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from weightsmith.core.errors import CheckpointError, WeightsmithError
-from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.formats.source import OriginalWeights
 from weightsmith.io import names
 from weightsmith.quant import sinkhorn
@@ -257,7 +256,6 @@ def balance(plan: Plan, workers: int) -> Balance:
     fewer layers than workers, each layer's tiles are shared among the workers left over."""
     layers = check(plan)
     heads = _heads(plan.source.config)
-    keep_freed_memory()
     total = Balance()
     workers = max(1, workers)
     at_once = min(workers, len(layers))
