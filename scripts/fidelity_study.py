@@ -324,23 +324,24 @@ def write_docs() -> None:
     (REPO / "docs" / "fidelity-study.json").write_text(json.dumps(doc_json, indent=2) + "\n")
 
 
-#: Speed of the recipes that matter, measured apart from the study (one idle machine, warm kernels), by
-#: `python benchmarks/quantize_speed.py --gib 0.5 --repeats 3 --skip-reference --scheme w4a16-asym
-#: --arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` (a 1.15 GiB 7B-wide BF16 checkpoint)
-#: and five interleaved rounds of `weightsmith quantize` on Qwen2.5-Coder-1.5B.
+#: Speed of the recipes that matter, measured apart from the study (warm kernels and page cache) by the
+#: commands it names.
 SPEED = [
-    "## Speed (BF16 input, 2 cores, load 0.6-1.6)",
+    "## Speed (BF16 or FP32 input, 2 cores, load 1.2-1.6)",
     "",
-    "Qwen2.5-Coder-1.5B (3.55 GB of files, real weights: 4-5 Sinkhorn steps a tile), `weightsmith quantize Q OUT",
-    "--json --no-hash [flags]`, five rounds of the first two rows interleaved (median, range), peak RSS:",
+    "`python benchmarks/default_recipe_speed.py --rounds 5 [--model smollm2]`: `weightsmith quantize SRC OUT",
+    "--json --no-hash` with no recipe flags (the default) and with `--pre-pass none`, alternating, five rounds",
+    "each, medians (each round's GB/s in brackets). Real weights stop the Sinkhorn search after 4-5 steps a tile.",
     "",
-    "| recipe | flags | seconds | GB/s | peak RSS |",
-    "|---|---|---|---|---|",
-    "| W4A16 asym + SINQ pre-pass + wmse (the default) | none | 7.05 (6.72-7.53; the pre-pass 1.34-1.44) "
-    "| **0.50** (0.47-0.53) | 295-313 MiB |",
-    "| W4A16 asym + wmse | `--pre-pass none` | 5.20 (4.92-5.52) | 0.68 (0.64-0.72) | 172 MiB |",
-    "| W4A16 asym + SINQ pre-pass, RTN | `--pre-pass sinq --scale-search none` | 4.01 (3.58-4.03), 3 rounds "
-    "| 0.89 (0.88-0.99) | - |",
+    "| model | the default (asym + SINQ pre-pass + wmse) | `--pre-pass none` (asym + wmse) | ratio |",
+    "|---|---|---|---|",
+    "| Qwen2.5-Coder-1.5B, 3.55 GB BF16 | 6.75 s = **0.53 GB/s** (0.56, 0.53, 0.50, 0.55, 0.52); the pre-pass "
+    "1.44 s; peak RSS 305 MiB | 4.99 s = 0.71 GB/s (0.68-0.73); 173 MiB | 0.74x |",
+    "| SmolLM2-135M `--group-size 64`, 0.54 GB FP32 | 0.89 s = **0.61 GB/s** (0.53-0.65); the pre-pass 0.29 s; "
+    "191 MiB | 0.60 s = 0.90 GB/s (0.86-0.99); 170 MiB | 0.67x |",
+    "",
+    "`weightsmith quantize Q OUT --json --no-hash --pre-pass sinq --scale-search none` (SINQ, then",
+    "round-to-nearest) on Qwen2.5-Coder-1.5B: 4.01, 3.58 and 4.03 s, 0.88-0.99 GB/s.",
     "",
     "`python benchmarks/quantize_speed.py --gib 0.5 --repeats 3 --skip-reference --scheme w4a16-asym "
     '--arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` on a 1.15 GiB 7B-wide checkpoint',
@@ -352,9 +353,10 @@ SPEED = [
     "| W4A16 asym + wmse | 0.87 | 172 MiB |",
     "| W4A16 asym + SINQ pre-pass + wmse (the default) | 0.47 | 494 MiB |",
     "",
-    "The pre-pass is Sinkhorn's passes over each 128-column tile, bound by arithmetic: keeping the row scales as",
-    "factors rather than logarithms (a logarithm and an exponential per row and step cost more than the pass)",
-    "and taking the rows' square roots after the pass took it from 1.8 to 1.4 s on Qwen, with the same bytes out.",
+    "The pre-pass is Sinkhorn's passes over each tile of group-size columns, bound by arithmetic: keeping the row",
+    "scales as factors rather than logarithms (a logarithm and an exponential per row and step cost more than",
+    "the pass) and taking the rows' square roots after the pass took it from 1.8 to 1.4 s on Qwen, with the",
+    "same bytes out.",
     "",
     "`hqq` ran at 0.34 GB/s and `qkx2` at 0.15-0.35 GB/s under load (the kernels alone,",
     "`--search hqq`; tests/quant/test_int4_qkx2.py's matrix).",

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from weightsmith.core import cores
-from weightsmith.core.errors import CheckpointError, OutputError
+from weightsmith.core.errors import OutputError
 from weightsmith.core.files import copy_new, write_json_new
 from weightsmith.core.timesplit import TimeSplit
 from weightsmith.io.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
@@ -345,13 +345,7 @@ class _Runner:
 
     def _check(self, d: Decision, bad: int, r0: int, cols: int) -> None:
         if bad >= 0:
-            r, c = r0 + bad // cols, bad % cols
-            raise CheckpointError(
-                f"has a NaN or Inf at row {r}, column {c}; cannot quantize it",
-                file=self.plan.source.path(d.shard),
-                tensor=d.name,
-                code="values.non-finite",
-            )
+            raise self.plan.non_finite(d.name, r0 + bad // cols, bad % cols)
 
     def _quantize_whole(self, d: Decision, info: TensorInfo, reader: ShardReader, writer: ShardWriter) -> None:
         """A TENSOR first pass: observe every row block of the weight, conclude, then encode them."""

@@ -90,6 +90,16 @@ class Plan:
     #: `--pre-pass auto` that did not apply: why, in words (None where it applied or was not asked).
     pre_pass_skipped: str | None = None
 
+    def non_finite(self, name: str, row: int, column: int) -> CheckpointError:
+        """The refusal of weight `name`, which holds a NaN or Inf at (row, column): one line, the same
+        whether the quantizer or the pre-pass, which reads the weights first, comes upon it."""
+        return CheckpointError(
+            f"has a NaN or Inf at row {row}, column {column}; cannot quantize it",
+            file=self.source.path(self.source.tensors[name].shard),
+            tensor=name,
+            code="values.non-finite",
+        )
+
     def shards(self) -> dict[str, list[TensorSpec]]:
         """Output shard file name -> the tensors it holds (same file names as the source)."""
         out: dict[str, list[TensorSpec]] = {shard: [] for shard in self.source.headers}

@@ -174,12 +174,7 @@ def _finite(plan: Plan, t: np.ndarray, weights: dict[str, np.ndarray]) -> np.nda
     for name, w in weights.items():
         bad = np.flatnonzero(~np.isfinite(w.astype(np.float32)))
         if len(bad):
-            raise CheckpointError(
-                f"has a NaN or Inf at row {bad[0] // w.shape[1]}, column {bad[0] % w.shape[1]}; cannot quantize it",
-                file=plan.source.path(plan.source.tensors[name].shard),
-                tensor=name,
-                code="values.non-finite",
-            )
+            raise plan.non_finite(name, int(bad[0] // w.shape[1]), int(bad[0] % w.shape[1]))
     return t  # finite weights: `balance` names the norm or bias that overflowed
 
 
