@@ -210,7 +210,8 @@ def open_plan(
     elif pre_pass is not None and kv_cache is not None:
         raise WeightsmithError(
             f"--pre-pass {pre_pass} rescales v_proj's rows, so KV-cache scales measured on SRC would not fit "
-            "the values it writes; leave out --kv-cache or use --pre-pass none",
+            "the values it writes; leave out --kv-cache and run `weightsmith calibrate-kv` on the output, "
+            "or use --pre-pass none",
             code="usage",
         )
     if pre_pass is not None:

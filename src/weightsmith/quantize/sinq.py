@@ -120,7 +120,10 @@ def skipped(plan: Plan) -> str | None:
     except WeightsmithError as exc:
         return str(exc).removeprefix("--pre-pass sinq: ")
     if plan.kv_cache is not None:
-        return "--kv-cache's scales were measured on v_proj's rows as the source stores them"
+        return (
+            "--kv-cache's scales were measured on v_proj's rows as the source stores them (without --kv-cache, "
+            "`weightsmith calibrate-kv` measures them on the balanced output)"
+        )
     projections = {f"{layer}.{m}.{names.WEIGHT}" for layer in layers for m in _PROJECTIONS}
     if any(d.rule is not None and d.rule.scheme.scale_search is None for d in plan.decisions if d.name in projections):
         return "--scale-search none asks for plain round-to-nearest of the source's weights"
