@@ -1,8 +1,9 @@
-"""Speed of the default int4 recipe on a real model, against the same recipe without its pre-pass.
+"""Speed of the default int4 recipe on a real model, against it without its pre-pass and without its search.
 
 `weightsmith quantize SRC OUT` with no flags balances a Llama, Mistral or Qwen2 checkpoint with the
 SINQ pre-pass before its `wmse` search; the pre-pass is what the default costs over asymmetric `wmse`
-alone (`--pre-pass none`), and what makes it close half the KL gap to GPTQ (docs/fidelity-study.md).
+alone (`--pre-pass none`), and what makes it close half the KL gap to GPTQ (docs/fidelity-study.md);
+the pre-pass followed by plain round-to-nearest (`--pre-pass sinq --scale-search none`) is the fast option.
 Real weights matter here: they stop the Sinkhorn search after 4-5 steps a tile, where random weights
 take all 16. Rounds alternate the arms (default, peer, default, ...), each a fresh process on a warm
 page cache; the figures are medians over the rounds: GB/s of source tensor bytes over the quantize
@@ -31,7 +32,11 @@ from models import qwen25_coder_bf16, smollm2_fp32
 #: 576-wide ones in BF16, and the pre-pass with them)
 MODELS = {"qwen": (qwen25_coder_bf16, []), "smollm2": (smollm2_fp32, ["--group-size", "64"])}
 #: arm -> the flags beside the model's own
-ARMS = {"default": [], "--pre-pass none": ["--pre-pass", "none"]}
+ARMS = {
+    "default": [],
+    "--pre-pass none": ["--pre-pass", "none"],
+    "sinq, RTN": ["--pre-pass", "sinq", "--scale-search", "none"],
+}
 
 
 def run(src: Path, out: Path, flags: list[str]) -> dict[str, float]:
@@ -74,9 +79,9 @@ def main() -> None:
         spread = ", ".join(f"{r['gb_s']:.2f}" for r in runs[arm])
         pre = f", pre-pass {m['pre_pass']:.2f} s" if m["pre_pass"] else ""
         rss = f"peak RSS {m['rss_mib']:.0f} MiB"
-        print(f"  {arm:16s} {m['seconds']:.2f} s = {m['gb_s']:.2f} GB/s ({spread}){pre}; {rss}")
-    ratio = med["default"]["gb_s"] / med["--pre-pass none"]["gb_s"]
-    print(f"default / --pre-pass none: {ratio:.2f}x the throughput")
+        print(f"  {arm:15s} {m['seconds']:.2f} s = {m['gb_s']:.2f} GB/s ({spread}){pre}; {rss}")
+    for peer in list(ARMS)[1:]:
+        print(f"default / {peer}: {med['default']['gb_s'] / med[peer]['gb_s']:.2f}x the throughput")
 
 
 if __name__ == "__main__":

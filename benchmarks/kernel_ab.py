@@ -43,7 +43,8 @@ DEFAULT_ARMS = [
 def quantize(tree: Path, cache: Path, src: Path, out: Path, scheme: str, extra: list[str]) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "NUMBA_CACHE_DIR": str(cache)}
     command = [sys.executable, "-m", "weightsmith.cli", "quantize", str(src), str(out), "--json", "--no-hash",
-               "--force", "--scheme", scheme, "--pre-pass", "none", *extra]  # fmt: skip
+               "--force", "--scheme", scheme, *extra]  # fmt: skip
+    command += [] if "--pre-pass" in extra else ["--pre-pass", "none"]  # the scheme's kernels alone, unless asked
     run = measured(command, env=env)
     report = json.loads(run.stdout)
     return {"work": report["seconds"], "kernel_cpu": report["time_split"]["cpu"]["kernel"], "load": load()}

@@ -327,21 +327,19 @@ def write_docs() -> None:
 #: Speed of the recipes that matter, measured apart from the study (warm kernels and page cache) by the
 #: commands it names.
 SPEED = [
-    "## Speed (BF16 or FP32 input, 2 cores, load 1.2-1.6)",
+    "## Speed (BF16 or FP32 input, 2 cores, load 1.2-1.8)",
     "",
     "`python benchmarks/default_recipe_speed.py --rounds 5 [--model smollm2]`: `weightsmith quantize SRC OUT",
-    "--json --no-hash` with no recipe flags (the default) and with `--pre-pass none`, alternating, five rounds",
-    "each, medians (each round's GB/s in brackets). Real weights stop the Sinkhorn search after 4-5 steps a tile.",
+    "--json --no-hash` with no recipe flags (the default), with `--pre-pass none` and with `--pre-pass sinq",
+    "--scale-search none`, alternating, five rounds each, medians (the rounds' GB/s in brackets), peak RSS.",
+    "Real weights stop the Sinkhorn search after 4-5 steps a tile.",
     "",
-    "| model | the default (asym + SINQ pre-pass + wmse) | `--pre-pass none` (asym + wmse) | ratio |",
+    "| model | the default (asym + SINQ pre-pass + wmse) | `--pre-pass none` (asym + wmse) | SINQ pre-pass, RTN |",
     "|---|---|---|---|",
-    "| Qwen2.5-Coder-1.5B, 3.55 GB BF16 | 6.75 s = **0.53 GB/s** (0.56, 0.53, 0.50, 0.55, 0.52); the pre-pass "
-    "1.44 s; peak RSS 305 MiB | 4.99 s = 0.71 GB/s (0.68-0.73); 173 MiB | 0.74x |",
-    "| SmolLM2-135M `--group-size 64`, 0.54 GB FP32 | 0.89 s = **0.61 GB/s** (0.53-0.65); the pre-pass 0.29 s; "
-    "191 MiB | 0.60 s = 0.90 GB/s (0.86-0.99); 170 MiB | 0.67x |",
-    "",
-    "`weightsmith quantize Q OUT --json --no-hash --pre-pass sinq --scale-search none` (SINQ, then",
-    "round-to-nearest) on Qwen2.5-Coder-1.5B: 4.01, 3.58 and 4.03 s, 0.88-0.99 GB/s.",
+    "| Qwen2.5-Coder-1.5B, 3.55 GB BF16 | 6.63 s = **0.54 GB/s** (0.52-0.57); the pre-pass 1.32 s; 312 MiB "
+    "| 5.11 s = 0.70 GB/s (0.68-0.74); 172 MiB | 3.92 s = 0.91 GB/s (0.84-0.99); 305 MiB |",
+    "| SmolLM2-135M `--group-size 64`, 0.54 GB FP32 | 0.79 s = **0.68 GB/s** (0.61-0.70); the pre-pass 0.26 s; "
+    "190 MiB | 0.54 s = 1.00 GB/s (0.95-1.01); 169 MiB | 0.55 s = 0.98 GB/s (0.95-1.04); 190 MiB |",
     "",
     "`python benchmarks/quantize_speed.py --gib 0.5 --repeats 3 --skip-reference --scheme w4a16-asym "
     '--arm "sinq=--scheme w4a16-asym --pre-pass sinq --scale-search wmse"` on a 1.15 GiB 7B-wide checkpoint',

@@ -31,10 +31,11 @@ from weightsmith.quant.floatbits import MODE_BF16, bf16_round, decode
 #: Sinkhorn steps at most: the reference's default for its dual-scale quantizer.
 ITERATIONS = 16
 _SPREAD_MIN, _SPREAD_MAX = 1e-3, 1e3
-_STEP_MIN, _STEP_MAX = math.log(0.7), math.log(2.0)
-_LOG_MIN, _LOG_MAX = -0.3, 10.0
-#: The same bounds on a step and on a scale as factors (the row scales are kept as factors).
+#: A step's factor and a scale's logarithm stay within these; the column scales are kept as logarithms,
+#: the row scales (many more) as factors, so each bound is also given in the other form.
 _RATIO_MIN, _RATIO_MAX = 0.7, 2.0
+_LOG_MIN, _LOG_MAX = -0.3, 10.0
+_STEP_MIN, _STEP_MAX = math.log(_RATIO_MIN), math.log(_RATIO_MAX)
 _FACTOR_MIN, _FACTOR_MAX = math.exp(_LOG_MIN), math.exp(_LOG_MAX)
 #: How much more imbalanced than the best an iterate must be to end the search. Steps whose extreme
 #: spreads are both clamped leave the imbalance unchanged, so exact ties occur in real weights, and

@@ -28,7 +28,7 @@ METHODS = ("rtn", "gptq")
 #: models of docs/fidelity-study.md, with every search and with GPTQ.
 DEFAULT_SCHEME = "w4a16-asym"
 #: `--pre-pass` values beside the pre-passes themselves: the default, and none at all.
-AUTO, NONE = "auto", "none"
+AUTO, NO_PRE_PASS = "auto", "none"
 #: `--method gptq`'s calibration tokens (at most) and tokens per sequence, unless given.
 GPTQ_TOKENS, GPTQ_SEQ_LEN = 2048, 256
 #: compressed-tensors' names for group ordering (a g_idx per column): "dynamic" is its alias of "group".
@@ -207,13 +207,6 @@ def open_plan(
     if pre_pass == AUTO:
         plan.pre_pass_skipped = sinq.skipped(plan)
         pre_pass = None if plan.pre_pass_skipped else "sinq"
-    elif pre_pass is not None and kv_cache is not None:
-        raise WeightsmithError(
-            f"--pre-pass {pre_pass} rescales v_proj's rows, so KV-cache scales measured on SRC would not fit "
-            "the values it writes; leave out --kv-cache and run `weightsmith calibrate-kv` on the output, "
-            "or use --pre-pass none",
-            code="usage",
-        )
     if pre_pass is not None:
         plan.pre_pass = pre_pass
         plan.changed = sinq.changed_tensors(plan, sinq.check(plan))
@@ -232,10 +225,10 @@ def pre_pass_option(pre_pass: str | None, *, gptq: bool) -> str | None:
     an explicit pre-pass the method cannot start from."""
     from weightsmith.quantize.sinq import PRE_PASSES
 
-    if pre_pass is None or pre_pass == NONE or (pre_pass == AUTO and gptq):
+    if pre_pass is None or pre_pass == NO_PRE_PASS or (pre_pass == AUTO and gptq):
         return None
     if pre_pass != AUTO and pre_pass not in PRE_PASSES:
-        choices = ", ".join((AUTO, *PRE_PASSES, NONE))
+        choices = ", ".join((AUTO, *PRE_PASSES, NO_PRE_PASS))
         raise WeightsmithError(f"--pre-pass {short_repr(pre_pass)}: choose from {choices}", code="usage")
     if gptq:
         raise WeightsmithError(

@@ -75,7 +75,14 @@ def _heads(config: dict[str, Any]) -> Heads:
 
 def check(plan: Plan) -> list[str]:
     """The decoder layers (`model.layers.N`) the pre-pass folds, from the headers; a one-line refusal
-    for an architecture, a tensor or a scheme it cannot fold exactly."""
+    for an architecture, a tensor or a scheme it cannot fold exactly, or KV-cache scales it would
+    invalidate (they are measured on SRC, and the fold rescales v_proj's rows)."""
+    if plan.kv_cache is not None:
+        raise refusal(
+            "cannot run with --kv-cache:",
+            "KV-cache scales measured on SRC would not fit the v_proj rows the fold rescales; leave out --kv-cache "
+            "and run `weightsmith calibrate-kv` on the output (it measures the balanced model), or use --pre-pass none",
+        )
     model_type = names.model_type(plan.source.config)
     if model_type not in MODEL_TYPES:
         raise refusal(
@@ -112,18 +119,12 @@ def check(plan: Plan) -> list[str]:
 
 
 def skipped(plan: Plan) -> str | None:
-    """Why `--pre-pass auto` leaves `plan` unbalanced, in words, or None where SINQ applies: an
-    architecture, tensor or scheme `check` refuses, plain round-to-nearest asked for (`--scale-search
-    none` promises llm-compressor's bytes), or KV-cache scales measured on v_proj's unbalanced rows."""
+    """Why `--pre-pass auto` leaves `plan` unbalanced, in words, or None where SINQ applies: what `check`
+    refuses, or plain round-to-nearest asked for (`--scale-search none` promises llm-compressor's bytes)."""
     try:
         layers = check(plan)
     except WeightsmithError as exc:
         return str(exc).removeprefix("--pre-pass sinq: ")
-    if plan.kv_cache is not None:
-        return (
-            "--kv-cache's scales were measured on v_proj's rows as the source stores them (without --kv-cache, "
-            "`weightsmith calibrate-kv` measures them on the balanced output)"
-        )
     projections = {f"{layer}.{m}.{names.WEIGHT}" for layer in layers for m in _PROJECTIONS}
     if any(d.rule is not None and d.rule.scheme.scale_search is None for d in plan.decisions if d.name in projections):
         return "--scale-search none asks for plain round-to-nearest of the source's weights"
