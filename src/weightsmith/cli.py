@@ -20,7 +20,7 @@ from typer._click import exceptions as click_errors  # typer carries its own cop
 
 from weightsmith.core import blas_probe
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.core.terminal import markup_safe, short_repr
+from weightsmith.core.terminal import cut_line, markup_safe, short_repr
 from weightsmith.core.version import __version__
 
 #: The module that adds each top-level command, in help order. Only the module of the command a
@@ -155,7 +155,12 @@ def main() -> None:
         sys.exit(1)
     except WeightsmithError as exc:
         # a name like `a[/]b` is text, not markup: unescaped it would be hidden or raise
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, emoji=False)
+        err_console.print(f"[bold red]error:[/] {escape(cut_line(str(exc)))}", soft_wrap=True, emoji=False)
+        sys.exit(2)
+    except OSError as exc:  # a path the system refuses (too long, a loop of links): a line, not a traceback
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        line = cut_line(f"{where}{exc.strerror or exc}")
+        err_console.print(f"[bold red]error:[/] {markup_safe(line)}", soft_wrap=True, emoji=False)
         sys.exit(2)
     except MemoryError:  # an input read whole past what this machine holds: a line, not a traceback
         sys.stderr.write("error: ran out of memory; an input is larger than this machine can hold\n")

@@ -79,16 +79,16 @@ def test_missing_usage_is_an_error_not_a_guess(standin) -> None:
 def test_http_error_is_one_line(standin) -> None:
     url = standin(reject_marker="REJECT")
     out = _run(url, prompt="REJECT this")
-    assert out.error == "HTTP 400: stand-in rejects this prompt"
+    assert out.error == f"{url}/v1/completions: HTTP 400: stand-in rejects this prompt"
 
 
 def test_timeout_and_refused_connection(standin) -> None:
     url = standin(ttft_s=3.0)
     out = _run(url, timeout=0.5)
-    assert out.error is not None and out.error.startswith("timed out after 0.5 s")
+    assert out.error == f"{url}/v1/completions: no complete answer within 0.5 s" and out.unreachable
     out = _run("http://127.0.0.1:9")
-    assert out.error is not None and out.error.startswith("connection failed")
-    assert "\n" not in out.error
+    assert out.error is not None and out.error.startswith("http://127.0.0.1:9/v1/completions: connection failed")
+    assert "\n" not in out.error and out.unreachable
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
@@ -172,9 +172,11 @@ def test_deeply_nested_answer_is_one_line_naming_the_url() -> None:
     assert answer.error.startswith("http://standin/v1/completions: the response is not readable JSON")
     assert "nested too deeply" in answer.error
     error = _answer_from(500, deep).error
-    assert error is not None and error.startswith("HTTP 500: [[[") and len(error) <= 200
+    prefix = "http://standin/v1/completions: "
+    assert error is not None and error.startswith(prefix + "HTTP 500: [[[") and len(error) <= len(prefix) + 200
 
 
 def test_http_error_of_a_whole_answer_names_the_servers_message() -> None:
-    assert _answer_from(400, '{"error": {"message": "bad\\nprompt"}}').error == "HTTP 400: bad prompt"
+    error = _answer_from(400, '{"error": {"message": "bad\\nprompt"}}').error
+    assert error == "http://standin/v1/completions: HTTP 400: bad prompt"
     assert _answer_from(200, '{"choices": [{"text": "hi"}]}').content == "hi"

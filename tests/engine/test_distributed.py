@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clirun import one_error_line, run, sigint_default
@@ -41,6 +42,37 @@ try:
         if world.rank == 1 and sys.argv[1] == "hangs":
             time.sleep(120)
         world.barrier()
+except WeightsmithError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+#: A program that is not weightsmith on a run's port, as rank 1: it joins, then answers the comparison of
+#: jobs (`World.agree`) with a length (argv[1]) and bytes (argv[2]) of its own.
+STRANGER = """
+import sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://", rank=1, world_size=2, timeout=timedelta(seconds=20))
+data = sys.argv[2].encode()
+lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
+dist.all_gather(lengths, torch.tensor([int(sys.argv[1])], dtype=torch.int64))
+width = max(int(length.item()) for length in lengths)
+if width <= 1 << 20:
+    mine = torch.zeros(width, dtype=torch.uint8)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    dist.all_gather([torch.zeros(width, dtype=torch.uint8) for _ in range(2)], mine)
+"""
+#: Rank 0 of a calibrate job on SRC (argv[1]) into OUT (argv[2]), comparing jobs as it joins.
+LEAD = """
+import sys
+from pathlib import Path
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.engine.distributed import Job, joined
+try:
+    with joined(20, job=Job("calibrate", Path(sys.argv[1]), Path(sys.argv[2]))):
+        pass
 except WeightsmithError as exc:
     print(exc, file=sys.stderr)
     sys.exit(2)
@@ -107,6 +139,143 @@ def test_a_lost_peer_is_one_line_naming_this_rank_and_the_collective(mode: str) 
     assert err.count("\n") == 1 and err.startswith(f"rank 0 of 2: barrier failed: {PEER_LOST} within 3 s ("), err
     if mode == "hangs":
         assert "Timed out" in err and waited < 60
+
+
+@pytest.mark.parametrize(
+    ("length", "data", "expected"),
+    [
+        ("5000000000", "", "it described it in 5,000,000,000 bytes, not 1 to 1,048,576; nothing was written"),
+        ("9", "{not json", "it does not describe it as weightsmith does; nothing was written"),
+        ("2", "[]", "it does not describe it as weightsmith does; nothing was written"),
+    ],
+    ids=["huge", "not-json", "not-a-job"],
+)
+def test_a_stranger_on_the_port_is_refused_by_its_description(
+    tiny_llama: Path, tmp_path: Path, length: str, data: str, expected: str
+) -> None:
+    """Whatever joins as rank 1 and answers the comparison of jobs with bytes of its own (any length, not
+    JSON, not a job) is refused in one line naming it, before rank 0 makes a buffer of that length."""
+    port = str(free_port())
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    lead = subprocess.Popen(
+        [sys.executable, "-c", LEAD, str(tiny_llama), str(tmp_path / "s.safetensors")],
+        env={**env, "RANK": "0"}, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
+    )  # fmt: skip
+    stranger = subprocess.Popen(
+        [sys.executable, "-c", STRANGER, length, data], env={**env, "RANK": "1"}, stderr=subprocess.DEVNULL,
+        preexec_fn=sigint_default,
+    )  # fmt: skip
+    try:
+        _, err = lead.communicate(timeout=120)
+    finally:
+        for child in (lead, stranger):
+            child.kill()
+            child.wait()
+    assert lead.returncode == 2
+    assert err == f"rank 1 of 2 is running another job: {expected}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+#: Rank 0 of a world without a job, which max-reduces one value (its names gathered as JSON).
+REDUCING = """
+import sys
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.engine.distributed import joined
+try:
+    with joined(20) as world:
+        world.max_reduce({"x model.layers.0.mlp.down_proj": 1.0})
+except WeightsmithError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)
+"""
+#: Either rank of a world that broadcasts an array from rank 1 and a structure from rank 0, printing
+#: what arrived; with argv[1] other than `honest`, rank 1 sends a header of its own (argv[1:], int64s)
+#: instead of its array.
+ARRAYS = """
+import json, sys
+import numpy as np, torch
+from weightsmith.core.errors import WeightsmithError
+from weightsmith.engine.distributed import MAX_NDIM, Message, joined
+CLIP = Message("sharing clip factors", "sent the clip factors")
+try:
+    with joined(20) as world:
+        if world.rank == 1 and sys.argv[1] != "honest":
+            header = [int(n) for n in sys.argv[1:]]
+            world.broadcast(torch.tensor(header + [0] * (2 + MAX_NDIM - len(header)), dtype=torch.int64), 1)
+        else:
+            mine = np.arange(32, dtype=np.float32).reshape(4, 8) / 3 if world.rank == 1 else None
+            got = world.broadcast_array(mine, 1, CLIP, "float32", 32)
+            told = world.broadcast_json({"groups": [["q", "k"], 64]} if world.rank == 0 else None, 0, CLIP)
+            print(json.dumps([got.dtype.name, list(got.shape), got.tobytes().hex(), told]), flush=True)
+except WeightsmithError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def _two_ranks(lead: str, lead_args: list[str], peer: str, peer_args: list[str]) -> tuple[int, str, str, int, str]:
+    """Rank 0 running `lead` and rank 1 running `peer` on a fresh port: rank 0's exit status, stdout
+    and stderr, rank 1's exit status and stdout (rank 1 is killed once rank 0 ends)."""
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    children = []
+    for rank, (script, args) in enumerate([(lead, lead_args), (peer, peer_args)]):
+        children.append(subprocess.Popen(
+            [sys.executable, "-c", script, *args], env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True, preexec_fn=sigint_default,
+        ))  # fmt: skip
+    try:
+        out, err = children[0].communicate(timeout=120)
+        peer_out = children[1].communicate(timeout=30)[0]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    return children[0].returncode, out, err, children[1].returncode, peer_out
+
+
+@pytest.mark.parametrize(
+    ("length", "data", "expected"),
+    [
+        ("5000000000", "", "in 5,000,000,000 bytes, not 1 to 16,777,216"),
+        ("9", "{not json", "as something other than a JSON list of names"),
+        ("8", '["a", 3]', "as something other than a JSON list of names"),
+    ],
+    ids=["huge", "not-json", "not-names"],
+)
+def test_names_that_are_not_a_list_of_names_are_one_line(length: str, data: str, expected: str) -> None:
+    """The names of the maxima travel as JSON: a length past the bound is refused before a buffer of
+    that size is made, and bytes that are not a JSON list of strings are refused, naming the rank."""
+    code, _, err, _, _ = _two_ranks(REDUCING, [], STRANGER, [length, data])
+    assert (code, err) == (2, f"rank 1 of 2 sent the names of its maxima {expected}\n")
+
+
+def test_an_array_arrives_as_its_bytes_and_a_structure_as_json() -> None:
+    """`broadcast_array` gives the receiver the sender's float32 values bit for bit, in its shape;
+    `broadcast_json` gives every rank the same JSON data (lists, as JSON has)."""
+    code, out, err, peer_code, peer_out = _two_ranks(ARRAYS, ["honest"], ARRAYS, ["honest"])
+    sent = (np.arange(32, dtype=np.float32).reshape(4, 8) / 3).tobytes().hex()
+    assert (code, peer_code) == (0, 0), err
+    assert [json.loads(o) for o in (out, peer_out)] == [["float32", [4, 8], sent, {"groups": [["q", "k"], 64]}]] * 2
+
+
+@pytest.mark.parametrize(
+    ("header", "shown"),
+    [
+        (["0", "2", str(1 << 40), str(1 << 40)], "float32 of shape [1099511627776, 1099511627776]"),
+        (["1", "2", "4", "8"], "float64 of shape [4, 8]"),
+        (["0", "2", "-4", "-8"], "float32 of shape [-4, -8]"),
+        (["0", "9", "4", "8"], "float32 of 9 dimensions"),
+        (["7", "1", "32"], "dtype code 7 of shape [32]"),
+    ],
+    ids=["huge", "float64", "negative", "dimensions", "dtype"],
+)
+def test_an_array_header_out_of_bounds_is_one_line(header: list[str], shown: str) -> None:
+    """An array's header (dtype, dimensions, shape) is checked before anything of its size is made: a
+    shape of 2**80 values, another dtype, a negative size or too many dimensions is one line naming
+    the sender."""
+    code, _, err, _, _ = _two_ranks(ARRAYS, ["honest"], ARRAYS, header)
+    expected = "not float32 of at most 32 values in at most 4 dimensions"
+    assert (code, err) == (2, f"rank 1 of 2 sent the clip factors as {shown}, {expected}\n")
 
 
 def calibrate_bytes(capsys, monkeypatch, tiny: Path, out: Path, *extra: str) -> bytes:

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from weightsmith.engine.gptq import quantize_weight
+from weightsmith.engine.gptq import NO_GRID, quantize_weight
 from weightsmith.formats import compressors
 from weightsmith.io.manifest import load_manifest
 from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
@@ -300,7 +300,7 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
 
     def solve(members: list[str]) -> None:
         solved = _quantize_group(members, H.clone(), **common)
-        _share(solved, [(members, H)], {members[0]: 0}, linears, World())
+        _share(solved, [(members, H)], {members[0]: 0}, linears, targets, World())
         _keep(solved, tmp_path, result)
 
     solve(["q", "k"])
@@ -308,3 +308,69 @@ def test_a_module_without_a_grid_leaves_only_itself_to_round_to_nearest(tmp_path
     assert not torch.equal(linears["k"].weight, W) and torch.equal(linears["q"].weight, W)
     solve(["v"])
     assert result.rtn == {"q": NO_GRID, "v": NO_GRID} and list(result.chosen) == ["k"]
+
+
+#: A layer's Linears as `_structure` checks rank 0's groups against them: q/k read 64 columns, down 128.
+LAYER_WIDTHS = {"q": 64, "k": 64, "down": 128}
+
+
+@pytest.mark.parametrize(
+    "told",
+    [
+        None,  # bytes that were not JSON
+        {"q": 64},
+        [[["q"], 64, 1]],
+        [[[], 64]],
+        [[["x"], 64]],
+        [[["q", "q"], 64]],
+        [[["q"], 64], [["q", "k"], 64]],
+        [[["q"], 1 << 40]],
+        [[["q"], True]],
+        [[[3], 64]],
+    ],
+    ids=["not-json", "not-a-list", "three-parts", "no-members", "not-a-module", "twice-in-one", "in-two-groups",
+         "other-width", "bool-width", "not-a-name"],
+)  # fmt: skip
+def test_a_layers_groups_not_of_its_modules_are_one_line_naming_rank_0(told: object) -> None:
+    """Every rank sizes and assigns its Hessians by rank 0's groups of the layer: a group that is not a
+    list of this layer's modules, each named once, with the width they read, is refused before any
+    Hessian of that width is made."""
+    from weightsmith.core.errors import WeightsmithError
+    from weightsmith.engine.distributed import World
+    from weightsmith.engine.gptq import _structure
+
+    linears = {m: torch.nn.Linear(width, 32, bias=False) for m, width in LAYER_WIDTHS.items()}
+    assert _structure([[["q", "k"], 64], [["down"], 128]], linears, World(1, 2)) == [(["q", "k"], 64), (["down"], 128)]
+    with pytest.raises(WeightsmithError) as refused:
+        _structure(told, linears, World(1, 2))
+    assert str(refused.value) == (
+        "rank 0 of 2 sent the layer's groups of modules as something other than a JSON list of groups of this "
+        "layer's modules, each named once, with the input width they read"
+    )
+
+
+@pytest.mark.parametrize(
+    "told",
+    [
+        None,
+        {"valued": True, "shrink": False, "fallback": "\x1b[2Jany text"},  # would be written into the manifest
+        {"valued": 1, "shrink": False, "fallback": None},
+        {"valued": True, "shrink": 0, "fallback": None},
+        {"valued": False, "shrink": False, "fallback": None},
+        {"valued": False, "shrink": True, "fallback": NO_GRID},
+        {"valued": True, "shrink": False, "fallback": None, "codes": "..."},
+    ],
+    ids=["not-json", "other-reason", "int-flag", "int-shrink", "no-values-no-reason", "no-grid-with-clip", "extra"],
+)
+def test_a_module_outcome_not_as_gptq_gives_it_is_one_line(told: object) -> None:
+    """A module's outcome from its owner is one `_quantize_group` gives (values, or the no-grid reason);
+    anything else, a reason of the sender's own text included, is refused naming the sender."""
+    from weightsmith.core.errors import WeightsmithError
+    from weightsmith.engine.distributed import Message
+    from weightsmith.engine.gptq import SINGULAR, _outcome
+
+    message = Message("sharing q", "sent the outcome of q", "a JSON outcome of GPTQ")
+    assert _outcome({"valued": True, "shrink": True, "fallback": SINGULAR}, message, 1, 2) == (True, True, SINGULAR)
+    assert _outcome({"valued": False, "shrink": False, "fallback": NO_GRID}, message, 1, 2) == (False, False, NO_GRID)
+    with pytest.raises(WeightsmithError, match=r"^rank 1 of 2 sent the outcome of q as something other than a JSON"):
+        _outcome(told, message, 1, 2)

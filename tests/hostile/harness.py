@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -185,3 +186,9 @@ def carded(sandbox: Sandbox, pair: tuple[Path, Path], capsys: pytest.CaptureFixt
     assert run_inprocess(capsys, monkeypatch, "card", quant).code == 0
     assert run_inprocess(capsys, monkeypatch, "card", quant, "--check").code == 0
     return quant
+
+
+def row_cells(row: str) -> int:
+    """The cells of a Markdown table row as GitHub (cmark-gfm) splits it: a `|` with a backslash before
+    it never ends a cell (that backslash alone is dropped), every other one does."""
+    return len(re.findall(r"(?<!\\)\|", row.strip())) - 1

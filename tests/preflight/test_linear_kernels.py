@@ -22,8 +22,8 @@ from vllm_wheels import vllm_wheel
 from weightsmith.formats.declaration import read_declaration
 from weightsmith.preflight import checks
 from weightsmith.preflight.checks import preflight
-from weightsmith.preflight.linear_kernel import CHECK, MIXED, NVFP4, served_schemes, vllm_scheme
-from weightsmith.preflight.report import LOAD, NOTE, Item, Preflight
+from weightsmith.preflight.linear_kernel import CHECK, MIXED, NVFP4, kernel_for, served_schemes, vllm_scheme
+from weightsmith.preflight.report import LOAD, UNCHECKED, Item, Preflight
 from weightsmith.preflight.source import VllmSource
 from weightsmith.schemes import REGISTRY, make_scheme
 
@@ -213,6 +213,17 @@ def test_the_predicted_table() -> None:
         assert choice is not None and (choice.scheme, choice.table) == PREDICTED[name][:2], name
 
 
+def test_every_scheme_of_ours_is_decided_on_the_cpu_build(cpu) -> None:
+    """Served or refused, never `could not check`: the CPU build's source holds every fact each of our
+    schemes needs (on the CUDA wheels every scheme is served, `test_what_a_cuda_build_is_known_to_serve`)."""
+    src = VllmSource.open(cpu)
+    for name in REGISTRY:
+        decl = read_declaration({"quantization_config": make_scheme(name).quantization_config([])}, None)
+        assert decl is not None
+        choice = vllm_scheme(decl.schemes[0])
+        assert choice is not None and kernel_for(src, choice).served is PREDICTED[name][2], name
+
+
 def test_which_of_our_schemes_the_cpu_build_has_a_kernel_for(cpu) -> None:
     served = served_schemes(VllmSource.open(cpu))
     assert list(served) == [name for name in REGISTRY if PREDICTED[name][2]]
@@ -253,10 +264,12 @@ def test_a_copy_with_cpu_kernels_added_reads_as_served(ckpts, cpu, tmp_path: Pat
         assert result.vllm_platform == "cpu" and kernel_items(result) == []
 
 
-def test_a_layout_it_cannot_read_is_a_note(ckpts, cpu, tmp_path: Path) -> None:
+def test_a_layout_it_cannot_read_fails_as_not_checked(ckpts, cpu, tmp_path: Path) -> None:
+    """Without the kernel tables nothing says whether the group loads: that fails the run, naming the file."""
     site = copy_of(cpu, tmp_path / "site-packages")
     (site / KERNELS).unlink()
     result = run(ckpts["w8a16"], site)
     (item,) = kernel_items(result)
-    assert item.impact == NOTE and "cannot be checked" in item.message and KERNELS in item.message
-    assert not result.failed
+    assert item.impact == UNCHECKED and item.message.endswith(f": {KERNELS} not found")
+    assert item.message.startswith("could not check whether this build has a kernel for config group 'W8A16' (")
+    assert result.failed

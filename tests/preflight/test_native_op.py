@@ -19,7 +19,7 @@ from vllm_cpu import site_packages
 from weightsmith.preflight import checks, native_op
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.native_op import AVX512, AVX512_BF16, CHECK, machine_flags, native_module, schema
-from weightsmith.preflight.report import LOAD, NOTE, Item, Preflight
+from weightsmith.preflight.report import LOAD, UNCHECKED, Item, Preflight
 from weightsmith.preflight.source import VllmSource
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
@@ -129,12 +129,13 @@ def test_an_avx2_library_that_registers_the_op_reads_as_loading(ckpts, cpu, tmp_
     assert op_items(run(ckpts["w4a16"], site, AVX2)) == []
 
 
-def test_a_missing_library_is_a_note(ckpts, cpu, tmp_path: Path) -> None:
+def test_a_missing_library_fails_as_not_checked(ckpts, cpu, tmp_path: Path) -> None:
     site = copy_of(cpu, tmp_path / "site-packages", {"_C.abi3.so": None})
     result = run(ckpts["w4a16"], site, AVX2)
     (item,) = op_items(result)
-    assert item.impact == NOTE and "cannot be checked" in item.message and "no vllm/_C_AVX2.*.so" in item.message
-    assert not result.failed
+    assert item.impact == UNCHECKED and item.message.startswith("could not check whether the native library has")
+    assert item.message.endswith("so vLLM CPU loads vllm._C_AVX2, but vllm/_C_AVX2.*.so not found")
+    assert result.failed
 
 
 def test_the_flags_are_read_from_cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -25,7 +26,7 @@ from small_demo import SMALL_DEMO
 from vllm_wheels import vllm_wheel
 from weightsmith.preflight import checks, code
 from weightsmith.preflight.checks import preflight
-from weightsmith.preflight.report import LOAD, NOTE, SLOW, WRONG, Item, Preflight
+from weightsmith.preflight.report import LOAD, NOTE, SLOW, UNCHECKED, WRONG, Item, Preflight
 from weightsmith.preflight.source import VllmSource
 from weightsmith.quantize.demo import write_demo_checkpoint
 
@@ -37,7 +38,7 @@ GUARDED = 'if self.quant_config is not None and hasattr(self.quant_config, "get_
 #: What preflight reads of an installation, extracted for the patched copy.
 READ = re.compile(
     r"vllm/(__init__\.py|envs\.py|config/(speculative|model)\.py|model_executor/models/(registry|laguna_dflash)\.py"
-    r"|model_executor/layers/quantization/.*\.py|v1/spec_decode/dflash\.py"
+    r"|model_executor/layers/quantization/.*\.py|model_executor/kernels/linear/.*\.py|v1/spec_decode/dflash\.py"
     r"|model_executor/layers/fused_moe/oracle/nvfp4\.py)$|vllm-[^/]*\.dist-info/METADATA$"
 )
 
@@ -158,8 +159,74 @@ def test_patched_install_reads_as_patched(pair, patched_old) -> None:
     result = run(pair["target"], patched_old, pair["laguna-plain"], method="dflash")
     assert result.vllm_version == OLD
     assert loads_failures(result) == ["draft.weight-read"]
+    assert not [i for i in result.items if i.impact == UNCHECKED]  # the copy holds every file preflight reads
     (note,) = by_check(result, "draft.quant-config-call", NOTE)
     assert "hasattr(self.quant_config" in note.evidence[0].text and "patched" in note.message
+
+
+Q = "vllm/model_executor/layers/quantization"
+
+
+def w4a4_moe(folder: Path, layers: int = 3, hidden: int = 64) -> Path:
+    """An NVFP4 MoE target whose experts declare static 4-bit activations (W4A4)."""
+    model = tiny_moe(layers=layers, experts=2, hidden=hidden)
+    acts = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "dynamic": "local"}
+    model.config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = acts
+    return write(model, folder)
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_a_released_vllm_holds_every_fact_preflight_reads(pair, wheels, tmp_path: Path, version: str) -> None:
+    """`could not check` is for a vLLM preflight cannot read: the released wheels answer every check, for
+    an NVFP4 MoE target (weight-only and W4A4), a W4A16 one, and DFlash and EAGLE3 drafts."""
+    w4a4 = w4a4_moe(tmp_path / "w4a4", layers=24, hidden=256)
+    eagle3 = relabel(pair["plain"], tmp_path / "e3", ["LlamaForCausalLMEagle3"], eagle_aux_hidden_state_layer_ids=[1])
+    runs = [(pair["target"], pair["laguna-plain"], "dflash"), (w4a4, eagle3, "eagle3"),
+            (pair["plain"], pair["plain"], "dflash")]  # fmt: skip
+    for target, draft, method in runs:  # a draft's run checks its target too
+        result = run(target, wheels[version], draft, method=method)
+        assert [i.line() for i in result.items if i.impact == UNCHECKED] == [], (target.name, draft.name)
+
+
+@pytest.fixture(scope="module")
+def read_copy(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site-packages folder holding the files of 0.33.0 that preflight reads, and nothing else."""
+    root = tmp_path_factory.mktemp("read-copy")
+    with zipfile.ZipFile(wheels[NEW]) as wheel:
+        wheel.extractall(root, [n for n in wheel.namelist() if READ.search(n)])
+    return root
+
+
+@pytest.mark.parametrize(
+    ("rel", "check", "says"),
+    [
+        ("vllm-0.33.0.dist-info/METADATA", "vllm.version", "no vllm-*.dist-info/METADATA"),
+        ("vllm/config/speculative.py", "compile-cache", "vllm/config/speculative.py not found"),
+        ("vllm/config/model.py", "compile-cache", "vllm/config/model.py not found"),
+        ("vllm/model_executor/models/registry.py", "draft.model-file", "models/registry.py not found"),
+        # the module may be a package too: neither form is there
+        ("vllm/model_executor/models/laguna_dflash.py", "draft.model-file", "laguna_dflash/__init__.py not found"),
+        ("vllm/v1/spec_decode/dflash.py", "draft.model-file", "vllm/v1/spec_decode/dflash.py not found"),
+        (f"{Q}/__init__.py", "draft.quant-config", f"{Q}/__init__.py not found"),
+        ("vllm/model_executor/layers/fused_moe/oracle/nvfp4.py", "moe.w4a4-backend", "oracle/nvfp4.py not found"),
+        ("vllm/model_executor/kernels/linear/__init__.py", "serve.linear-kernel", "linear/__init__.py not found"),
+        (f"{Q}/compressed_tensors/compressed_tensors.py", "serve.linear-kernel", "compressed_tensors.py not found"),
+    ],
+)
+def test_each_file_preflight_reads_is_a_finding_when_missing(
+    pair, read_copy: Path, tmp_path: Path, rel: str, check: str, says: str
+) -> None:
+    """The copy answers every check; without any one file, the check that reads it says it could not
+    check, naming the file, and the run fails."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(read_copy, site)
+    target = w4a4_moe(tmp_path / "w4a4", layers=24, hidden=256)
+    assert not [i for i in run(target, site, pair["laguna-plain"]).items if i.impact == UNCHECKED]
+    (site / rel).unlink()
+    result = run(target, site, pair["laguna-plain"])
+    unread = [i for i in result.items if i.impact == UNCHECKED and i.check == check]
+    assert unread and result.failed
+    assert all(i.message.startswith("could not check ") and says in i.message for i in unread), unread
 
 
 def test_the_demo_architecture_resolves_to_qwen3_dflash_which_new_vllm_guards(pair, wheels) -> None:

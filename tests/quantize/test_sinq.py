@@ -22,6 +22,8 @@ from weightsmith.quantize.library import plan_quantize, quantize
 
 CONFIG = dict(LLAMA_CONFIG, torch_dtype="float32")
 QWEN2_CONFIG = dict(CONFIG, architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+#: Llama-shaped tensors, but a class whose norms are `1 + weight`: nothing may be folded into them.
+GEMMA_CONFIG = dict(CONFIG, architectures=["GemmaForCausalLM"], model_type="gemma")
 
 
 def _llama(folder: Path, config: dict = CONFIG, seed: int = 0) -> Path:
@@ -153,8 +155,8 @@ def test_refusals(tmp_path: Path) -> None:
         plan_quantize(src, "w8a16", pre_pass="sinq")
     with pytest.raises(WeightsmithError, match=re.escape("o_proj.weight must be quantized")):
         plan_quantize(src, "w4a16", group_size=64, ignore=["model.layers.1.self_attn.o_proj"], pre_pass="sinq")
-    gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), dict(CONFIG, model_type="gemma"))
-    with pytest.raises(WeightsmithError, match="model_type 'gemma'"):
+    gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), GEMMA_CONFIG)
+    with pytest.raises(WeightsmithError, match="architectures\\[0\\] 'GemmaForCausalLM' is not one whose norms"):
         plan_quantize(gemma, "w4a16", pre_pass="sinq")
     tensors = llama_tensors(CONFIG, np.float32) | {"model.layers.0.self_attn.q_norm.weight": np.ones(64, np.float32)}
     odd = write_checkpoint(tmp_path / "odd", tensors, CONFIG)
@@ -185,13 +187,31 @@ def test_auto_says_why_it_did_not_apply(tmp_path: Path) -> None:
     assert plain.pre_pass is None and "--scale-search none" in (plain.pre_pass_skipped or "")
     assert plan_quantize(src, "w8a16").pre_pass_skipped == "tensor model.layers.0.self_attn.q_proj.weight must be " \
         "quantized as w4a16 or w4a16-asym (is quantized as w8a16)"  # fmt: skip
-    gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), dict(CONFIG, model_type="gemma"))
+    gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), GEMMA_CONFIG)
     skipped = plan_quantize(gemma).pre_pass_skipped
-    assert skipped is not None and skipped.startswith("config.json model_type 'gemma'")
+    assert skipped is not None and skipped.startswith("config.json architectures[0] 'GemmaForCausalLM' is not")
     gptq = plan_quantize(src, method="gptq")
     assert gptq.pre_pass is None and gptq.pre_pass_skipped is None  # GPTQ never balances: nothing to explain
     none = plan_quantize(src, pre_pass="none")
     assert none.pre_pass is None and none.pre_pass_skipped is None and none.changed == []
+
+
+def test_the_family_is_the_class_vllm_builds(tmp_path: Path) -> None:
+    """`architectures[0]` decides, not `model_type`: a config without model_type is folded by its class; one
+    whose model_type names another model is refused, auto or asked; a config lacking a size the shapes
+    are checked against is not folded."""
+    tensors = llama_tensors(CONFIG, np.float32)
+    untyped = {k: v for k, v in CONFIG.items() if k != "model_type"}
+    assert plan_quantize(write_checkpoint(tmp_path / "untyped", tensors, untyped)).pre_pass == "sinq"
+    mixed = write_checkpoint(tmp_path / "mixed", tensors, dict(CONFIG, architectures=["GemmaForCausalLM"]))
+    for pre_pass in ("auto", "sinq"):
+        with pytest.raises(WeightsmithError, match="model_type 'llama' and architectures\\[0\\] 'GemmaForCausalLM'"):
+            plan_quantize(mixed, pre_pass=pre_pass)
+    assert plan_quantize(mixed, pre_pass="none").pre_pass is None
+    sizeless = {k: v for k, v in CONFIG.items() if k != "intermediate_size"}
+    skipped = plan_quantize(write_checkpoint(tmp_path / "sizeless", tensors, sizeless)).pre_pass_skipped
+    assert skipped == "config.json has no usable intermediate_size, so the shapes the folds rely on cannot be " \
+        "checked against it"  # fmt: skip
 
 
 def test_auto_leaves_kv_cache_scales_true_and_sinq_refuses_them(tmp_path: Path) -> None:

@@ -3,9 +3,13 @@
 A checkpoint missing a layer, its embedding or its head, or holding a projection of the wrong size,
 passes every file-level check; vLLM then fails to load it, or (a missing tensor it does not
 check for) serves weights that were never loaded. For the architectures whose tensors follow from
-config fields alone (the Llama family: Llama, Mistral, Qwen2, Qwen3) the expected tensors are
-stated here and compared; any other architecture (MoE, multimodal wrappers, speculative drafts
-with their own names) gets one info finding saying so, rather than a silent pass.
+config fields alone (the Llama family: Llama, Mistral, Qwen2, Qwen3) the expected tensors, norms
+and biases included, are stated in `formats.architecture` (which `quantize` reads too) and compared
+here; a bias the architecture does not build is an error too (vLLM skips it without a word). Any
+other architecture (MoE, multimodal wrappers, speculative drafts with their own names) gets one info
+finding saying so, rather than a silent pass. A `model_type` that names another model than a known
+`architectures[0]` is an error: the tensors are checked against the class vLLM builds, and
+transformers would build the other (beside a class of no known family, the note says so).
 
 Quantized modules are compared by their logical shape (`weight_shape`, or what the declared
 format's packing implies), not the packed one.
@@ -13,82 +17,32 @@ format's packing implies), not the packed one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.audit.modules import Located, Module, layer_of
 from weightsmith.audit.values import SmallReads
+from weightsmith.formats.architecture import (
+    ARCHITECTURES,
+    Architecture,
+    config_sizes,
+    contradiction,
+    first_architecture,
+)
 from weightsmith.formats.declaration import QuantDeclaration
 from weightsmith.io import names
 
-#: A config field an expectation needs, and the value it takes when absent (None: required).
-_FIELDS: dict[str, Callable[[dict[str, int]], int] | None] = {
-    "hidden_size": None,
-    "num_hidden_layers": None,
-    "num_attention_heads": None,
-    "num_key_value_heads": lambda c: c["num_attention_heads"],
-    "head_dim": lambda c: c["hidden_size"] // c["num_attention_heads"],
-    "intermediate_size": None,
-    "vocab_size": None,
-}
 
-
-@dataclass(frozen=True)
-class _Family:
-    """An architecture whose tensors follow from the config: its extra per-layer tensors."""
-
-    #: Per-layer 1-D tensors beyond the two norms, with the config field that sizes them.
-    layer_vectors: tuple[tuple[str, str], ...] = ()
-
-
-_LLAMA = _Family()
-#: `architectures[0]` -> its family. Only classes whose checkpoints are named `model.layers.N...`
-#: with one dense MLP per layer; anything else is not checked (and says so).
-ARCHITECTURES: dict[str, _Family] = {
-    "LlamaForCausalLM": _LLAMA,
-    "MistralForCausalLM": _LLAMA,
-    "Qwen2ForCausalLM": _LLAMA,
-    "Qwen3ForCausalLM": _Family((("self_attn.q_norm.weight", "head_dim"), ("self_attn.k_norm.weight", "head_dim"))),
-}
-
-
-def expected_tensors(arch: _Family, c: dict[str, int], tied: bool, layers: list[int]) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> logical shape, for `layers` (and the embedding, norm and head) of `arch` with config `c`."""
-    h, q, kv = c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-    i = c["intermediate_size"]
-    out = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
-    if not tied:
-        out["lm_head.weight"] = (c["vocab_size"], h)
-    for layer in layers:
-        p = f"model.layers.{layer}."
-        out |= {
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        }
-        out |= {p + name: (c[field],) for name, field in arch.layer_vectors}
-    return out
-
-
-def _config_values(config: dict[str, Any]) -> tuple[dict[str, int], str | None]:
-    """The fields `expected_tensors` needs, or the first one that is absent or not a positive integer."""
-    values: dict[str, int] = {}
-    for key, default in _FIELDS.items():
-        value = config.get(key)
-        if value is None and default is not None:
-            value = default(values)
-        if type(value) is not int or value <= 0:
-            return values, key
-        values[key] = value
-    return values, None
+def _actual_shape(
+    module: Module, param: str, decl: QuantDeclaration | None, reads: SmallReads
+) -> tuple[int, ...] | None:
+    """The shape parameter `param` of `module` has as a model parameter (a weight's logical shape); None
+    where the module does not hold it or its stored form does not say."""
+    if param == names.WEIGHT:
+        held = {names.WEIGHT, names.WEIGHT_PACKED} & module.params.keys()
+        return _logical_shape(module, decl, reads) if held else None
+    ref = module.params.get(param)
+    return ref.info.shape if ref is not None else None
 
 
 def _logical_shape(module: Module, decl: QuantDeclaration | None, reads: SmallReads) -> tuple[int, ...] | None:
@@ -125,27 +79,47 @@ def check_architecture(
     reads: SmallReads,
     unreadable: int = 0,
 ) -> tuple[list[Finding], str]:
-    """Missing layers and tensors, layers beyond the config, and shapes the config contradicts.
+    """A config whose model_type and architectures contradict each other, missing layers and tensors,
+    layers beyond the config, shapes the config contradicts, and biases the architecture does not build.
 
     With `unreadable` shards (their headers already an error) a tensor not seen may lie in one of
     them: nothing is called missing then, and the scope says so.
     """
     config = config or {}
-    archs = config.get("architectures")
-    arch_name = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    problem = contradiction(config)
+    found, scope = _against_family(config, decl, modules, tensors, reads, unreadable, problem)
+    if problem is not None and first_architecture(config) in ARCHITECTURES:
+        found.insert(0, Finding("arch.contradiction", ERROR, problem, "config.json"))
+    return found, scope
+
+
+def _against_family(
+    config: dict[str, Any],
+    decl: QuantDeclaration | None,
+    modules: dict[str, Module],
+    tensors: dict[str, Located],
+    reads: SmallReads,
+    unreadable: int,
+    problem: str | None,
+) -> tuple[list[Finding], str]:
+    """`check_architecture` by `architectures[0]`'s family (the class vLLM builds). Nothing is checked
+    against a class of no known family, so the note saying so also names `problem`, a model_type that
+    contradicts it (`contradiction`)."""
+    arch_name = first_architecture(config)
     family = ARCHITECTURES.get(arch_name or "")
-    if family is None:
+    if arch_name is None or family is None:
         what = f"architecture {arch_name}" if arch_name else "no architectures in config.json"
+        also = f"; and config.json's {problem}" if problem else ""
         return [
             Finding(
                 "arch.not-checked",
                 INFO,
                 f"{what}: no expectations for its tensors, so missing layers and shapes were not checked "
-                f"(checked for {', '.join(ARCHITECTURES)})",
+                f"(checked for {', '.join(ARCHITECTURES)}){also}",
                 "config.json",
             )
         ], f"{what}: not checked"
-    values, bad = _config_values(config)
+    values, bad = config_sizes(config)
     if bad is not None and config.get(bad) is None:
         return [
             Finding(
@@ -173,7 +147,8 @@ def check_architecture(
             by_layer.setdefault(layer, name)
     present = sorted(n for n in by_layer if n < count)
     # the expectation is built for the layers present only: num_hidden_layers is a stranger's number
-    expected = expected_tensors(family, values, tied, present)
+    arch = Architecture(arch_name, family, config, values)
+    expected = arch.tensors(present)
     found = [
         Finding(
             "arch.missing-tensor", ERROR, f"is missing: {arch_name} loads it, and nothing else holds it", None, name
@@ -207,24 +182,30 @@ def check_architecture(
                 first,
             )
         )
-    for name, shape in expected.items():
-        module = modules.get(names.split(name)[0])
-        if module is None or not ({names.split(name)[1], names.WEIGHT_PACKED} & module.params.keys()):
-            continue
-        actual = _logical_shape(module, decl, reads)
-        if actual is not None and actual != shape:
-            main = module.params.get(names.WEIGHT) or module.params[names.WEIGHT_PACKED]
+    for name, want in expected.items():
+        module_name, param = names.split(name)
+        module = modules.get(module_name)
+        actual = _actual_shape(module, param, decl, reads) if module is not None else None
+        if module is not None and actual is not None and actual != want.shape:
+            main = module.params.get(param) or module.params.get(names.WEIGHT) or module.params[names.WEIGHT_PACKED]
             found.append(
                 Finding(
                     "arch.shape",
                     ERROR,
-                    f"is {list(actual)} but config.json implies {list(shape)} for {arch_name}",
+                    f"is {list(actual)} but config.json implies {list(want.shape)} for {arch_name} ({want.why})",
                     main.shard,
                     name,
                 )
             )
+    found += [
+        Finding("arch.unexpected-bias", ERROR, why, ref.shard, name)
+        for name, ref in tensors.items()
+        if name.endswith(names.BIAS) and (why := arch.unbuilt_bias(name)) is not None
+    ]
     head = "head tied to the embedding" if tied else "lm_head"
-    scope = f"{arch_name}: {count:,} layers, embedding, norm and {head} against config.json's sizes"
+    scope = (
+        f"{arch_name}: {count:,} layers (norms and biases too), embedding, norm and {head} against config.json's sizes"
+    )
     if unreadable:
         scope += f" (shapes only: {unreadable} shard(s) unreadable, so missing tensors were not looked for)"
     return found, scope

@@ -9,6 +9,11 @@ Timing rules, each there because a simpler rule gives a wrong number:
   never from counting chunks: under speculative decoding one chunk carries several tokens.
 - Decode rate is (completion_tokens - 1) / (t_last_token - t_first_token): the first token
   belongs to prefill, and the chunks after the last token (finish reason, usage) are not decode.
+
+Every answer is read through `serverio` (a total deadline, a byte cap, JSON without NaN or
+Infinity), and a count the server reports must be a whole number from 0 to 2**53: a request whose
+answer breaks any of that fails with one line naming the URL (a failed request's timings are never
+used).
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from typing import Any
 
 import httpx
 
+from weightsmith.bench import serverio
 from weightsmith.bench.kinds import tokenize_body
+from weightsmith.bench.serverio import ServerReadError, one_line
+from weightsmith.core.terminal import short_repr
+
+#: The largest count taken from a server: every whole number up to it is exact in a float.
+MAX_COUNT = 2**53
 
 
 @dataclass
@@ -61,6 +72,9 @@ class StreamOutcome(RequestTiming):
     content: str = ""
     reasoning: str = ""
     positions: list[TokenLogprob] = field(default_factory=list)
+    #: The server did not answer at all (refused, reset, or nothing complete by the deadline): what
+    #: counts towards a server that stopped answering. Not part of the request's record.
+    unreachable: bool = False
 
     def decode_rate(self) -> float | None:
         """`decode_tok_s` from the token counts and chunk times so far (None below two tokens)."""
@@ -154,15 +168,39 @@ def _positions_from_logprobs(logprobs: Any) -> list[TokenLogprob]:
     return out
 
 
+class _NotACount(ValueError):
+    """A count in a server's answer that is not a whole number from 0 to MAX_COUNT."""
+
+
+def _count(container: dict[str, Any], key: str, where: str, previous: int | None) -> int | None:
+    """`container[key]` as a count (`previous` where it is absent or null), or `_NotACount` naming it:
+    a count that is text, fractional, negative or past 2**53 would make every rate from it a guess."""
+    value = container.get(key)
+    if value is None:
+        return previous
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise _NotACount(f"{where}.{key} is not a count (got {short_repr(value)})")
+    return value
+
+
+def _is_count(value: Any) -> bool:
+    """A whole number from 0 to MAX_COUNT, as `_count` requires."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
 def _apply_chunk(chunk: dict[str, Any], outcome: StreamOutcome, now: float) -> None:
-    """Fold one parsed SSE chunk into the outcome; the caller has already checked for errors."""
+    """Fold one parsed SSE chunk into the outcome; the caller has already checked for errors.
+
+    Fields of the wrong type raise TypeError, ValueError or AttributeError, `_NotACount` for a count.
+    """
     usage = chunk.get("usage")
     if isinstance(usage, dict):
-        outcome.prompt_tokens = usage.get("prompt_tokens", outcome.prompt_tokens)
-        outcome.completion_tokens = usage.get("completion_tokens", outcome.completion_tokens)
+        outcome.prompt_tokens = _count(usage, "prompt_tokens", "usage", outcome.prompt_tokens)
+        outcome.completion_tokens = _count(usage, "completion_tokens", "usage", outcome.completion_tokens)
         details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and details.get("cached_tokens") is not None:
-            outcome.cached_tokens = details["cached_tokens"]
+        if isinstance(details, dict):
+            where = "usage.prompt_tokens_details"
+            outcome.cached_tokens = _count(details, "cached_tokens", where, outcome.cached_tokens)
     carried = False
     for choice in chunk.get("choices") or []:
         if not isinstance(choice, dict):
@@ -199,30 +237,27 @@ def _error_text(payload: Any) -> str:
     return str(payload)
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _loads(text: str) -> Any:
-    """`json.loads`, with a body nested too deeply for the parser raised as a ValueError like any bad JSON.
-
-    A server's bytes are not trusted: `json.loads` raises RecursionError on deep nesting, which would
-    otherwise escape the "failures come back as `error`" promise as a traceback.
-    """
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("the JSON is nested too deeply to read") from None
+#: How much of an error answer's body is read for its message (the line shows 200 characters).
+_ERROR_BODY_BYTES = 65536
 
 
 def _http_error(status: int, raw: str) -> str:
     """The one-line error for an HTTP error status: the server's own message when its body is JSON."""
     try:
-        message = _error_text(_loads(raw))
+        message = _error_text(serverio.loads(raw))
     except ValueError:
         message = raw
-    return _one_line(f"HTTP {status}: {message}")
+    return one_line(f"HTTP {status}: {message}")
+
+
+def _error_body(answer: serverio.Answer) -> str:
+    """The start of an error answer's body, as text: enough for its message, however long it is."""
+    body = bytearray()
+    for chunk in answer.chunks():
+        body += chunk
+        if len(body) >= _ERROR_BODY_BYTES:
+            break
+    return bytes(body[:_ERROR_BODY_BYTES]).decode("utf-8", "replace")
 
 
 def stream_request(
@@ -244,79 +279,148 @@ def _stream(
     outcome = StreamOutcome()
     url = base_url.rstrip("/") + endpoint_path(endpoint)
     start = time.perf_counter()
-    deadline = start + timeout_s
     try:
-        with client.stream("POST", url, json=body, timeout=httpx.Timeout(timeout_s, connect=10.0)) as r:
-            if r.status_code >= 400:
-                outcome.error = _http_error(r.status_code, r.read().decode("utf-8", "replace"))
-                return outcome
-            data_lines: list[str] = []
-            for line in r.iter_lines():
-                now = time.perf_counter() - start
-                if now + start > deadline:
-                    outcome.error = f"timed out after {timeout_s:g} s (stream still open)"
-                    return outcome
-                if line.startswith("data:"):
-                    data_lines.append(line[5:].strip())
-                    # vLLM and llama.cpp put one JSON object on one line: parse it right away so
-                    # its arrival time is the one recorded.
-                    payload = "\n".join(data_lines)
-                    if payload == "[DONE]":
-                        data_lines.clear()
-                        break
-                    try:
-                        chunk = _loads(payload)
-                    except ValueError:
-                        continue
-                    data_lines.clear()
-                    if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
-                        outcome.error = _one_line(f"server error: {_error_text(chunk)}")
-                        return outcome
-                    if isinstance(chunk, dict):
-                        _apply_chunk(chunk, outcome, now)
-                elif line.startswith("error:"):
-                    outcome.error = _one_line(f"server error: {line[6:].strip()}")
-                    return outcome
-            outcome.e2e_s = time.perf_counter() - start
-    except httpx.TimeoutException:
-        outcome.error = f"timed out after {timeout_s:g} s"
+        with serverio.reading(
+            client, "POST", url, deadline_s=timeout_s, max_bytes=serverio.MAX_STREAM_BYTES, json_body=body
+        ) as answer:
+            problem: str | None
+            if answer.status >= 400:
+                problem = _http_error(answer.status, _error_body(answer))
+            else:
+                problem = _read_events(answer, outcome, start)
+    except ServerReadError as exc:
+        outcome.error, outcome.unreachable = str(exc), exc.unreachable
         return outcome
-    except httpx.TransportError as exc:
-        outcome.error = _one_line(f"connection failed: {type(exc).__name__}: {exc}")
-        return outcome
-    if outcome.completion_tokens is None:
-        outcome.error = (
-            "the stream carried no usage (server ignored stream_options.include_usage); "
-            "token counts are not guessed from chunks"
-        )
-    elif outcome.ttft_s is None and outcome.completion_tokens > 0:
-        outcome.error = "the stream carried no token chunks"
+    if problem is None:
+        outcome.e2e_s = time.perf_counter() - start
+        problem = _missing_counts(outcome)
+    if problem is not None:
+        outcome.error = f"{url}: {problem}"
     return outcome
 
 
+def _read_events(answer: serverio.Answer, outcome: StreamOutcome, start: float) -> str | None:
+    """Fold the SSE events into `outcome` as they arrive, until `[DONE]` or the end of the stream;
+    what is wrong with the stream, if anything.
+
+    vLLM and llama.cpp put one JSON object on one `data:` line: it is parsed as soon as it arrives, so
+    that its arrival time is the one recorded. An event spread over several lines is parsed when it
+    ends (a blank line), once, so a stream of lines that never parse costs no more than their length.
+    """
+    pending: list[str] = []  # the data lines of an event that did not parse on its first line
+    for line in answer.lines():
+        now = time.perf_counter() - start
+        if line.startswith("error:"):
+            return one_line(f"server error: {line[6:].strip()}")
+        if line.startswith("data:"):
+            data = line[5:].strip()
+            if pending:
+                pending.append(data)
+                continue
+            if data == "[DONE]":
+                return None
+            if not data:
+                continue
+            try:
+                chunk = serverio.loads(data)
+            except ValueError:
+                pending.append(data)
+                continue
+            problem = _fold(chunk, outcome, now)
+        elif not line.strip() and pending:
+            problem = _fold_text("\n".join(pending), outcome, now)
+            pending.clear()
+        else:
+            continue
+        if problem is not None:
+            return problem
+    return _fold_text("\n".join(pending), outcome, time.perf_counter() - start) if pending else None
+
+
+def _fold_text(text: str, outcome: StreamOutcome, now: float) -> str | None:
+    """`_fold` for an event's whole data, which must be JSON."""
+    try:
+        chunk = serverio.loads(text)
+    except ValueError as exc:
+        return one_line(f"an event is not readable JSON ({exc})")
+    return _fold(chunk, outcome, now)
+
+
+def _fold(chunk: Any, outcome: StreamOutcome, now: float) -> str | None:
+    """Fold one event's JSON into `outcome`; what is wrong with it (an error the server sent, a count
+    that is not one, a field of the wrong type), if anything."""
+    if not isinstance(chunk, dict):
+        return None
+    if "error" in chunk and not chunk.get("choices"):
+        return one_line(f"server error: {_error_text(chunk)}")
+    try:
+        _apply_chunk(chunk, outcome, now)
+    except _NotACount as exc:
+        return one_line(str(exc))
+    except (TypeError, ValueError, AttributeError) as exc:
+        return one_line(f"an event is malformed ({type(exc).__name__}: {exc})")
+    return None
+
+
+def _missing_counts(outcome: StreamOutcome) -> str | None:
+    """Why a stream that ended well still gives no timing: no usage, or no token chunks."""
+    if outcome.completion_tokens is None:
+        return (
+            "the stream carried no usage (server ignored stream_options.include_usage); "
+            "token counts are not guessed from chunks"
+        )
+    if outcome.ttft_s is None and outcome.completion_tokens > 0:
+        return "the stream carried no token chunks"
+    return None
+
+
+def listed_models(reply: serverio.Reply) -> list[str]:
+    """The model ids a /v1/models answer lists, or a `ServerReadError` saying what is wrong with it."""
+    if reply.status != 200:
+        raise ServerReadError(reply.url, f"HTTP {reply.status}")
+    try:
+        payload = reply.json()
+    except ValueError as exc:
+        raise ServerReadError(reply.url, one_line(f"not readable JSON ({exc})")) from None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    listed = data if isinstance(data, list) else []
+    ids = [m["id"] for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    if not ids:
+        raise ServerReadError(reply.url, "lists no model")
+    return ids
+
+
 def fetch_model_id(client: httpx.Client, base_url: str) -> str:
-    """The first model id the server lists at /v1/models (what it serves when given one model)."""
-    r = client.get(base_url.rstrip("/") + "/v1/models", timeout=10.0)
-    r.raise_for_status()
-    data = r.json().get("data") or []
-    if not data or "id" not in data[0]:
-        raise ValueError("/v1/models lists no model")
-    return str(data[0]["id"])
+    """The first model id the server lists at /v1/models (what it serves when given one model);
+    a `ServerReadError` when there is none to read."""
+    url = base_url.rstrip("/") + "/v1/models"
+    reply = serverio.fetch(
+        client, "GET", url, deadline_s=serverio.MODELS_DEADLINE_S, max_bytes=serverio.MAX_STATUS_BYTES
+    )
+    return listed_models(reply)[0]
 
 
 def count_tokens(client: httpx.Client, base_url: str, model: str, text: str) -> int | None:
-    """Tokens in `text` per the server's own tokenizer (`/tokenize`), or None if it has none.
+    """Tokens in `text` per the server's own tokenizer (`/tokenize`), or None if it has none, or its
+    answer is no count (late, too long, not JSON, not a whole number from 0 to 2**53).
 
     The body carries the text under every kind's field (`kinds.tokenize_body`).
     """
     try:
-        r = client.post(base_url.rstrip("/") + "/tokenize", json=tokenize_body(model, text), timeout=30.0)
-        if r.status_code != 200:
-            return None
-        data = r.json()
-    except (httpx.HTTPError, ValueError):
+        reply = serverio.fetch(
+            client,
+            "POST",
+            base_url.rstrip("/") + "/tokenize",
+            deadline_s=serverio.TOKENIZE_DEADLINE_S,
+            max_bytes=serverio.MAX_ANSWER_BYTES,
+            json_body=tokenize_body(model, text),
+        )
+        data = reply.json() if reply.status == 200 else None
+    except (ServerReadError, ValueError):
         return None
-    if isinstance(data.get("count"), int):
+    if not isinstance(data, dict):
+        return None
+    if _is_count(data.get("count")):
         return int(data["count"])
     tokens = data.get("tokens")
     return len(tokens) if isinstance(tokens, list) and tokens else None
@@ -374,7 +478,7 @@ def answer_from_json(endpoint: str, payload: Any) -> Answer:
     usage = payload.get("usage")
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     answer = Answer(
-        completion_tokens=tokens if isinstance(tokens, int) else None,
+        completion_tokens=tokens if _is_count(tokens) else None,
         finish_reason=choice.get("finish_reason"),
     )
     if endpoint == "chat":
@@ -396,21 +500,30 @@ def answer_from_json(endpoint: str, payload: Any) -> Answer:
 
 
 def complete(client: httpx.Client, base_url: str, endpoint: str, body: dict[str, Any], timeout_s: float) -> Answer:
-    """POST one non-streamed request; failures come back as `error`, never raised.
+    """POST one non-streamed request; failures come back as `error` (one line beginning with the
+    URL), never raised.
 
     `"stream": false` is set here, the one place a whole answer is asked for.
     """
     url = base_url.rstrip("/") + endpoint_path(endpoint)
     try:
-        r = client.post(url, json={**body, "stream": False}, timeout=httpx.Timeout(timeout_s, connect=10.0))
-    except httpx.TimeoutException:
-        return Answer(error=f"timed out after {timeout_s:g} s")
-    except httpx.TransportError as exc:
-        return Answer(error=_one_line(f"connection failed: {type(exc).__name__}: {exc}"))
-    if r.status_code >= 400:
-        return Answer(error=_http_error(r.status_code, r.text))
+        reply = serverio.fetch(
+            client,
+            "POST",
+            url,
+            deadline_s=timeout_s,
+            max_bytes=serverio.MAX_ANSWER_BYTES,
+            json_body={**body, "stream": False},
+        )
+    except ServerReadError as exc:
+        return Answer(error=str(exc))
+    if reply.status >= 400:
+        return Answer(error=f"{url}: {_http_error(reply.status, reply.text())}")
     try:
-        payload = _loads(r.text)
+        payload = reply.json()
     except ValueError as exc:
-        return Answer(error=_one_line(f"{url}: the response is not readable JSON ({exc})"))
-    return answer_from_json(endpoint, payload)
+        return Answer(error=one_line(f"{url}: the response is not readable JSON ({exc})"))
+    answer = answer_from_json(endpoint, payload)
+    if answer.error is not None:
+        answer.error = f"{url}: {answer.error}"
+    return answer

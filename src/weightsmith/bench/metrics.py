@@ -18,10 +18,17 @@ Counters are summed over `engine` (one series per data-parallel engine) and filt
 `model_name` where that label exists. A window in which the server restarted is void (the delta
 would mix two processes): a counter went down, or a counter's `_created` time or the process start
 time changed (a restart followed by enough requests can climb back past the old value).
+
+A server's numbers are not trusted: a window whose counters are not counts (NaN, infinite, negative,
+past 2**53 where a float stops counting exactly, a draft position past `MAX_POSITION`), or whose
+`_created` or start time is not finite, is `invalid`, naming the series, and gives no figures.
+Every scrape is one read through `serverio`: its deadline and byte cap hold however the server answers.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from weightsmith.bench import kinds
+from weightsmith.bench import kinds, serverio
 from weightsmith.bench.kinds import CounterlessMetrics, ServerKind, SpecMetricNames, counterless_metrics, metric_names
 
 #: Every kind's spec-decode names (`bench/kinds.py`); a server is matched against all of them and
@@ -50,6 +57,17 @@ UNAVAILABLE = "unavailable"
 NOT_SPECULATING = "not-speculating"
 NO_DRAFTS = "no-drafts"
 VOID = "void"
+INVALID = "invalid"
+
+#: The largest counter value taken as a count: every whole number up to 2**53 is exact in a float,
+#: so a server past it (or lying about it) would make window deltas and their sums guesses.
+MAX_COUNTER = 2.0**53
+#: The highest draft position read from a per-position counter's label: preflight's `--k` stops at
+#: 1,024 drafted tokens, and a label of 10**9 would otherwise size a list of a billion rates.
+MAX_POSITION = 1024
+_POSITION = re.compile(r"[0-9]{1,4}")
+#: How much of a series' name and labels a window's detail shows.
+_SHOWN_SERIES = 160
 
 
 @dataclass
@@ -85,23 +103,35 @@ def parse_exposition(text: str) -> dict[str, list[tuple[dict[str, str], float]]]
 
 
 class MetricsUnavailable(Exception):
-    """The server has no usable /metrics endpoint; the message says what happened."""
+    """The server has no usable /metrics endpoint; the message (one line, naming the URL) says what
+    happened, and `timed_out` whether the scrape ran out of time."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
-def scrape(client: httpx.Client, base_url: str) -> Snapshot:
-    """GET /metrics once; raise `MetricsUnavailable` rather than return anything like zero."""
+def scrape(client: httpx.Client, base_url: str, deadline_s: float | None = None) -> Snapshot:
+    """GET /metrics once, within `deadline_s` (default `serverio.METRICS_DEADLINE_S`) and
+    `serverio.MAX_METRICS_BYTES`; raise `MetricsUnavailable` rather than return anything like zero."""
     url = base_url.rstrip("/") + "/metrics"
     try:
-        r = client.get(url, timeout=10.0)
-    except httpx.HTTPError as exc:
-        raise MetricsUnavailable(f"GET /metrics failed: {type(exc).__name__}") from None
-    if r.status_code != 200:
-        hint = f" ({kinds.metrics_hints()})" if r.status_code in (404, 501) else ""
-        raise MetricsUnavailable(f"GET /metrics answered HTTP {r.status_code}{hint}")
+        reply = serverio.fetch(
+            client,
+            "GET",
+            url,
+            deadline_s=serverio.METRICS_DEADLINE_S if deadline_s is None else deadline_s,
+            max_bytes=serverio.MAX_METRICS_BYTES,
+        )
+    except serverio.ServerReadError as exc:
+        raise MetricsUnavailable(str(exc), timed_out=exc.timed_out) from None
+    if reply.status != 200:
+        hint = f" ({kinds.metrics_hints()})" if reply.status in (404, 501) else ""
+        raise MetricsUnavailable(f"{url}: answered HTTP {reply.status}{hint}")
     try:
-        samples = parse_exposition(r.text)
+        samples = parse_exposition(reply.text())
     except ValueError as exc:
-        raise MetricsUnavailable(f"/metrics is not Prometheus text: {exc}") from None
+        raise MetricsUnavailable(serverio.one_line(f"{url}: not Prometheus text: {exc}")) from None
     return Snapshot(samples=samples)
 
 
@@ -131,6 +161,61 @@ def _series(snapshot: Snapshot, name: str, model: str | None) -> dict[tuple[tupl
     return out
 
 
+def _shown(name: str, key: tuple[tuple[str, str], ...]) -> str:
+    """A series as a window's detail names it, its labels cut short: a server picks their length."""
+    return serverio.one_line(f"{name}{dict(key)}", _SHOWN_SERIES)
+
+
+def _value_problem(value: float, *, count: bool) -> str | None:
+    """What is wrong with a sample a window would use, in words a report can show: not finite, or for
+    a counter, negative or past MAX_COUNTER."""
+    if math.isnan(value):
+        return "is not a number"
+    if math.isinf(value):
+        return "is infinite"
+    if count and value < 0:
+        return f"is negative ({value:g})"
+    if count and value > MAX_COUNTER:
+        return f"is beyond 2**53 ({value:.3g}), where a float no longer counts exactly"
+    return None
+
+
+def _invalid(before: Snapshot, after: Snapshot, names: SpecMetricNames, model: str | None) -> str | None:
+    """The first sample of either scrape that the window would use and that is not what it claims to
+    be: a counter that is no count, a `_created` or start time that is not finite, a draft position
+    past MAX_POSITION."""
+    for snapshot in (before, after):
+        for name in names.counters():
+            for key, value in _series(snapshot, name, model).items():
+                problem = _value_problem(value, count=True)
+                if problem:
+                    return f"{_shown(name, key)} {problem}"
+        for name in _restart_watched(names):
+            for key, value in _series(snapshot, name, None).items():
+                problem = _value_problem(value, count=False)
+                if problem:
+                    return f"{_shown(name, key)} {problem}"
+        for key in _series(snapshot, names.accepted_per_pos, model):
+            position = dict(key).get(POSITION_LABEL, "")
+            if position.isascii() and position.isdigit() and not _used_position(position):
+                return f"{_shown(names.accepted_per_pos, key)}: position {position[:20]} is beyond {MAX_POSITION}"
+    return None
+
+
+def _used_position(label: str) -> bool:
+    """A position label read as a draft position: ASCII digits, at most MAX_POSITION."""
+    return _POSITION.fullmatch(label) is not None and int(label) <= MAX_POSITION
+
+
+def invalid_counters(snapshot: Snapshot, model: str | None) -> SpecWindow | None:
+    """The `invalid` window any window starting at `snapshot` would be, when its counters are no counts."""
+    names = detect_flavour(snapshot)
+    if names is None:
+        return None
+    problem = _invalid(snapshot, snapshot, names, model)
+    return None if problem is None else SpecWindow(status=INVALID, flavour=names.flavour, detail=problem)
+
+
 class CounterReset(Exception):
     """A counter is lower after the window than before it."""
 
@@ -143,27 +228,30 @@ def _delta_by(before: Snapshot, after: Snapshot, name: str, model: str | None, g
     for key, value in a.items():
         previous = b.get(key, 0.0)
         if value < previous:
-            raise CounterReset(f"{name}{dict(key)} went from {previous:g} to {value:g}")
+            raise CounterReset(f"{_shown(name, key)} went from {previous:g} to {value:g}")
         group_value = dict(key).get(group, "") if group else ""
         totals[group_value] = totals.get(group_value, 0.0) + (value - previous)
     for key in b:
         if key not in a:
-            raise CounterReset(f"{name}{dict(key)} disappeared")
+            raise CounterReset(f"{_shown(name, key)} disappeared")
     return totals
+
+
+def _restart_watched(names: SpecMetricNames) -> list[str]:
+    """The samples that change when the server process is a new one: its start time, and each
+    spec-decode counter's `_created` time."""
+    return [PROCESS_START, *(name.removesuffix("_total") + "_created" for name in names.counters())]
 
 
 def _restart_evidence(before: Snapshot, after: Snapshot, names: SpecMetricNames) -> str | None:
     """A restart that later increments could hide from the went-down check: a counter's
     `_created` time or the process start time changes when the process is new."""
-    watched = [PROCESS_START]
-    for name in names.counters():
-        watched.append(name.removesuffix("_total") + "_created")
-    for name in watched:
+    for name in _restart_watched(names):
         b = _series(before, name, None)
         a = _series(after, name, None)
         for key, value in b.items():
             if key in a and a[key] != value:
-                return f"{name}{dict(key)} changed from {value:.17g} to {a[key]:.17g}"
+                return f"{_shown(name, key)} changed from {value:.17g} to {a[key]:.17g}"
     return None
 
 
@@ -185,6 +273,9 @@ def spec_window(before: Snapshot, after: Snapshot, model: str | None) -> SpecWin
             flavour=names.flavour,
             detail=f"no spec-decode series for model_name={model!r} (found: {', '.join(found)})",
         )
+    invalid = _invalid(before, after, names, model)
+    if invalid:
+        return SpecWindow(status=INVALID, flavour=names.flavour, detail=invalid)
     restarted = _restart_evidence(before, after, names)
     if restarted:
         return SpecWindow(status=VOID, flavour=names.flavour, detail=f"server restarted inside the window: {restarted}")
@@ -199,7 +290,7 @@ def spec_window(before: Snapshot, after: Snapshot, model: str | None) -> SpecWin
             flavour=names.flavour,
             detail=f"server restarted inside the window: counter went backwards: {exc}",
         )
-    positions = sorted((int(p), v) for p, v in by_pos.items() if p.isdigit())
+    positions = sorted((int(p), v) for p, v in by_pos.items() if _used_position(p))
     per_pos = [0.0] * (positions[-1][0] + 1 if positions else 0)
     for p, v in positions:
         per_pos[p] = v
@@ -247,21 +338,35 @@ def settled_scrape(client: httpx.Client, base_url: str, settle_s: float = 0.25, 
 
     llama.cpp folds a request into its counters only when its slot is released, which can come
     just after the client has read the last chunk; reading once could miss the last request.
+
+    The first scrape has `serverio.METRICS_DEADLINE_S`. Settling ends `timeout_s` after the start,
+    and a scrape still under way then is cut short rather than waited for (one that drips would hold
+    the run forever): the last complete scrape is returned, settled or not, as at the deadline.
     """
     deadline = time.monotonic() + timeout_s
     previous = scrape(client, base_url)
     while True:
+        left = deadline - time.monotonic() - settle_s
+        if left <= 0:
+            return previous
         time.sleep(settle_s)
-        current = scrape(client, base_url)
-        if _watched(current) == _watched(previous) or time.monotonic() > deadline:
+        try:
+            current = scrape(client, base_url, min(serverio.METRICS_DEADLINE_S, left))
+        except MetricsUnavailable as exc:
+            if exc.timed_out and left < serverio.METRICS_DEADLINE_S:
+                return previous
+            raise
+        if _watched(current) == _watched(previous):
             return current
         previous = current
 
 
-def _watched(snapshot: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
+def _watched(snapshot: Snapshot) -> dict[str, list[tuple[dict[str, str], str]]]:
+    """The samples settling compares, each value as its repr: a NaN equals itself only so, and a
+    server whose counters read NaN would otherwise never settle."""
     keys = {name for names in FLAVOURS for name in (*names.counters(), names.generation_tokens)}
     keys |= {names.generation_tokens for names in COUNTERLESS}
-    return {k: v for k, v in snapshot.samples.items() if k in keys}
+    return {k: [(labels, repr(value)) for labels, value in v] for k, v in snapshot.samples.items() if k in keys}
 
 
 def kind_mismatch(window: SpecWindow, kind: ServerKind) -> str | None:

@@ -34,9 +34,21 @@ from weightsmith.bench.config import sweep_base, sweep_point
 from weightsmith.bench.outdir import write_owned
 from weightsmith.bench.results import BenchResults
 from weightsmith.core.files import file_part
+from weightsmith.core.terminal import printable
 
 _DPI = 110
 _COLOURS = cast("tuple[tuple[float, float, float], ...]", cast(ListedColormap, plt.get_cmap("tab10")).colors)
+
+
+def _shown(text: str) -> str:
+    """`text`, a label holding a name from an input (an arm, a sweep, a category), as a plot draws it.
+
+    `printable`, so no control character reaches the font: matplotlib warns about a glyph it lacks,
+    and that warning would print the raw character (an escape sequence) to the terminal. Every `$`
+    escaped, so mathtext never reads a name as a formula: `a$b$c` would be drawn as math, and one
+    it cannot parse (`$\\foo$`) raises while the figure is saved.
+    """
+    return printable(text).replace("$", r"\$")
 
 
 def _label(name: str, limit: int = 22) -> str:
@@ -47,8 +59,8 @@ def _label(name: str, limit: int = 22) -> str:
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
     if sweep_point(name):
-        return f"{cut(sweep_base(name))}\n{cut(sweep_point(name))}"
-    return cut(name)
+        return f"{_shown(cut(sweep_base(name)))}\n{_shown(cut(sweep_point(name)))}"
+    return _shown(cut(name))
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -217,7 +229,7 @@ def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
                 marker="osD^v<>ph*"[i % 10],
                 linestyle=("-", "--", ":", "-.")[i % 4],
                 color=_COLOURS[i % len(_COLOURS)],
-                label=f"{sweep_base(name)} (mean length {acc.mean_acceptance_length:.2f})",
+                label=_shown(f"{sweep_base(name)} (mean length {acc.mean_acceptance_length:.2f})"),
                 lw=1.5,
                 markersize=max(3.5, 9.0 - 1.8 * n),
                 zorder=2 + n,
@@ -229,7 +241,7 @@ def plot_acceptance(analysis: Analysis, path: Path) -> Path | None:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
-        ax.set_title(value or "acceptance per draft position", fontsize=10)
+        ax.set_title(_shown(value) if value else "acceptance per draft position", fontsize=10)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
@@ -281,7 +293,7 @@ def plot_sweeps(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
                     color="gold",
                     edgecolor="black",
                     zorder=5,
-                    label=f"best: {sweep.param}={p.value}",
+                    label=_shown(f"best: {sweep.param}={p.value}"),
                 )
         accept = [p.mean_acceptance_length for p in points]
         if any(a is not None for a in accept):
@@ -301,12 +313,12 @@ def plot_sweeps(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
             ax.legend(handles + h2, labels + l2, fontsize=8, loc="lower right")
         else:
             ax.legend(fontsize=8, loc="lower right")
-        ax.set_xticks(xs, [str(p.value) for p in points])
-        ax.set_xlabel(sweep.param)
+        ax.set_xticks(xs, [_shown(str(p.value)) for p in points])
+        ax.set_xlabel(_shown(sweep.param))
         ax.set_ylabel("decode rate (tok/s), 95% interval")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.set_title(f"{sweep.base}: decode rate against {sweep.param}", fontsize=11)
+        ax.set_title(_shown(f"{sweep.base}: decode rate against {sweep.param}"), fontsize=11)
         fig.tight_layout()
         path = out_dir / f"{file_part(sweep_key(sweep.base))}.png"
         _save(fig, path)
@@ -348,7 +360,7 @@ def plot_quality(analysis: Analysis, path: Path) -> Path | None:
             for j, (x, e) in enumerate(zip(xs, earned, strict=True)):
                 ax.scatter([x], [e], marker=_RUN_MARKERS[j % len(_RUN_MARKERS)], color=colour, s=36, zorder=3)
         ax.axhline(top, color="0.5", lw=0.8, ls="--")
-        ax.set_title(f"{title[:40]} (max {top})", fontsize=9)
+        ax.set_title(_shown(f"{title[:40]} (max {top})"), fontsize=9)
         ax.set_xticks(range(len(q.arms)), [_label(a.arm, 14) for a in q.arms], fontsize=7)
         ax.set_xlim(-0.6, len(q.arms) - 0.4)
         ax.set_ylim(0, max(1, top) * 1.08)

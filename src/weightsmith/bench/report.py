@@ -2,17 +2,21 @@
 
 A reader should learn, in this order: did anything fail, is there a difference that survives the
 noise, what the distributions look like, what the servers' own counters and logs say, and exactly
-what was run. Numbers that could not be measured say why instead of showing a zero.
+what was run. Numbers that could not be measured say why instead of showing a zero, and a number
+that is not finite shows as `–`, never as `nan` or `inf`.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from pathlib import Path
 
 from weightsmith.bench import logcheck
 from weightsmith.bench.analysis import ACCEPTANCE, METRICS, Analysis, analyse
 from weightsmith.bench.determinism import ArmDeterminism
+from weightsmith.bench.metrics import INVALID, VOID
 from weightsmith.bench.outdir import claim, write_owned
 from weightsmith.bench.paths import PLACEHOLDERS, served_model
 from weightsmith.bench.plots import sweep_key, write_plots
@@ -20,7 +24,7 @@ from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
 from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN, PairedComparison
-from weightsmith.core.terminal import code_span, env_line, shell_line
+from weightsmith.core.terminal import env_line, markdown_code, markdown_text, shell_line, text_file
 
 _METRIC = {m.key: m for m in (*METRICS, ACCEPTANCE)}
 #: Prompt tokens per request a server may take from its cache without comment: the BOS token and
@@ -34,25 +38,43 @@ _MAX_SCENARIO_ROWS = 200
 
 
 def _ms(seconds: float | None) -> str:
-    return "–" if seconds is None else f"{seconds * 1000:.1f}"
+    return "–" if seconds is None or not math.isfinite(seconds) else f"{seconds * 1000:.1f}"
 
 
 def _num(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
 def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:+.1%}"
+    return "–" if x is None or not math.isfinite(x) else f"{x:+.1%}"
 
 
 def _cell(text: str) -> str:
+    """`text` as one table cell: a `|` escaped (GitHub splits a row on it, even inside a code span, and
+    drops the one backslash before it), a line break made a space."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    """A table; every cell, the header's too, passes through `_cell`, the one place a row is kept whole
+    (so a name in a cell is `markdown_code(name)`, never with `cell=True`, which would escape it twice)."""
+    lines = ["| " + " | ".join(_cell(c) for c in header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return lines
+
+
+def _fenced(lines: list[str]) -> list[str]:
+    """`lines` (a server's log) as a fenced code block whose fence is longer than any run of backquotes
+    in them, so no line of theirs can end it and have the rest read as Markdown."""
+    longest = max((len(run) for line in lines for run in re.findall("`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + "text", *lines, fence]
+
+
+def _value(value: object) -> str:
+    """A swept value as a cell shows it: a number as it is, any other value (a stranger's string, or
+    whatever a results file holds there) as plain words or quoted (`markdown_text`)."""
+    return str(value) if isinstance(value, int | float) else markdown_text(str(value))
 
 
 def _rel(path: Path, start: Path) -> str:
@@ -65,15 +87,13 @@ def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
         lines.append("- **The run was interrupted**; what was measured before is kept below.")
     for arm in results.arms:
         if arm.status != VISIT_OK:
-            lines.append(f"- **Arm `{arm.name}` failed**: {arm.failure}")
+            lines.append(f"- **Arm {markdown_code(arm.name)} failed**: {arm.failure}")
     for v in results.visits:
         if v.log_tail:
             lines += [
-                f"  - end of the log of `{v.arm}` repeat {v.repeat + 1}:",
+                f"  - end of the log of {markdown_code(v.arm)} repeat {v.repeat + 1}:",
                 "",
-                "```text",
-                *v.log_tail.splitlines()[-15:],
-                "```",
+                *_fenced(v.log_tail.splitlines()[-15:]),
                 "",
             ]
     errors: dict[str, int] = {}
@@ -84,19 +104,25 @@ def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
                 errors[v.arm] = errors.get(v.arm, 0) + 1
                 example.setdefault(v.arm, r.error)
     for name, n in errors.items():
-        lines.append(f"- `{name}`: {n} request(s) failed, e.g. {example[name]}")
+        lines.append(f"- {markdown_code(name)}: {n} request(s) failed, e.g. {example[name]}")
+    for v in results.visits:
+        if v.status == VISIT_OK and v.spec is not None and v.spec.status in (VOID, INVALID):
+            lines.append(
+                f"- {markdown_code(v.arm)} repeat {v.repeat + 1}: its /metrics window is left out ({v.spec.status}): "
+                f"{v.spec.detail}"
+            )
     for arm in results.arms:
         failed = [o for r in results.quality if r.arm == arm.name for o in r.outcomes if o.error]
         if failed:
             lines.append(
-                f"- `{arm.name}`: {len(failed)} quality scenario request(s) failed and count as not passed, "
-                f"e.g. `{failed[0].scenario}`: {failed[0].error}"
+                f"- {markdown_code(arm.name)}: {len(failed)} quality scenario request(s) failed and count as not "
+                f"passed, e.g. {markdown_code(failed[0].scenario)}: {failed[0].error}"
             )
     for cell in analysis.cells:
         per_request = cell.cached_tokens_total / max(1, cell.n_ok)
         if per_request > _CACHED_TOKENS_NOTED:
             lines.append(
-                f"- `{cell.arm}` at {cell.target_tokens} tokens: the server served {per_request:.0f} "
+                f"- {markdown_code(cell.arm)} at {cell.target_tokens} tokens: the server served {per_request:.0f} "
                 "prompt tokens per request from its prefix cache despite the unique first lines; "
                 "TTFT there is flattered"
             )
@@ -117,7 +143,7 @@ def _comparison_rows(comparisons: list[PairedComparison]) -> list[list[str]]:
         floor = "–" if c.noise_floor is None else f"±{c.noise_floor:.1%}"
         rows.append(
             [
-                f"`{c.arm}`",
+                markdown_code(c.arm),
                 spec.label,
                 str(c.n_pairs),
                 _pct(c.effect),
@@ -138,7 +164,7 @@ def _verdicts(analysis: Analysis) -> list[str]:
     if not analysis.comparisons:
         return ["Only one arm: nothing to compare."]
     return [
-        f"Each arm against the baseline `{analysis.baseline}` on matched prompts (the same body "
+        f"Each arm against the baseline {markdown_code(analysis.baseline)} on matched prompts (the same body "
         "sent to both; effect = geometric mean of per-prompt ratios, positive = the arm's value "
         "is higher). A difference is shown only when the interval excludes 0, the sign test "
         "rejects, and the effect exceeds the noise floor (the larger of the two arms' gaps between "
@@ -158,15 +184,15 @@ def _draft_verdicts(analysis: Analysis) -> list[str]:
     if floor is not None and floor.value is not None:
         floor_text = f"±{floor.value:.1%} at most (in {floor.detail})"
     return [
-        f"Each draft against `{analysis.acceptance_baseline}`'s draft at the same swept value, on each "
-        "prompt's own mean acceptance length (its requests' counters, /metrics read before and after "
+        f"Each draft against {markdown_code(analysis.acceptance_baseline or '')}'s draft at the same swept value, "
+        "on each prompt's own mean acceptance length (its requests' counters, /metrics read before and after "
         "each request, repeats combined by geometric mean); baseline column = the arm it is compared "
         f"with. Noise floor: the largest gap between two repeats of one arm, {floor_text}. Same rule "
         "as the verdicts above.",
         "",
         *_table(
             ["against", *_COMPARISON_HEADER],
-            [[f"`{c.baseline}`", *row] for c, row in zip(comps, _comparison_rows(comps), strict=True)],
+            [[markdown_code(c.baseline), *row] for c, row in zip(comps, _comparison_rows(comps), strict=True)],
         ),
     ]
 
@@ -197,7 +223,7 @@ def _cells(analysis: Analysis) -> list[str]:
             notes.add(c.prefill_note)
         rows.append(
             [
-                f"`{c.arm}`",
+                markdown_code(c.arm),
                 str(c.target_tokens),
                 _num(c.prompt_tokens_median, 0),
                 f"{c.n_ok}/{c.n_ok + c.n_errors}",
@@ -233,7 +259,7 @@ def _cells(analysis: Analysis) -> list[str]:
             b = c.ttft_modality
             assert b is not None
             lines.append(
-                f"- `{c.arm}` at {c.target_tokens} tokens: {b.weights[0]:.0%} near "
+                f"- {markdown_code(c.arm)} at {c.target_tokens} tokens: {b.weights[0]:.0%} near "
                 f"{b.modes[0] * 1000:.1f} ms, {b.weights[1]:.0%} near {b.modes[1] * 1000:.1f} ms "
                 f"(BIC gain {b.delta_bic:.0f}, Ashman's D {b.ashman_d:.1f}, n={b.n})"
             )
@@ -252,7 +278,7 @@ def _acceptance(analysis: Analysis) -> list[str]:
             spread = f"{min(a.window_rates):.3f}–{max(a.window_rates):.3f}"
         rows.append(
             [
-                f"`{a.arm}`",
+                markdown_code(a.arm),
                 a.status,
                 f"{a.windows_ok}/{a.windows_total}",
                 _num(a.acceptance_rate, 3),
@@ -288,11 +314,11 @@ def _acceptance(analysis: Analysis) -> list[str]:
 def _sweeps(analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> list[str]:
     lines: list[str] = []
     for s in analysis.sweeps:
-        lines += [f"### `{s.base}` over `{s.param}`", ""]
+        lines += [f"### {markdown_code(s.base)} over {markdown_code(s.param)}", ""]
         rows = [
             [
-                str(p.value),
-                f"`{p.arm}`",
+                _value(p.value),
+                markdown_code(p.arm),
                 _num(p.decode_geomean),
                 f"{_num(p.decode_ci[0])}–{_num(p.decode_ci[1])}" if p.decode_ci else "–",
                 _num(p.mean_acceptance_length, 2),
@@ -301,16 +327,23 @@ def _sweeps(analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> list[s
             for p in s.points
         ]
         lines += _table(
-            [s.param, "arm", "decode tok/s (geometric mean over prompts)", "95% CI", "mean acceptance length", "best"],
+            [
+                markdown_text(s.param),
+                "arm",
+                "decode tok/s (geometric mean over prompts)",
+                "95% CI",
+                "mean acceptance length",
+                "best",
+            ],
             rows,
         )
         if s.best_value is not None:
-            lines += ["", f"Best by decode rate: `{s.param}={s.best_value}`."]
+            lines += ["", f"Best by decode rate: {markdown_code(f'{s.param}={s.best_value}')}."]
             if s.best_note:
                 lines[-1] += f" {s.best_note[0].upper()}{s.best_note[1:]}."
         key = sweep_key(s.base)
         if key in plots:
-            lines += ["", f"![decode against {s.param}]({_rel(plots[key], out_dir)})"]
+            lines += ["", f"![decode against {markdown_text(s.param)}]({_rel(plots[key], out_dir)})"]
         lines.append("")
     return lines
 
@@ -331,7 +364,7 @@ def _determinism(results: BenchResults, analysis: Analysis) -> list[str]:
     for d in analysis.determinism:
         rows.append(
             [
-                f"`{d.arm}`",
+                markdown_code(d.arm),
                 f"{d.replicates}" + (f" ({d.errors} failed)" if d.errors else ""),
                 str(d.distinct_outputs),
                 str(d.positions) if d.logprobs else "–",
@@ -365,7 +398,7 @@ def _determinism(results: BenchResults, analysis: Analysis) -> list[str]:
     if analysis.determinism_pairs:
         rows = [
             [
-                f"`{p.arm}`",
+                markdown_code(p.arm),
                 "never" if p.first_divergence is None else str(p.first_divergence),
                 str(p.positions_compared),
                 "–" if p.kl_between_mean is None else f"{p.kl_between_mean:.3g}",
@@ -377,7 +410,7 @@ def _determinism(results: BenchResults, analysis: Analysis) -> list[str]:
         ]
         lines += [
             "",
-            f"Against the baseline `{analysis.baseline}` (first replicates; KL over positions "
+            f"Against the baseline {markdown_code(analysis.baseline)} (first replicates; KL over positions "
             "whose preceding tokens agree):",
             "",
             *_table(
@@ -398,7 +431,7 @@ def _determinism(results: BenchResults, analysis: Analysis) -> list[str]:
 
 def _named(ids: list[str]) -> str:
     """Scenario ids as code spans, the first _MAX_NAMED of them."""
-    shown = ", ".join(f"`{s}`" for s in ids[:_MAX_NAMED])
+    shown = ", ".join(markdown_code(s) for s in ids[:_MAX_NAMED])
     return shown + (f" and {len(ids) - _MAX_NAMED} more" if len(ids) > _MAX_NAMED else "")
 
 
@@ -426,8 +459,8 @@ def _quality_comparisons(q: QualityAnalysis) -> list[str]:
     lines = [
         "### Against the baseline",
         "",
-        f"Each arm against `{q.baseline}`, scenario by scenario. A scenario is discordant when the two arms did "
-        "not pass it in the same share of their runs; the exact two-sided sign test is on those scenarios. "
+        f"Each arm against {markdown_code(q.baseline)}, scenario by scenario. A scenario is discordant when the two "
+        "arms did not pass it in the same share of their runs; the exact two-sided sign test is on those scenarios. "
         f"A difference is shown only when the test rejects at alpha {q.alpha:g} and a run of each arm disagrees "
         "with a run of the baseline on more scenarios, on average, than two runs of the noisier arm disagree "
         "with each other.",
@@ -439,7 +472,8 @@ def _quality_comparisons(q: QualityAnalysis) -> list[str]:
         lines.append(f"- {verdict}: {c.words}.")
         if c.discordant:
             lines.append(
-                f"  Better in `{c.arm}`: {_named(c.arm_better) or 'none'}; better in `{c.baseline}`: "
+                f"  Better in {markdown_code(c.arm)}: {_named(c.arm_better) or 'none'}; better in "
+                f"{markdown_code(c.baseline)}: "
                 f"{_named(c.baseline_better) or 'none'}."
             )
         per_run = "; ".join(
@@ -448,12 +482,12 @@ def _quality_comparisons(q: QualityAnalysis) -> list[str]:
         )
         rows.append(
             [
-                f"`{c.arm}`",
+                markdown_code(c.arm),
                 str(c.scenarios),
                 f"{len(c.arm_better)}↑ {len(c.baseline_better)}↓",
                 str(len(c.also_flip)),
                 "–" if c.between is None else f"{c.between:.3g}",
-                "–" if c.floor is None else f"{c.floor:.3g} (`{c.floor_arm}`)",
+                "–" if c.floor is None else f"{c.floor:.3g} ({markdown_code(c.floor_arm or '')})",
                 "–" if c.p is None else f"{c.p:.3g}",
                 per_run or "–",
                 verdict,
@@ -489,13 +523,13 @@ def _quality_categories(q: QualityAnalysis) -> list[str]:
             cells.append(
                 "–" if not found else _runs_cell(found[0].earned, found[0].total) + (" ‡" if name in a.moved else "")
             )
-        rows.append([name, *cells])
+        rows.append([markdown_text(name), *cells])
     return [
         "### Per category",
         "",
         "Passed per run / maximum, runs in order; ‡: the count moved between the arm's own runs.",
         "",
-        *_table(["category", *(f"`{a.arm}`" for a in arms)], rows),
+        *_table(["category", *(markdown_code(a.arm) for a in arms)], rows),
     ]
 
 
@@ -505,7 +539,7 @@ def _quality_scenarios(q: QualityAnalysis) -> list[str]:
     if not varying:
         return ["Every scenario had the same outcome in every run of every arm."]
     rows = [
-        [f"`{s.scenario}`", s.category]
+        [markdown_code(s.scenario), markdown_text(s.category)]
         + ["".join("–" if p is None else ("✓" if p else "✗") for p in s.passed.get(a, [])) or "–" for a in arms]
         for s in varying[:_MAX_SCENARIO_ROWS]
     ]
@@ -514,7 +548,7 @@ def _quality_scenarios(q: QualityAnalysis) -> list[str]:
         f"<details><summary>Scenarios whose outcome is not the same in every run of every arm ({len(varying)} of "
         f"{len(q.scenarios)})</summary>",
         "",
-        *_table(["scenario", "category", *(f"`{a}`" for a in arms)], rows),
+        *_table(["scenario", "category", *(markdown_code(a) for a in arms)], rows),
         "",
         ("" if not more else f"{more} more not shown; ")
         + "✓ passed, ✗ not passed, – not run; every scenario of every run is in results.json "
@@ -528,10 +562,12 @@ def _quality(analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> list[
     q = analysis.quality
     if q is None:
         return ["Not run (no `[quality]` table in the arms file)."]
-    suites = ", ".join(dict.fromkeys(f"`{a.suite}`" for a in q.arms))
+    suites = ", ".join(dict.fromkeys(markdown_code(a.suite) for a in q.arms))
     counts = {len(a.runs) for a in q.arms}
-    runs = f"{counts.pop()} run(s) per arm" if len(counts) == 1 else ", ".join(f"`{a.arm}` {len(a.runs)} run(s)"
-                                                                               for a in q.arms)  # fmt: skip
+    if len(counts) == 1:
+        runs = f"{counts.pop()} run(s) per arm"
+    else:
+        runs = ", ".join(f"{markdown_code(a.arm)} {len(a.runs)} run(s)" for a in q.arms)
     lines = [
         f"Suite {suites}; {runs} at temperature 0, after the measured requests of the same serve visits. "
         "A failed request counts as not passed.",
@@ -552,15 +588,15 @@ def _logcheck(results: BenchResults) -> list[str]:
     lines = []
     for arm in results.arms:
         if not arm.log_paths and not arm.evidence:
-            lines += ["", f"`{arm.name}`: no server log (a `url` arm; the server was not started here)"]
+            lines += ["", f"{markdown_code(arm.name)}: no server log (a `url` arm; the server was not started here)"]
             continue
         if not arm.evidence:
-            lines += ["", f"`{arm.name}`: none of the patterns below matched."]
+            lines += ["", f"{markdown_code(arm.name)}: none of the patterns below matched."]
             continue
-        lines += ["", f"`{arm.name}`:", ""]
+        lines += ["", f"{markdown_code(arm.name)}:", ""]
         lines += _table(
             ["pattern", "severity", "lines", "value", "first line"],
-            [[e.pattern, e.severity, str(e.count), e.value or "", f"`{e.first_line}`"] for e in arm.evidence],
+            [[e.pattern, e.severity, str(e.count), e.value or "", markdown_code(e.first_line)] for e in arm.evidence],
         )
     lines += ["", "<details><summary>Patterns checked</summary>", ""]
     lines += _table(
@@ -578,7 +614,7 @@ def _setup(results: BenchResults) -> list[str]:
         + ", ".join(f"{k} {v}" for k, v in results.host.items()),
         f"- workload: code-continuation prompts cut from Python's standard library at "
         f"{w.get('prompt_tokens')} target tokens, {w.get('prompts_per_length')} per length, "
-        f"unique first line per request; `{w.get('endpoint')}` endpoint, "
+        f"unique first line per request; {markdown_code(str(w.get('endpoint')))} endpoint, "
         f"max_tokens {w.get('max_tokens')}, temperature {w.get('temperature')}, "
         f"ignore_eos {w.get('ignore_eos')}, concurrency {w.get('concurrency')}",
         f"- prompts sized at {results.chars_per_token:.2f} characters per token "
@@ -589,10 +625,10 @@ def _setup(results: BenchResults) -> list[str]:
     ]
     rows = []
     for a in results.arms:
-        what = code_span(shell_line(a.command, PLACEHOLDERS)) if a.command else (a.url or "")
-        env = ", ".join(code_span(env_line({k: v})) for k, v in a.env.items())
+        what = markdown_code(shell_line(a.command, PLACEHOLDERS)) if a.command else (a.url or "")
+        env = ", ".join(markdown_code(env_line({k: v})) for k, v in a.env.items())
         model = served_model(a)
-        rows.append([f"`{a.name}`", a.kind, model or "–", what + (f" (env: {env})" if env else ""), a.status])
+        rows.append([markdown_code(a.name), a.kind, model or "–", what + (f" (env: {env})" if env else ""), a.status])
     lines += _table(["arm", "kind", "model", "server", "status"], rows)
     lines += ["", "Visits in the order they ran:", ""]
     vrows = []
@@ -601,7 +637,7 @@ def _setup(results: BenchResults) -> list[str]:
         vrows.append(
             [
                 str(v.position + 1),
-                f"`{v.arm}`",
+                markdown_code(v.arm),
                 str(v.repeat + 1),
                 v.status + (f": {v.failure}" if v.failure else ""),
                 _num(v.startup_s, 1),
@@ -616,7 +652,7 @@ def _setup(results: BenchResults) -> list[str]:
 def _noise(analysis: Analysis) -> list[str]:
     rows: list[list[str]] = []
     for key, floor in analysis.noise.items():
-        per_arm = ", ".join(f"`{a}` {v:.1%}" for a, v in floor.per_arm.items()) or "–"
+        per_arm = ", ".join(f"{markdown_code(a)} {v:.1%}" for a, v in floor.per_arm.items()) or "–"
         rows.append([_METRIC[key].label, "–" if floor.value is None else f"±{floor.value:.1%}", per_arm, floor.detail])
     return [
         "For each arm, the largest gap between two of its own repeats (same estimator as the "
@@ -628,7 +664,7 @@ def _noise(analysis: Analysis) -> list[str]:
 
 def render_markdown(results: BenchResults, analysis: Analysis, plots: dict[str, Path], out_dir: Path) -> str:
     """The whole report as Markdown, with plot links relative to `out_dir`."""
-    names = ", ".join(f"`{a.name}`" for a in results.arms)
+    names = ", ".join(markdown_code(a.name) for a in results.arms)
     lines = [f"# Serving benchmark: {names}", ""]
     problems = _problems(results, analysis)
     if problems:
@@ -652,7 +688,7 @@ def render_markdown(results: BenchResults, analysis: Analysis, plots: dict[str, 
     lines += ["## Server log check", "", *_logcheck(results), ""]
     lines += ["## Noise floor", "", *_noise(analysis), ""]
     lines += ["## Setup", "", *_setup(results), ""]
-    return "\n".join(lines)
+    return text_file(lines)  # arm names, server messages and logs are a stranger's text, read with `cat` too
 
 
 RESULTS_FILE = "results.json"

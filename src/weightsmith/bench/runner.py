@@ -9,6 +9,11 @@ visit, so a crash, a Ctrl-C or a server that dies keeps what was already measure
 Failures are one line each and never stop the other arms: a server that does not start (with the
 end of its log), dies during the window (requests measured so far are kept), or answers with
 errors. The arm is marked failed and its remaining visits are skipped.
+
+Every read from a server goes through `serverio` (`new_client`): a total deadline and a byte cap
+each, so a server that drips or never ends an answer costs a failed request or a window left out,
+never a hung run. A window whose counters lie (not counts, or going backwards between the scrapes
+read after each request) is left out, named, and its requests' own counts with it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from weightsmith.bench.results import (
     to_jsonable,
 )
 from weightsmith.bench.schedule import Visit, counterbalanced_order
+from weightsmith.bench.serverio import ServerReadError, new_client
 from weightsmith.bench.servers import RunningServer, ServerError, start_server
 from weightsmith.bench.workloads import (
     FALLBACK_CHARS_PER_TOKEN,
@@ -148,13 +154,21 @@ class _RunState:
 
 
 def _calibrate(state: _RunState, arm: ArmSpec, url: str, model: str) -> None:
-    """Fix the prompts, cut to length with this (the first serving) arm's tokenizer if it has one."""
+    """Fix the prompts, cut to length with this (the first serving) arm's tokenizer if it has one.
+
+    A tokenizer that stops answering is asked no more (each failed call can cost its whole deadline):
+    the prompts left are cut by the ratio alone, and the results say so.
+    """
     spec = state.config.workload
     sample = "".join(text for _, text in stdlib_corpus()[:20])[:_CALIBRATION_CHARS]
     measured = cl.count_tokens(state.client, url, model, sample)
+    stopped: list[bool] = []
 
     def count(text: str) -> int | None:
-        return cl.count_tokens(state.client, url, model, text)
+        n = None if stopped else cl.count_tokens(state.client, url, model, text)
+        if n is None:
+            stopped.append(True)
+        return n
 
     counter = count if measured else None
     if spec.chars_per_token is not None:
@@ -165,12 +179,14 @@ def _calibrate(state: _RunState, arm: ArmSpec, url: str, model: str) -> None:
         ratio, source = FALLBACK_CHARS_PER_TOKEN, "fixed estimate (no /tokenize on the server)"
     if counter is not None:
         source += f"; each prompt cut to within {SIZE_TOLERANCE:.0%} of its target with that tokenizer"
-    state.results.chars_per_token = ratio
-    state.results.chars_per_token_source = source
     measured_prompts = build_prompts(spec.prompt_tokens, spec.prompts_per_length, ratio, spec.seed, counter)
     warmup = build_prompts(spec.prompt_tokens, 1, ratio, spec.seed + 1000, counter)
     det = state.config.determinism
     determinism = build_prompts([det.prompt_tokens], 1, ratio, spec.seed + 2000, counter)[0]
+    if counter is not None and stopped:
+        source += "; /tokenize stopped answering partway, so the prompts after that were cut by the ratio alone"
+    state.results.chars_per_token = ratio
+    state.results.chars_per_token_source = source
     state.workload = _Workload(interleaved(measured_prompts, spec.seed), warmup, determinism)
     state.results.prompts = [
         PromptInfo(p.key, p.target_tokens, p.index, p.source, len(p.text)) for p in measured_prompts
@@ -212,6 +228,18 @@ def _server_gone(server: RunningServer, consecutive_failures: int) -> str | None
     return None
 
 
+@dataclass
+class _Measured:
+    """How the measured requests ended: why the server went away, if it did; the /metrics scrape
+    taken after the last request, when there is one (it closes the window: no second scrape); and the
+    window itself when a scrape read after a request found counters that lie or went backwards (the
+    window is then left out, whatever its two ends say)."""
+
+    gone: str | None = None
+    last: m.Snapshot | None = None
+    spoiled: m.SpecWindow | None = None
+
+
 def _measure(
     state: _RunState,
     arm: ArmSpec,
@@ -220,9 +248,8 @@ def _measure(
     vr: VisitResult,
     contents: list[str],
     before: m.Snapshot | None,
-) -> tuple[str | None, m.Snapshot | None]:
-    """Send the measured requests; return a failure line if the server went away, and the /metrics
-    scrape taken after the last request when there is one (it closes the window: no second scrape).
+) -> _Measured:
+    """Send the measured requests and say how they ended (`_Measured`).
 
     One at a time on a speculating server, /metrics is read again after each request, so that each
     request carries its own acceptance (`_own_acceptance`): what pairs prompts across drafts.
@@ -230,48 +257,64 @@ def _measure(
     assert state.workload is not None
     prompts = state.workload.measured
     failures = 0
+    measured = _Measured()
     last = before if before is not None and m.detect_flavour(before) is not None else None
+    if last is not None and (invalid := m.invalid_counters(last, model)) is not None:
+        invalid.detail = f"{_metrics_url(server.url)}: {invalid.detail}"
+        measured.spoiled, last = invalid, None  # no window can start here: read no more after each request
 
-    def one(prompt: Prompt) -> tuple[RequestRecord, str]:
+    def one(prompt: Prompt) -> tuple[RequestRecord, cl.StreamOutcome]:
         started = time.perf_counter() - state.t0
         outcome = _send(state, arm, server.url, model, unique_prefix() + prompt.text)
-        return _record(prompt, outcome, started), outcome.content
+        return _record(prompt, outcome, started), outcome
 
-    def keep(record: RequestRecord, content: str) -> None:
+    def keep(record: RequestRecord, outcome: cl.StreamOutcome) -> None:
         vr.requests.append(record)
-        contents.append(content)
+        contents.append(outcome.content)
         state.observer.request_done(record)
 
     if state.config.workload.concurrency == 1:
-        for prompt in prompts:
-            gone = _server_gone(server, failures)
-            if gone:
-                return gone, None
-            record, content = one(prompt)
+        for index, prompt in enumerate(prompts, 1):
+            measured.gone = _server_gone(server, failures)
+            if measured.gone:
+                return measured
+            record, outcome = one(prompt)
             if last is not None:
-                last = _own_acceptance(state, server.url, model, last, record)
-            keep(record, content)
-            failures = failures + 1 if (record.error or "").startswith(("connection failed", "timed out")) else 0
-        return _server_gone(server, failures), last
+                last, measured.spoiled = _own_acceptance(state, server.url, model, last, record, index)
+            keep(record, outcome)
+            failures = failures + 1 if outcome.unreachable else 0
+        measured.gone, measured.last = _server_gone(server, failures), last
+        return measured
     with ThreadPoolExecutor(max_workers=state.config.workload.concurrency) as pool:
-        for record, content in pool.map(one, prompts):
-            keep(record, content)
-    return _server_gone(server, 0 if any(r.ok for r in vr.requests) else len(vr.requests)), None
+        for record, outcome in pool.map(one, prompts):
+            keep(record, outcome)
+    measured.gone = _server_gone(server, 0 if any(r.ok for r in vr.requests) else len(vr.requests))
+    return measured
+
+
+def _metrics_url(url: str) -> str:
+    return url.rstrip("/") + "/metrics"
 
 
 def _own_acceptance(
-    state: _RunState, url: str, model: str, last: m.Snapshot, record: RequestRecord
-) -> m.Snapshot | None:
-    """Set `record`'s own spec-decode counts from a scrape after it; the scrape, or None once a
-    scrape fails or the counters do not add up (the window's totals still come from its own scrapes)."""
+    state: _RunState, url: str, model: str, last: m.Snapshot, record: RequestRecord, index: int
+) -> tuple[m.Snapshot | None, m.SpecWindow | None]:
+    """Set `record`'s own spec-decode counts from a scrape after it. Returns the scrape, or None once a
+    scrape fails or the counters do not add up (the window's totals still come from its own scrapes);
+    and, when the counters are not counts or went backwards, that window, naming the request after
+    which it was read: the measured window is left out for it (a counter that drops and climbs back
+    would pass unseen between the window's two ends)."""
     now, _ = _scrape_settled(state, url)
     if now is None:
-        return None
+        return None, None
     own = m.spec_window(last, now, model)
+    if own.status in (m.VOID, m.INVALID):
+        own.detail = f"{_metrics_url(url)} after measured request {index}: {own.detail}"
+        return None, own
     if own.status not in (m.OK, m.NO_DRAFTS):
-        return None
+        return None, None
     record.spec_drafts, record.spec_draft_tokens, record.spec_accepted = own.drafts, own.draft_tokens, own.accepted
-    return now
+    return now, None
 
 
 def _determinism(state: _RunState, arm: ArmSpec, server: RunningServer, model: str) -> None:
@@ -426,8 +469,8 @@ def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitR
     run the determinism replicates and the quality suite; a failure marks the visit failed and ends it."""
     try:
         model = arm.model or cl.fetch_model_id(state.client, server.url)
-    except (httpx.HTTPError, ValueError) as exc:
-        _fail(state, vr, f"cannot read the model id from /v1/models: {exc}", server.log_tail())
+    except ServerReadError as exc:
+        _fail(state, vr, f"cannot read the model id: {exc}", server.log_tail())
         return
     state.arm_infos[arm.name].model = model
     if state.workload is None:
@@ -444,18 +487,14 @@ def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitR
         vr.warmups += 1
     state.observer.phase("measuring")
     before, reason = _scrape_settled(state, server.url)
-    gone, last = _measure(state, arm, server, model, vr, contents, before)
-    if gone:
-        _fail(state, vr, gone, server.log_tail())
+    measured = _measure(state, arm, server, model, vr, contents, before)
+    if measured.gone:
+        _fail(state, vr, measured.gone, server.log_tail())
         vr.spec = m.SpecWindow(status=m.VOID, detail="server went away during the window")
         return
-    if before is None:
-        after, reason_after = None, reason
-    elif last is not None:  # read after the last request already
-        after, reason_after = last, ""
-    else:
-        after, reason_after = _scrape_settled(state, server.url)
-    vr.spec = _window(state, arm, before, after, reason or reason_after, model)
+    vr.spec = measured.spoiled or _closing_window(state, arm, server.url, model, before, reason, measured.last)
+    if vr.spec.status in (m.VOID, m.INVALID):
+        _leave_out(state, vr)
     errors = [r for r in vr.requests if not r.ok]
     if errors and len(errors) == len(vr.requests):
         _fail(state, vr, f"every measured request failed, e.g. {errors[0].error}")
@@ -469,18 +508,49 @@ def _on_server(state: _RunState, arm: ArmSpec, server: RunningServer, vr: VisitR
     _quality(state, arm, server, model)
 
 
+def _closing_window(
+    state: _RunState,
+    arm: ArmSpec,
+    url: str,
+    model: str,
+    before: m.Snapshot | None,
+    reason: str,
+    last: m.Snapshot | None,
+) -> m.SpecWindow:
+    """The measured window, closed by the scrape read after the last request or by a scrape now."""
+    if before is None:
+        return _window(state, arm, url, None, None, reason, model)
+    if last is not None:
+        return _window(state, arm, url, before, last, "", model)
+    after, reason_after = _scrape_settled(state, url)
+    return _window(state, arm, url, before, after, reason_after, model)
+
+
+def _leave_out(state: _RunState, vr: VisitResult) -> None:
+    """A window whose counters lied or reset is left out whole, its requests' own counts too (the same
+    counters gave them), and the live display names it."""
+    for r in vr.requests:
+        r.spec_drafts = r.spec_draft_tokens = r.spec_accepted = None
+    assert vr.spec is not None
+    state.observer.message(f"arm '{vr.arm}' repeat {vr.repeat + 1}: /metrics window left out: {vr.spec.detail}")
+
+
 def _window(
     state: _RunState,
     arm: ArmSpec,
+    url: str,
     before: m.Snapshot | None,
     after: m.Snapshot | None,
     reason: str,
     model: str,
 ) -> m.SpecWindow:
-    """The measured window's acceptance, its counters checked against the arm's kind."""
+    """The measured window's acceptance, its counters checked against the arm's kind; a window its
+    counters void or make invalid names the server's /metrics."""
     if before is None or after is None:
         return m.unavailable(reason)
     window = m.spec_window(before, after, model)
+    if window.status in (m.VOID, m.INVALID):
+        window.detail = f"{_metrics_url(url)}: {window.detail}"
     mismatch = m.kind_mismatch(window, arm.server_kind)
     if mismatch:
         window.detail = "; ".join(d for d in (window.detail, mismatch) if d)
@@ -553,7 +623,7 @@ def run_bench(
     state = _RunState(
         config=config,
         out_dir=out_dir,
-        client=httpx.Client(trust_env=False),
+        client=new_client(),
         observer=observer,
         results=results,
         t0=time.perf_counter(),

@@ -5,6 +5,10 @@ started in its own process group with its output kept in a log file (the log che
 a failure report shows its end). An arm whose kind has a compile cache (vLLM's `VLLM_CACHE_ROOT`,
 `bench/kinds.py`) gets its own unless told otherwise: a shared cache could hand a second arm the
 first arm's compiled graphs.
+
+Readiness is read through `serverio`: each /health and /v1/models poll ends within
+`serverio.STATUS_DEADLINE_S` and what is left of the arm's start-up time, so a server that drips or
+never ends its answer costs no more than that, and the failure says what the last poll met.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from pathlib import Path
 
 import httpx
 
-from weightsmith.bench import kinds
+from weightsmith.bench import kinds, serverio
+from weightsmith.bench.client import listed_models
 from weightsmith.bench.config import PORT_PLACEHOLDER, ArmSpec
 from weightsmith.bench.logcheck import COMMAND_LINE_PREFIX
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import open_append
+from weightsmith.core.terminal import shell_line
 
 
 class ServerError(Exception):
@@ -124,21 +130,30 @@ class RunningServer:
             proc.wait(timeout=10)
 
 
-def _ready(client: httpx.Client, url: str) -> bool:
-    """Loaded and serving: /health is not a kind's "loading" status (llama.cpp's 503) and /v1/models
-    lists a model."""
+def _status(client: httpx.Client, url: str, until: float | None) -> serverio.Reply:
+    """One /health or /v1/models read, within `serverio.STATUS_DEADLINE_S` and before `until`."""
+    deadline_s = serverio.STATUS_DEADLINE_S
+    if until is not None:
+        deadline_s = max(0.01, min(deadline_s, until - time.monotonic()))
+    return serverio.fetch(client, "GET", url, deadline_s=deadline_s, max_bytes=serverio.MAX_STATUS_BYTES)
+
+
+def _not_ready(client: httpx.Client, url: str, until: float | None = None) -> str | None:
+    """None once loaded and serving: /health is not a kind's "loading" status (llama.cpp's 503) and
+    /v1/models lists a model; else what the poll met, one line naming the URL. No read outlasts `until`."""
     try:
-        health = client.get(url + "/health", timeout=5.0)
-        if health.status_code in kinds.loading_statuses():
-            return False
-        models = client.get(url + "/v1/models", timeout=5.0)
-        return models.status_code == 200 and bool(models.json().get("data"))
-    except (httpx.HTTPError, ValueError):
-        return False
+        health = _status(client, url + "/health", until)
+        if health.status in kinds.loading_statuses():
+            return f"{health.url}: HTTP {health.status} (still loading)"
+        listed_models(_status(client, url + "/v1/models", until))
+    except serverio.ServerReadError as exc:
+        return str(exc)
+    return None
 
 
 def wait_ready(client: httpx.Client, server: RunningServer, timeout_s: float, poll_s: float = 0.25) -> None:
-    """Block until the server answers; raise `ServerError` if it exits or the time runs out."""
+    """Block until the server answers; raise `ServerError` if it exits or the time runs out (no poll
+    outlasts it, however slowly the server answers)."""
     start = time.monotonic()
     deadline = start + timeout_s
     while True:
@@ -147,12 +162,14 @@ def wait_ready(client: httpx.Client, server: RunningServer, timeout_s: float, po
                 f"server exited with status {server.exit_code()} before answering",
                 server.log_tail(),
             )
-        if _ready(client, server.url) and server.alive():
+        why = _not_ready(client, server.url, deadline)
+        if why is None and server.alive():
             server.startup_s = time.monotonic() - start
             return
         if time.monotonic() > deadline:
             server.stop()
-            raise ServerError(f"server did not answer at {server.url} within {timeout_s:g} s", server.log_tail())
+            last = f" (last: {why})" if why else ""
+            raise ServerError(f"server did not answer at {server.url} within {timeout_s:g} s{last}", server.log_tail())
         time.sleep(poll_s)
 
 
@@ -168,8 +185,9 @@ def start_server(
     if arm.command is None:
         assert arm.url is not None
         server = RunningServer(url=arm.url.rstrip("/"))
-        if not _ready(client, server.url):
-            raise ServerError(f"no server answering at {server.url}")
+        why = _not_ready(client, server.url)
+        if why is not None:
+            raise ServerError(f"no server answering: {why}")
         return server
     port = str(free_port())
     command = [t.replace(PORT_PLACEHOLDER, port) for t in arm.command]
@@ -188,7 +206,9 @@ def start_server(
     except WeightsmithError as exc:
         raise ServerError(f"cannot write its log {log_path}: {exc.message}") from None
     with log:
-        log.write(f"{COMMAND_LINE_PREFIX}{' '.join(command)}\n".encode())
+        # one line that pastes as exactly this argv: a word's line break or escape sequence would
+        # otherwise start a line the log check reads as the server's, or act on a terminal showing the log
+        log.write(f"{COMMAND_LINE_PREFIX}{shell_line(command)}\n".encode())
         log.flush()
         try:
             process = subprocess.Popen(

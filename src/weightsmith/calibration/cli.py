@@ -75,7 +75,7 @@ def calibrate_command(
         check_out(src, out, force)  # here, once, rather than as the same error from every rank
         launch.relay(processes)
         return
-    with distributed.joined(peer_timeout, processes) as world:
+    with distributed.joined(peer_timeout, processes, launch.job("calibrate", src, out)) as world:
         _calibrate(src, out, text, builtin, tokens, seq_len, trust_remote_code, force, world)
 
 

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from weightsmith.calibration import recorders
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import echo
 from weightsmith.engine.distributed import World
 from weightsmith.engine.experts import expert_inputs, expert_table
 from weightsmith.engine.loading import opened
@@ -69,10 +70,29 @@ def measure(
     flat = {f"x {module}": x for module, x in inputs.items()}
     for module, (k, v) in kv.items():
         flat[f"k {module}"], flat[f"v {module}"] = k, v
-    reduced = world.max_reduce(flat)
-    kv = {name[2:]: (reduced[name], reduced["v" + name[1:]]) for name in reduced if name[0] == "k"}
-    inputs = {name[2:]: value for name, value in reduced.items() if name[0] == "x"}
+    kv, inputs = split_maxima(world.max_reduce(flat))
     return kv, recorders.share_fused(inputs)  # after the reduction: fused partners share the maximum over all ranks
+
+
+def split_maxima(reduced: dict[str, float]) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """The maxima every rank agreed on, as (key and value maxima per attention module, input maxima per
+    module). Names come from every rank: one of another form than `x|k|v MODULE`, or a key maximum
+    without its value maximum (or the reverse), was sent by a rank that is not running this job as
+    this one does, and is one line rather than a KeyError."""
+    kv: dict[str, tuple[float, float]] = {}
+    inputs: dict[str, float] = {}
+    for name, value in reduced.items():
+        kind, _, module = name.partition(" ")
+        partner = {"k": "v", "v": "k"}.get(kind)
+        if kind not in ("x", "k", "v") or not module.strip():
+            raise WeightsmithError(f"a rank sent the maximum {echo(name)}, which names no module's maximum")
+        if partner is not None and f"{partner} {module}" not in reduced:
+            raise WeightsmithError(f"a rank sent the maximum {echo(name)} without {echo(f'{partner} {module}')}")
+        if kind == "x":
+            inputs[module] = value
+        elif kind == "k":
+            kv[module] = (value, reduced[f"v {module}"])
+    return kv, inputs
 
 
 def _measure(

@@ -14,7 +14,7 @@ import unicodedata
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from weightsmith.core.terminal import code_span
+from weightsmith.core.terminal import markdown_code, printable
 
 #: What a plain-token value is made of.
 _TOKEN = r"[\w.,+%-]"
@@ -59,18 +59,28 @@ class Citations:
             raise ValueError(f"not a plain token: {value!r}")
         return self._add(value, file, path)
 
-    def text(self, value: str, file: str, path: str) -> str:
+    def text(self, value: str, file: str, path: str, cell: bool = False) -> str:
         """Quoted text (a command, a hash) as a code span with its source anchor, shown exactly as it is:
-        a command with a backquote in it is still that command when pasted."""
-        return self._add(code_span(value), file, path)
+        a command with a backquote in it is still that command when pasted. Characters a terminal would
+        act on are written as escapes, and `cell` escapes `|` for a table cell (`markdown_code`)."""
+        return self._add(markdown_code(value, cell), file, path)
 
     def _add(self, shown: str, file: str, path: str) -> str:
-        cited = Cited(shown, file, path)
+        cited = Cited(shown, file, anchor_field(path))
         known = self.by_source.get(cited.source)
         if known is not None and known.value != shown:
             raise ValueError(f"{cited.source} shown as both {known.value} and {shown}")
         self.by_source[cited.source] = cited
-        return f"{shown}<!-- {file}: {path} -->"
+        return f"{shown}<!-- {file}: {cited.field} -->"
+
+
+def anchor_field(path: str) -> str:
+    """`path` (which may hold an arm's, a shard's or a category's name) as it is written in its anchor:
+    `printable`, with `<`, `>`, `|` and the second `-` of `--` written as escapes: the comment then
+    ends where it should, `find_cited` finds it again, a table row keeps its cells around it, and
+    GitHub reads it as a comment (its CommonMark 0.29 parser shows a comment holding `--` as text)."""
+    escaped = printable(path).replace("<", "\\x3c").replace(">", "\\x3e").replace("|", "\\x7c")
+    return re.sub("(?<=-)-", r"\\x2d", escaped)
 
 
 def find_cited(markdown: str) -> list[Cited]:

@@ -18,6 +18,7 @@ from weightsmith.bench.quality import verdict as qv
 from weightsmith.bench.stats import NOT_SHOWN, SHOWN, PairedComparison
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import BENCH_FILE, EVAL_FILE, CardSources
+from weightsmith.core.terminal import markdown_code, markdown_text
 
 B, E = BENCH_FILE, EVAL_FILE
 _LABEL = {m.key: m.label for m in METRICS}
@@ -53,7 +54,8 @@ def _speed(src: CardSources, c: Citations) -> list[str]:
     for s in an.sweeps:
         if s.best_note:
             lines.append(
-                f"- `{s.param}` for `{s.base}`: {s.best_note}; **no ordering shown** between those values, and the "
+                f"- {markdown_code(s.param)} for {markdown_code(s.base)}: {markdown_text(s.best_note)}; "
+                "**no ordering shown** between those values, and the "
                 "highest median is not a settled best."
             )
     lines.append(
@@ -66,7 +68,7 @@ def _speed(src: CardSources, c: Citations) -> list[str]:
 
 def _verdict(cmp: PairedComparison, c: Citations) -> str:
     f = f"analysis.comparisons[{cmp.arm},{cmp.metric}]"
-    head = f"- `{cmp.arm}` against `{cmp.baseline}`, {_LABEL[cmp.metric]}:"
+    head = f"- {markdown_code(cmp.arm)} against {markdown_code(cmp.baseline)}, {_LABEL[cmp.metric]}:"
     if cmp.verdict == SHOWN and cmp.effect is not None:
         effect = c.num(format(cmp.effect, "+.1%"), B, f + ".effect")
         faster, slower = _SHOWN_WORDS.get(cmp.metric, ("measured higher than", "measured lower than"))
@@ -105,7 +107,7 @@ def _quality(src: CardSources, c: Citations) -> list[str]:
     ]
     for a in q.arms:
         f = f"analysis.quality.arms[{a.arm}]"
-        head = f"- `{a.arm}` on {c.text(a.suite, B, f + '.suite')}: passed {_scores(c, a, f)} scenarios"
+        head = f"- {markdown_code(a.arm)} on {c.text(a.suite, B, f + '.suite')}: passed {_scores(c, a, f)} scenarios"
         if a.floor_measured:
             lines.append(
                 f"{head} in its {c.num(str(len(a.runs)), B, f + '.runs')} runs; "
@@ -117,7 +119,7 @@ def _quality(src: CardSources, c: Citations) -> list[str]:
             lines.append(f"{head} in its one run; what moves between two of its own runs was not measured.")
     for cmp in q.comparisons:
         f = f"analysis.quality.comparisons[{cmp.arm}]"
-        head = f"- `{cmp.arm}` against `{cmp.baseline}`, task scores:"
+        head = f"- {markdown_code(cmp.arm)} against {markdown_code(cmp.baseline)}, task scores:"
         if cmp.verdict == qv.NOT_COMPARED:
             lines.append(f"{head} not compared ({c.text(cmp.reason, B, f + '.reason')}).")
             continue
@@ -130,8 +132,8 @@ def _quality(src: CardSources, c: Citations) -> list[str]:
         figures += f"; sign test {p}"
         if cmp.verdict == qv.SHOWN:
             lines.append(
-                f"{head} {figures}: a difference shown, `{cmp.better}` passed more scenarios of this suite, "
-                "beyond what either arm's own runs moved."
+                f"{head} {figures}: a difference shown, {markdown_code(cmp.better or '')} passed more scenarios of "
+                "this suite, beyond what either arm's own runs moved."
             )
         else:
             lines.append(

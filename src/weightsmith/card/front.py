@@ -14,6 +14,7 @@ from typing import Any
 from weightsmith.card import made
 from weightsmith.card.sources import CardSources
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import short_repr
 from weightsmith.io.serving import hub, read_metadata
 
 
@@ -72,7 +73,19 @@ def front_matter(meta: dict[str, Any]) -> list[str]:
 
 
 def checked_front_matter(meta: dict[str, Any]) -> list[str]:
-    """The front matter lines for `meta`, after reading them back gives `meta` exactly."""
+    """The front matter lines for `meta`, after reading them back gives `meta` exactly.
+
+    A value holding a character a reader would not see as itself (a control character, an escape
+    sequence, a right-to-left override) is refused first: YAML reads most of them back unchanged, and
+    the front matter is metadata, so it is not written in escapes either.
+    """
+    for key, value in meta.items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and not item.isprintable():
+                raise WeightsmithError(
+                    f"front matter field {key}: {short_repr(item, 80)} holds a character a reader would not see",
+                    code="usage",
+                )
     lines = front_matter(meta)
     read = read_metadata("\n".join([*lines, ""]))
     for key, value in meta.items():

@@ -6,6 +6,7 @@ from typing import Any
 
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import INSPECT_FILE, CardSources
+from weightsmith.core.terminal import markdown_code
 from weightsmith.formats.declaration import read_declaration
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
@@ -170,7 +171,7 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
         size = c.num(f"{info.bytes:,}", M, f"source.files[{shard}].bytes")
         digest = info.sha256
         hashed = f"sha256 {c.text(digest, M, f'source.files[{shard}].sha256')}" if digest else "not hashed (--no-hash)"
-        lines.append(f"- **Source file** `{shard}`: {size} bytes, {hashed}.")
+        lines.append(f"- **Source file** {markdown_code(shard)}: {size} bytes, {hashed}.")
     return lines
 
 
@@ -280,7 +281,7 @@ def _coverage(src: CardSources, c: Citations) -> list[str]:
     out = []
     for gi, group in enumerate(cov["statuses"]):
         n = c.num(f"{group['modules']:,}", INS, f"quantization.statuses[{gi}].modules")
-        patterns = ", ".join(f"`{p['pattern']}`" for p in group["patterns"][:8])
+        patterns = ", ".join(markdown_code(p["pattern"]) for p in group["patterns"][:8])
         more = f" and {len(group['patterns']) - 8} more patterns" if len(group["patterns"]) > 8 else ""
         out.append(f"- **{group['status'].capitalize()}** (inspect): {n} Linear modules: {patterns}{more}.")
     return out

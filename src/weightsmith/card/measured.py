@@ -6,13 +6,14 @@ from typing import Any
 
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import EVAL_FILE, INSPECT_FILE, VERIFY_FILE, CardSources
+from weightsmith.core.terminal import markdown_text
 from weightsmith.io.manifest import MANIFEST_FILE
 
 M, INS, V, E = MANIFEST_FILE, INSPECT_FILE, VERIFY_FILE, EVAL_FILE
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table (cells must not contain `|`)."""
+    """A Markdown table (a cell holds no `|` but an escaped one: `markdown_code(..., cell=True)`)."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
@@ -102,7 +103,7 @@ def verified(src: CardSources, c: Citations) -> list[str]:
             _status(ch),
             c.num(str(ch["errors"]), V, f"checks[{ch['id']}].errors"),
             c.num(str(ch["warnings"]), V, f"checks[{ch['id']}].warnings"),
-            c.text(ch["scope"], V, f"checks[{ch['id']}].scope"),
+            c.text(ch["scope"], V, f"checks[{ch['id']}].scope", cell=True),
         ]
         for ch in v["checks"]
     ]
@@ -116,7 +117,7 @@ def _error_row(c: Citations, s: dict[str, Any], field: str) -> list[str]:
     rel = "not measured" if s["rel_mse"] is None else c.num(f"{s['rel_mse']:.3e}", E, field + ".rel_mse")
     db = "not measured" if s["sqnr_db"] is None else c.num(f"{s['sqnr_db']:.2f}", E, field + ".sqnr_db")
     return [
-        s["name"],
+        markdown_text(s["name"], cell=True),
         c.num(str(s["layers"]), E, field + ".layers"),
         c.num(f"{s['numel'] / 1e6:,.2f}", E, field + ".numel"),
         rel,

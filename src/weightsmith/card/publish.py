@@ -15,7 +15,7 @@ from typing import Any
 from weightsmith.card.cite import Citations
 from weightsmith.card.made import article, draft_kind
 from weightsmith.card.sources import BENCH_FILE, PREFLIGHT_FILE, VERIFY_FILE, CardSources
-from weightsmith.core.terminal import shell_line
+from weightsmith.core.terminal import markdown_code, markdown_text, shell_line
 from weightsmith.formats.declaration import QuantDeclaration, read_declaration
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.manifest import MANIFEST_FILE
@@ -90,9 +90,9 @@ def _best_k(src: CardSources, c: Citations) -> tuple[Any, list[str]]:
             low = c.num(format(point.decode_ci[0], ".1f"), B, f"{where}.points[{point.arm}].decode_ci[0]")
             high = c.num(format(point.decode_ci[1], ".1f"), B, f"{where}.points[{point.arm}].decode_ci[1]")
             line += f" tok/s [95% CI {low}–{high}]"
-    line += f" (arm `{sweep.best_arm}`)."
+    line += f" (arm {markdown_code(sweep.best_arm or '')})."
     if sweep.best_note:
-        line += f" The intervals overlap ({sweep.best_note}): no ordering is shown between those values."
+        line += f" The intervals overlap ({markdown_text(sweep.best_note)}): no ordering is shown between those values."
     return sweep.best_value, [line]
 
 
@@ -196,7 +196,7 @@ def _preflight(src: CardSources, c: Citations) -> list[str]:
     for i, run in enumerate(src.preflight or []):
         version = c.text(run["vllm"], PREFLIGHT_FILE, f"runs[{i}].vllm")
         found = [
-            f"{c.num(str(n), PREFLIGHT_FILE, f'runs[{i}].counts[{impact}]')} {impact}"
+            f"{c.num(str(n), PREFLIGHT_FILE, f'runs[{i}].counts[{impact}]')} {markdown_text(impact)}"
             for impact, n in run["counts"].items()
             if n and impact != NOTE
         ]

@@ -6,6 +6,7 @@ from weightsmith.bench.paths import file_name, is_local_absolute
 from weightsmith.card import claims, front, made, measured, publish, serving, target
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import CardSources
+from weightsmith.core.terminal import markdown_code, markdown_text, text_file
 
 
 def render_card(
@@ -15,11 +16,14 @@ def render_card(
 
     Serving it needs `repo` (where the card will be published); Target assignment is written for a
     speculative draft; What we can and cannot claim is always written, saying so where nothing was measured.
+    Every name from an input is quoted where it stands (`markdown_code`, `Citations.text`), and the
+    whole card is escaped as the terminal output is (`text_file`): it is read with `cat` too.
     """
     c = Citations()
     title = src.folder.resolve().name
     meta = front.metadata(src, base, license_id)
-    lines = [*front.checked_front_matter(meta), "", f"# {title}", "", *made.what_it_is(src, c, base), ""]
+    lines = [*front.checked_front_matter(meta), "", f"# {markdown_text(title)}", ""]
+    lines += [*made.what_it_is(src, c, base), ""]
     lines += [
         "Every number below is followed, in the Markdown, by a comment naming the file and field it came from; "
         "`weightsmith card --check` re-derives each one and names any that no longer match.",
@@ -38,7 +42,7 @@ def render_card(
     if src.bench is not None:
         lines += ["## Serving benchmark", "", *serving.serving(src, c), ""]
     lines += ["## Provenance and credit", "", *_provenance(src, c, base, license_id), ""]
-    return "\n".join(lines), c
+    return text_file(lines), c
 
 
 def _provenance(src: CardSources, c: Citations, base: str | None, license_id: str | None) -> list[str]:
@@ -49,7 +53,7 @@ def _provenance(src: CardSources, c: Citations, base: str | None, license_id: st
             f"- Base model: [`{base}`](https://huggingface.co/{base}); all credit for the model is its authors'."
         )
     if license_id:
-        lines.append(f"- License: `{license_id}`, as the base model's.")
+        lines.append(f"- License: {markdown_code(license_id)}, as the base model's.")
     # the source folder as quantize was given it; an absolute path names this machine, so only its name is shown
     path = file_name(m.source.path) if is_local_absolute(m.source.path) else m.source.path
     lines.append(

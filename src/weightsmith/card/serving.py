@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from weightsmith.bench.analysis import METRICS
 from weightsmith.bench.paths import PLACEHOLDERS, served_model
+from weightsmith.bench.stats import NoiseFloor
 from weightsmith.card.cite import Citations
 from weightsmith.card.measured import table
 from weightsmith.card.sources import BENCH_FILE, CardSources
-from weightsmith.core.terminal import env_line, shell_line
+from weightsmith.core.terminal import env_line, markdown_code, markdown_text, shell_line
 
 B = BENCH_FILE
 _LABEL = {m.key: m.label for m in METRICS}
@@ -35,13 +36,16 @@ def serving(src: CardSources, c: Citations) -> list[str]:
         value = (
             "not measured" if floor.value is None else c.num(format(floor.value, ".1%"), B, f"analysis.noise[{key}]")
         )
-        lines.append(f"- noise floor, {_LABEL[key]}: ±{value} ({floor.detail or 'largest repeat-to-repeat gap'})")
+        lines.append(f"- noise floor, {_LABEL[key]}: ±{value} ({_largest_in(floor)})")
     lines.append("")
     for arm in res.arms:
-        files = ", ".join(f"`${k}` = `{v}`" for k, v in arm.files.items())
-        model = served_model(arm) or "not recorded"
+        files = ", ".join(f"{markdown_code('$' + k)} = {markdown_code(v)}" for k, v in arm.files.items())
+        model = markdown_code(served_model(arm) or "not recorded")
         files = f"; {files}" if files else ""
-        lines.append(f"- `{arm.name}` ({arm.kind}, model `{model}`{files}, status {arm.status}):")
+        lines.append(
+            f"- {markdown_code(arm.name)} ({markdown_text(arm.kind)}, model {model}{files}, "
+            f"status {markdown_text(arm.status)}):"
+        )
         if arm.command:
             lines.append(f"  {c.text(shell_line(arm.command, PLACEHOLDERS), B, f'arms[{arm.name}].command')}")
         elif arm.url:
@@ -55,8 +59,10 @@ def serving(src: CardSources, c: Citations) -> list[str]:
     for s in an.sweeps:
         if s.best_value is not None:
             best = c.text(str(s.best_value), B, f"analysis.sweeps[{s.base},{s.param}].best_value")
-            note = f" ({s.best_note})" if s.best_note else ""
-            lines.append(f"Best `{s.param}` for `{s.base}` by median decode rate: {best}{note}.")
+            note = f" ({markdown_text(s.best_note)})" if s.best_note else ""
+            lines.append(
+                f"Best {markdown_code(s.param)} for {markdown_code(s.base)} by median decode rate: {best}{note}."
+            )
     host = ", ".join(f"{k} {v}" for k, v in res.host.items())
     lines += [
         "",
@@ -65,6 +71,12 @@ def serving(src: CardSources, c: Citations) -> list[str]:
         f"{c.num(str(res.config.get('repeats')), B, 'config.repeats')} repeat(s) per arm in counterbalanced order.",
     ]
     return lines
+
+
+def _largest_in(floor: NoiseFloor) -> str:
+    """Where a noise floor comes from: the arm whose repeats moved most, quoted, or why there is none."""
+    arm = next((a for a, v in floor.per_arm.items() if v == floor.value), None)
+    return markdown_code(arm) if arm is not None else markdown_text(floor.detail or "largest repeat-to-repeat gap")
 
 
 def _cells(src: CardSources, c: Citations) -> list[str]:
@@ -87,7 +99,7 @@ def _cells(src: CardSources, c: Citations) -> list[str]:
             )
         rows.append(
             [
-                f"`{cell.arm}`",
+                markdown_code(cell.arm, cell=True),
                 c.num(str(cell.target_tokens), B, f + ".target_tokens"),
                 f"{c.num(str(cell.n_ok), B, f + '.n_ok')}/{c.num(str(cell.n_ok + cell.n_errors), B, f + '.sent')}",
                 ttft,
@@ -110,16 +122,19 @@ def _verdicts(src: CardSources, c: Citations) -> list[str]:
             ci = f"{_n(c, cmp.ci_low, '+.1%', f + '.ci_low')} … {_n(c, cmp.ci_high, '+.1%', f + '.ci_high')}"
         rows.append(
             [
-                f"`{cmp.arm}`",
+                markdown_code(cmp.arm, cell=True),
                 _LABEL[cmp.metric],
                 c.num(str(cmp.n_pairs), B, f + ".n_pairs"),
                 _n(c, cmp.effect, "+.1%", f + ".effect"),
                 ci,
                 "not measured" if cmp.noise_floor is None else "±" + _n(c, cmp.noise_floor, ".1%", f + ".noise_floor"),
-                c.text(cmp.verdict, B, f + ".verdict"),
+                c.text(cmp.verdict, B, f + ".verdict", cell=True),
             ]
         )
-    head = f"Against the baseline `{an.baseline}` on matched prompts (effect: geometric mean of per-prompt ratios):"
+    head = (
+        f"Against the baseline {markdown_code(an.baseline)} on matched prompts "
+        "(effect: geometric mean of per-prompt ratios):"
+    )
     return [head, "", *table(["arm", "metric", "pairs", "effect", "95% CI", "noise floor", "verdict"], rows)]
 
 
@@ -131,8 +146,8 @@ def _acceptance(src: CardSources, c: Citations) -> list[str]:
         f = f"analysis.acceptance[{a.arm}]"
         rows.append(
             [
-                f"`{a.arm}`",
-                c.text(a.status, B, f + ".status"),
+                markdown_code(a.arm, cell=True),
+                c.text(a.status, B, f + ".status", cell=True),
                 c.num(str(a.windows_ok), B, f + ".windows_ok")
                 + "/"
                 + c.num(str(a.windows_total), B, f + ".windows_total"),

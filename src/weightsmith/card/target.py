@@ -12,6 +12,7 @@ from weightsmith.bench.paths import DRAFT, served_model
 from weightsmith.bench.results import ArmInfo
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import BENCH_FILE, CardSources
+from weightsmith.core.terminal import markdown_code
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.manifest import MANIFEST_FILE
 from weightsmith.io.serving import TARGET_FIELDS, NamedTarget, named_target
@@ -55,9 +56,9 @@ def target_assignment(src: CardSources, c: Citations) -> list[str]:
         draft = arm.files.get(DRAFT, "a draft the command names")
         this = " (this folder's name)" if draft == src.folder.resolve().name else ""
         lines.append(
-            f"- **Measured** ({BENCH_FILE}): arm `{arm.name}` served target "
+            f"- **Measured** ({BENCH_FILE}): arm {markdown_code(arm.name)} served target "
             f"{c.text(served_model(arm) or 'not recorded', BENCH_FILE, f'arms[{arm.name}].model')} with draft "
-            f"`{draft}`{this}."
+            f"{markdown_code(draft)}{this}."
         )
     if src.bench is not None and not arms:
         lines.append(f"- No arm in {BENCH_FILE} served a draft model.")
@@ -67,7 +68,9 @@ def target_assignment(src: CardSources, c: Citations) -> list[str]:
 
 def _conclusion(target: NamedTarget | None, arms: list[ArmInfo]) -> str:
     if target is not None:
-        return f"Use this draft with `{target.name}`, at the precision it was trained or calibrated against."
+        return (
+            f"Use this draft with {markdown_code(target.name)}, at the precision it was trained or calibrated against."
+        )
     if arms:
         return (
             "The only evidence of the target is the benchmark above: config.json does not declare one, so check "

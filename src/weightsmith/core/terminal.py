@@ -45,6 +45,41 @@ def short_repr(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: The most characters of a stranger's string one message quotes: a recipe target, key or regex of
+#: 100,000 characters echoed whole filled 1,259 lines of a terminal.
+ECHO_LIMIT = 200
+
+
+def echo(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` quoted as Python writes it (escaped, so one line), cut after `limit` characters with the
+    count of those left out: a message that quotes an input stays readable whatever its length, and
+    says that it was cut."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text) - limit:,} more characters)"
+
+
+#: The longest error line printed whole: a message naming a path, a tensor and what is wrong fits in a
+#: few hundred characters; one past this quotes an input (a 100,000-character path was printed whole).
+LINE_LIMIT = 1000
+
+
+def cut_line(text: str, limit: int = LINE_LIMIT) -> str:
+    """`text`, when longer than `limit`, cut in its middle with the count left out: the start names
+    the file and the entry, the end says what is wrong, and both stay."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]} ... ({len(text) - head - tail:,} characters left out) ... {text[-tail:]}"
+
+
+def echoes_cut(message: str, *said: str | None) -> str:
+    """`message`, made elsewhere, with each string of `said` it quotes whole (as `repr`) quoted by `echo`."""
+    for text in dict.fromkeys(t for t in said if t is not None):
+        message = message.replace(repr(text), echo(text))
+    return message
+
+
 def markup_safe(text: object) -> str:
     """`text` made safe to print on a rich console that reads markup: `printable`, then every `[` that
     could open a tag escaped.
@@ -99,6 +134,40 @@ def code_span(text: str) -> str:
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def text_file(lines: Iterable[str]) -> str:
+    """`lines` as the text of a file a person reads (a model card, a bench report): each `printable`,
+    joined by line breaks.
+
+    Such a file is read with `cat` as often as in a viewer, so every string in it is escaped as the
+    terminal output is, here, at the one place the file is made: a string from an input (a tensor
+    name, an arm name, a server's message) cannot act on the reader's terminal, and a line break in
+    one is written `\\n`, so it cannot start a heading or end the front matter. Our own words are
+    printable, so they come back as they are.
+    """
+    return "\n".join(printable(line) for line in lines)
+
+
+#: Text Markdown shows as it is wherever it stands in a line: words of letters and digits joined by
+#: single `.`, `-` or `_` (an underscore between two letters never opens emphasis), one space apart.
+_PLAIN_MARKDOWN = re.compile(r"[^\W_]+(?:[._-][^\W_]+)*(?: [^\W_]+(?:[._-][^\W_]+)*)*")
+
+
+def markdown_code(text: str, cell: bool = False) -> str:
+    """`text`, a stranger's string, as a Markdown code span that shows it: `printable` first, then
+    `code_span`, so nothing in it is read as Markdown or HTML (`<script>`, `**`, a backquote that
+    would end the span). In a table cell (`cell`) each `|` gets a backslash: GitHub splits a row on
+    a `|` even inside a code span unless a backslash is right before it, and then drops that one
+    backslash alone (cmark-gfm's cell scanner), so the span shows the name as it is."""
+    shown = code_span(printable(text))
+    return shown.replace("|", "\\|") if cell else shown
+
+
+def markdown_text(text: str, cell: bool = False) -> str:
+    """`text` as it is where Markdown shows it as it is (`_PLAIN_MARKDOWN`: a category, a folder
+    name), else as `markdown_code`: a name that is plain words reads as prose, any other is quoted."""
+    return text if _PLAIN_MARKDOWN.fullmatch(text) else markdown_code(text, cell)
 
 
 def _quoted(word: str) -> str:

@@ -42,7 +42,7 @@ from numba import njit
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.timesplit import adding
-from weightsmith.engine.distributed import World
+from weightsmith.engine.distributed import Message, World
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.engine.lapack import factor_reversed, one_blas_thread
@@ -63,6 +63,13 @@ BATCH_TOKENS = 2048
 PHASES = ("libraries", "tokens", "inputs", "load", "hessians", "quantize", "outputs")
 #: Why a module is left to its scheme's own quantization (`Scheme.grid` is None: nothing to choose points of).
 NO_GRID = "its scheme has no fixed grid GPTQ can choose points of (a float format, or memoryless_mse's scale)"
+#: Why a module's values come with a note: its Hessian stayed singular (`quantize_weight`'s fallback).
+SINGULAR = "its Hessian is not positive definite after dampening"
+#: Rank 0's groups of a layer's modules, which every rank sizes and assigns its Hessians by (`_structure`).
+GROUPS = Message(
+    "sharing the layer's groups", "sent the layer's groups of modules",
+    "a JSON list of groups of this layer's modules, each named once, with the input width they read",
+)  # fmt: skip
 
 Progress = Callable[[str], None]
 
@@ -295,7 +302,7 @@ def run(
                         with adding(seconds, "quantize"):
                             solved = _in_parallel(quantize_group, [g for g in groups if owners[g[0][0]] == world.rank],
                                                   workers)  # fmt: skip
-                            _share(solved, groups, owners, linears, world)
+                            _share(solved, groups, owners, linears, targets, world)
                             if world.leader:
                                 _keep(solved, workdir, result)
                     if index + 1 < count:  # the next layer's inputs, from this layer as quantized
@@ -399,9 +406,8 @@ def _hessians(
             if alone:
                 continue
             if step == 0:
-                structure = world.broadcast_object(
-                    [([m for m in linears if owner.get(m) == key], int(p.shape[0])) for key, p in products.items()], 0
-                )
+                mine = [([m for m in linears if owner.get(m) == key], int(p.shape[0])) for key, p in products.items()]
+                structure = _structure(world.broadcast_json(mine if world.leader else None, 0, GROUPS), linears, world)
                 owners = _owners(structure, linears, world.size)
             senders = [r for r in range(world.size) if step * world.size + r < batches]
             for members, width in structure:
@@ -424,6 +430,24 @@ def _hessians(
         (members, symmetrize(sums[members[0]]).div_(n) if members[0] in sums else empty) for members, _ in structure
     ]
     return groups, owners
+
+
+def _structure(told: object, linears: dict[str, Any], world: World) -> list[tuple[list[str], int]]:
+    """Rank 0's groups of the layer as `broadcast_json` gave them, (members, input width) each, once
+    every member is one of this layer's modules, named in one group only, reading that width: every
+    rank makes Hessians of these widths, so anything else is refused, naming rank 0, before one is made."""
+    structure: list[tuple[list[str], int]] = []
+    seen: set[str] = set()
+    for group in told if isinstance(told, list) else [None]:
+        if not (isinstance(group, list) and len(group) == 2 and isinstance(group[0], list) and type(group[1]) is int):
+            raise GROUPS.malformed(0, world.size)
+        members, width = group
+        names = [m for m in members if isinstance(m, str) and m in linears and m not in seen]
+        if not names or len(set(names)) < len(members) or any(linears[m].weight.shape[1] != width for m in names):
+            raise GROUPS.malformed(0, world.size)
+        seen.update(names)
+        structure.append((names, width))
+    return structure
 
 
 def _owners(structure: list[tuple[list[str], int]], linears: dict[str, Any], size: int) -> dict[str, int]:
@@ -477,30 +501,68 @@ def _in_parallel(
 
 
 def _share(
-    solved: dict[str, _Solved], groups: list[Group], owners: dict[str, int], linears: dict[str, Any], world: World
+    solved: dict[str, _Solved],
+    groups: list[Group],
+    owners: dict[str, int],
+    linears: dict[str, Any],
+    targets: dict[str, Target],
+    world: World,
 ) -> None:
     """Every module's weight replaced by its dequantized values on every rank (each rank runs its batches
     through the quantized layer), and the leader given every module's outcome (the values it writes)."""
-    import torch
-
     for members, _ in groups:
         source = owners[members[0]]
         for m in members:
-            if world.size > 1 and world.rank != source:
-                valued, shrink, fallback = world.broadcast_object(None, source)
-                solved[m] = _Solved(shrink=shrink, fallback=fallback)
-                if valued:
-                    shape = linears[m].weight.shape
-                    solved[m].dequantized = world.broadcast(torch.empty(shape, dtype=torch.float32), source)
-                    solved[m].codes = world.broadcast(torch.empty(shape, dtype=torch.int8), source).numpy()
-            elif world.size > 1:
-                mine = solved[m]
-                world.broadcast_object((mine.codes is not None, mine.shrink, mine.fallback), source)
-                if mine.codes is not None:
-                    world.broadcast(mine.dequantized, source)
-                    world.broadcast(torch.from_numpy(mine.codes), source)
+            if world.size > 1:
+                mine = solved[m] if world.rank == source else None
+                solved[m] = _told(mine, m, source, linears[m].weight.shape, targets[m].scheme.group_size, world)
             if solved[m].dequantized is not None:
                 linears[m].weight.data.copy_(solved[m].dequantized)
+
+
+def _told(mine: _Solved | None, m: str, source: int, shape: tuple[int, ...], group: int, world: World) -> _Solved:
+    """Module `m`'s outcome on every rank, as its owner `source` solved it (`mine` there, None elsewhere).
+
+    No rank unpickles what another sends (a rank on the port may be anyone's): the outcome goes as JSON
+    (`_outcome`), the clip factors as a float32 array checked against the grid's shape (a row per
+    weight row, a column per group of `group`; the int4 kernels read that many), then the dequantized
+    values and integer values of the weight's `shape`.
+    """
+    import torch
+
+    message = Message(f"sharing {m}", f"sent the outcome of {m}", "a JSON outcome of GPTQ")
+    told = None if mine is None else {"valued": mine.codes is not None, "shrink": mine.shrink is not None,
+                                      "fallback": mine.fallback}  # fmt: skip
+    valued, searched, fallback = _outcome(world.broadcast_json(told, source, message), message, source, world.size)
+    out = mine if mine is not None else _Solved(fallback=fallback)
+    if searched:
+        grid = (int(shape[0]), int(shape[1]) // group)
+        clip = Message(f"sharing {m}", f"sent the clip factors of {m}")
+        out.shrink = world.broadcast_array(out.shrink, source, clip, "float32", grid[0] * grid[1])
+        if out.shrink.shape != grid:
+            raise clip.refusal(source, world.size, f"of shape {list(out.shrink.shape)}, not {list(grid)}")
+    if valued and mine is not None:
+        assert mine.codes is not None, "an outcome with values holds them"
+        world.broadcast(mine.dequantized, source, message.exchange)
+        world.broadcast(torch.from_numpy(mine.codes), source, message.exchange)
+    elif valued:
+        out.dequantized = world.broadcast(torch.empty(shape, dtype=torch.float32), source, message.exchange)
+        out.codes = world.broadcast(torch.empty(shape, dtype=torch.int8), source, message.exchange).numpy()
+    return out
+
+
+def _outcome(told: object, message: Message, source: int, size: int) -> tuple[bool, bool, str | None]:
+    """(valued, searched, fallback) of a module as its owner told it, once it is an outcome
+    `_quantize_group` gives: values (clip factors or not; no reason or `SINGULAR`), or none for a
+    scheme without a grid (`NO_GRID`). The reason is written into the manifest, so no other text is
+    taken."""
+    if isinstance(told, dict) and set(told) == {"valued", "shrink", "fallback"}:
+        valued, searched, fallback = told["valued"], told["shrink"], told["fallback"]
+        if valued is True and isinstance(searched, bool) and fallback in (None, SINGULAR):
+            return True, searched, None if fallback is None else SINGULAR
+        if valued is False and searched is False and fallback == NO_GRID:
+            return False, False, NO_GRID
+    raise message.malformed(source, size)
 
 
 def _keep(solved: dict[str, _Solved], workdir: Path | None, result: Result) -> None:
@@ -561,7 +623,7 @@ def _quantize_group(
     for m, w, g in zip(members, weights, real, strict=True):
         r1 = r0 + w.shape[0]
         shrink = None if not searched else g.shrink if g.shrink is not None else np.ones(g.scale.shape, np.float32)
-        fallback = "its Hessian is not positive definite after dampening" if singular else None
+        fallback = SINGULAR if singular else None
         out[m] = _Solved(dequantized[r0:r1].contiguous(), np.ascontiguousarray(codes[r0:r1]), shrink, fallback)
         r0 = r1
     return out

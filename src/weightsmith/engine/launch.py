@@ -6,11 +6,17 @@ watches them: when one ends badly it stops the rest (they would otherwise wait i
 the timeout) and reports one line that names that rank. Ranks run in sessions of their own, so a
 Ctrl-C reaches the launcher alone, which stops them and prints one line, not one per rank; on Linux
 each rank is also killed if the launcher itself dies.
+
+What the ranks print goes to files without a name (`tempfile.TemporaryFile`), which the kernel frees
+when the launcher and its ranks are gone, `kill -9` included: a folder of logs would outlive a killed
+launcher, and nothing could prove later whose it was.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,17 +24,25 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from enum import Enum
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
+
+from typer._click.globals import get_current_context  # typer carries its own copy of click
 
 from weightsmith.core import cores
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.engine.distributed import PEER_LOST
+from weightsmith.engine.distributed import PEER_LOST, Job
 
 #: Seconds the other ranks get to end after SIGTERM before SIGKILL.
 GRACE = 5.0
 #: Seconds between looks at the ranks.
 POLL = 0.02
+#: Options the ranks of one run may give differently: how a rank runs or reports, not what is written.
+PER_RANK = frozenset({"workers", "peer_timeout", "processes", "json_out", "dry_run"})
+#: How a line that already names its rank begins (a lost peer, a job the ranks disagree on).
+NAMES_A_RANK = re.compile(r"rank \d+ of \d+\b")
 
 
 class Shown(NamedTuple):
@@ -42,6 +56,38 @@ def launching(processes: int) -> bool:
     """Whether this command line is to start `processes` ranks of itself: more than one asked for, and
     it is not itself a rank (torchrun's or this launcher's)."""
     return processes > 1 and "WORLD_SIZE" not in os.environ
+
+
+def job(command: str, src: Path, out: Path) -> Job:
+    """This command line's `Job`, for the ranks to compare when they join: `command`, SRC and OUT as
+    absolute paths, and every option of the running command as parsed (so neither their order nor
+    their spelling matters), less those in `PER_RANK`.
+
+    The options come from click's context, so one added to a command is compared without a word here;
+    called outside a command line (a test calling the command's function) there are none.
+    """
+    context = get_current_context(silent=True)
+    options: list[tuple[str, str]] = []
+    if context is not None:
+        for param in context.command.params:
+            if param.param_type_name == "option" and param.name in context.params and param.name not in PER_RANK:
+                options.append((param.opts[0], _shown(context.params[param.name])))
+    return Job(command, Path(os.path.abspath(src)), Path(os.path.abspath(out)), tuple(options))
+
+
+def _shown(value: object) -> str:
+    """An option's parsed value as a refusal names it (paths absolute: the ranks may start elsewhere)."""
+    if value is None:
+        return "(not given)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, Path):
+        return os.path.abspath(value)
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, list | tuple):
+        return json.dumps([_shown(item) for item in value])  # ["a, b"] is not ["a", "b"]
+    return str(value)
 
 
 def relay(processes: int) -> None:
@@ -63,30 +109,37 @@ def ranks(args: list[str], processes: int) -> Shown:
     env.update(LOCAL_WORLD_SIZE=str(processes))
     env.setdefault("OMP_NUM_THREADS", str(cores.per_rank(processes)))
     dying = _die_with_parent()
-    with tempfile.TemporaryDirectory(prefix="weightsmith-ranks-") as logs:
+    with ExitStack() as files:
+        errs = [files.enter_context(tempfile.TemporaryFile()) for _ in range(processes)]
+        outs = [files.enter_context(tempfile.TemporaryFile()) for _ in range(processes)]
         children: list[subprocess.Popen[bytes]] = []
         try:
             for rank in range(processes):
-                with open(Path(logs) / f"{rank}.err", "wb") as err, open(Path(logs) / f"{rank}.out", "wb") as out:
-                    children.append(
-                        subprocess.Popen(
-                            [sys.executable, "-m", "weightsmith", *args],
-                            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                            stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=err,
-                            start_new_session=True,
-                            preexec_fn=dying,
-                        )
+                children.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "weightsmith", *args],
+                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                        stdin=subprocess.DEVNULL,
+                        stdout=outs[rank],
+                        stderr=errs[rank],
+                        start_new_session=True,
+                        preexec_fn=dying,
                     )
+                )
             failed = _watch(children)
+            suspended = _suspended(children)  # now: stopping the ranks ends their stops
         finally:
             _stop(children)
-        lines = [(Path(logs) / f"{rank}.err").read_text(errors="replace") for rank in range(processes)]
-        printed = (Path(logs) / "0.out").read_text(errors="replace")
+        lines, printed = [_read(err) for err in errs], _read(outs[0])
     if failed:
-        raise WeightsmithError(_culprit(children, failed, lines), code="distributed.rank")
+        raise WeightsmithError(_culprit(children, failed, lines, suspended), code="distributed.rank")
     return Shown(printed, lines[0])
+
+
+def _read(log: IO[bytes]) -> str:
+    """All a rank wrote to `log` (its offset is the rank's, now at the end)."""
+    log.seek(0)
+    return log.read().decode(errors="replace")
 
 
 def _free_port() -> int:
@@ -120,11 +173,34 @@ def _watch(children: list[subprocess.Popen[bytes]]) -> list[int]:
         time.sleep(POLL)
 
 
+def _suspended(children: list[subprocess.Popen[bytes]]) -> dict[int, str]:
+    """The ranks stopped by a signal now (SIGSTOP, SIGTSTP, ...), each with the signal's name.
+
+    Such a rank answers nobody, and it is the rank that timed out waiting for it that fails first:
+    the launcher looks, without reaping (WNOWAIT), where the system can say (`os.waitid`)."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        return {}
+    found: dict[int, str] = {}
+    for rank, child in enumerate(children):
+        if child.returncode is not None:
+            continue
+        try:
+            state = waitid(os.P_PID, child.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            continue
+        if state is not None and state.si_code in (os.CLD_STOPPED, os.CLD_TRAPPED):
+            found[rank] = _signal_name(state.si_status)
+    return found
+
+
 def _stop(children: list[subprocess.Popen[bytes]]) -> None:
-    """End every rank still running: SIGTERM, then SIGKILL for any still there after `GRACE`."""
+    """End every rank still running: SIGTERM (and SIGCONT, so a stopped rank acts on it), then SIGKILL
+    for any still there after `GRACE`."""
     for child in children:
         if child.poll() is None:
             child.terminate()
+            child.send_signal(signal.SIGCONT)
     deadline = time.monotonic() + GRACE
     for child in children:
         try:
@@ -134,9 +210,12 @@ def _stop(children: list[subprocess.Popen[bytes]]) -> None:
             child.wait()
 
 
-def _culprit(children: list[subprocess.Popen[bytes]], failed: list[int], logs: list[str]) -> str:
+def _culprit(
+    children: list[subprocess.Popen[bytes]], failed: list[int], logs: list[str], suspended: dict[int, str]
+) -> str:
     """One line for the rank that ended the run: of those seen failing together, one killed by a
-    signal, else one that failed on its own, before one that failed because another rank ended."""
+    signal, else one that failed on its own, before one that failed because another rank ended; and a
+    rank that was stopped (and so answered nobody) before one that gave up waiting for it."""
     size = len(children)
 
     def error(rank: int) -> str | None:
@@ -152,8 +231,12 @@ def _culprit(children: list[subprocess.Popen[bytes]], failed: list[int], logs: l
     code, line = children[rank].returncode, error(rank)
     if code < 0:
         return f"rank {rank} of {size} was killed by {_signal_name(-code)}; the other ranks were stopped"
+    if suspended and line is not None and PEER_LOST in line:
+        stopped = min(suspended)
+        why = f"was suspended by {suspended[stopped]} and did not answer"
+        return f"rank {stopped} of {size} {why}; the other ranks were stopped"
     if line is not None:
-        return line if PEER_LOST in line else f"rank {rank} of {size}: {line}"
+        return line if NAMES_A_RANK.match(line) else f"rank {rank} of {size}: {line}"
     tail = [text for text in logs[rank].splitlines() if text.strip()]
     return f"rank {rank} of {size} exited with status {code}" + (f" ({tail[-1][:200]})" if tail else "")
 

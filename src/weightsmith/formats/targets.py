@@ -34,6 +34,7 @@ from pathlib import Path
 import regex
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import echo
 from weightsmith.io import names
 
 REGEX = "re:"
@@ -132,7 +133,7 @@ def entry_regex(entry: str, origin: str, file: str | Path | None = None) -> Patt
     a repeat count too large, nesting too deep) is never a traceback and a slow one never a hang.
     `origin` says where it was given: `--ignore`, `--select`, `quantization_config targets`.
     """
-    return Pattern(entry[len(REGEX) :], f"{origin} {entry!r}", file)
+    return Pattern(entry[len(REGEX) :], f"{origin} {echo(entry)}", file)
 
 
 #: What a pattern may not hold to be tried inside one alternation with others: a backreference
@@ -228,7 +229,7 @@ class Targets:
         for i, entry in enumerate(self.entries):
             try:
                 if wildcards:
-                    self._patterns.append((i, Pattern(fnmatch.translate(entry), f"{origin} {entry!r}", file)))
+                    self._patterns.append((i, Pattern(fnmatch.translate(entry), f"{origin} {echo(entry)}", file)))
                 elif entry.startswith(REGEX):
                     self._patterns.append((i, entry_regex(entry, origin, file)))
                 else:

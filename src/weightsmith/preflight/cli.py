@@ -1,8 +1,9 @@
 """`weightsmith preflight TARGET [--draft DRAFT --method M --k N] [--vllm PATH] [--json]`.
 
 Findings grouped by what the user would see (will not load / serves wrong numbers / slower than it
-could / note), each with vLLM's own line as evidence and the fix, then the suggested `vllm serve`
-command. Exit 1 when anything would fail or silently degrade, 2 when an input cannot be read.
+could / could not check / note), each with vLLM's own line as evidence and the fix, then the suggested `vllm serve`
+command. Exit 1 when anything would fail or silently degrade, or could not be checked against this
+vLLM's source; 2 when an input cannot be read.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.console import Console
 
 from weightsmith.core.terminal import markup_safe
 from weightsmith.preflight.checks import preflight
-from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, Preflight
+from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, UNCHECKED, Preflight
 
 #: The most speculative tokens `--k` may name: no draft proposes more per step than this.
 MAX_K = 1024
@@ -33,7 +34,7 @@ def print_preflight(result: Preflight, console: Console | None = None) -> None:
         items = [i for i in result.items if i.impact == impact]
         if not items:
             continue
-        style = "dim" if impact == NOTE else "bold red" if impact != SLOW else "bold yellow"
+        style = "dim" if impact == NOTE else "bold yellow" if impact in (SLOW, UNCHECKED) else "bold red"
         console.print(f"\n[{style}]{_HEADINGS[impact]}[/] ({len(items)})")
         for item in items:
             console.print(markup_safe(f"- [{item.check}] ") + markup_safe(item.line()))
@@ -43,7 +44,10 @@ def print_preflight(result: Preflight, console: Console | None = None) -> None:
                 console.print("    fix: " + markup_safe(item.fix))
     console.print("\n[bold]Suggested command[/]")
     console.print(markup_safe(result.serve))
-    verdict = "FAIL: something would not load or would silently degrade" if result.failed else "OK"
+    verdict = "OK"
+    if result.failed:
+        could_not = " (or could not be checked)" if any(i.impact == UNCHECKED for i in result.items) else ""
+        verdict = f"FAIL: something would not load or would silently degrade{could_not}"
     console.print(f"\n{verdict}")
 
 

@@ -21,6 +21,8 @@ from weightsmith.preflight.source import VllmSource
 MODELS = "vllm/model_executor/models"
 QUANTIZATION = "vllm/model_executor/layers/quantization"
 REGISTRY = f"{MODELS}/registry.py"
+#: Where `method_to_config` maps a `quant_method` to its config class.
+QUANT_TABLE = f"{QUANTIZATION}/__init__.py"
 SPECULATIVE = "vllm/config/speculative.py"
 MODEL_CONFIG = "vllm/config/model.py"
 ENVS = "vllm/envs.py"
@@ -53,6 +55,16 @@ class Evidence:
 def parses(src: VllmSource, rel: str) -> bool:
     """Whether `rel` exists and is Python `ast` can parse (else its checks cannot be made)."""
     return src.parsed(rel) is not None
+
+
+def missing(src: VllmSource, rel: str, symbol: str | None = None) -> str:
+    """Why a fact read from `rel` (or from `symbol` in it) was not found, for a `could not check`
+    finding: the file is not there, it does not parse, or it holds no such symbol."""
+    if src.text(rel) is None:
+        return f"{rel} not found"
+    if src.parsed(rel) is None:
+        return f"{rel} does not parse"
+    return f"{symbol or 'what it reads'} not found in {rel}"
 
 
 def _evidence(rel: str, lines: list[str], node: ast.AST) -> Evidence:
@@ -135,7 +147,7 @@ class QuantCall:
 
 def quant_config_class(src: VllmSource, quant_method: str) -> str | None:
     """The class vLLM builds for a `quant_method` (its `method_to_config` table), or None."""
-    parsed = src.parsed(f"{QUANTIZATION}/__init__.py")
+    parsed = src.parsed(QUANT_TABLE)
     if parsed is None:
         return None
     for node in ast.walk(parsed[0]):
@@ -363,14 +375,16 @@ class CompileKey:
 
     keyed: bool | None
     evidence: tuple[Evidence, ...]
+    #: When `keyed` is None: the fact that was not found (`code.missing`).
+    missing: str = ""
 
 
 def compile_key(src: VllmSource) -> CompileKey:
     """Read `SpeculativeConfig.compute_hash`: does it fold in `draft_model_config.compute_hash()`, and does
-    `ModelConfig.compute_hash` leave `quantization` among its factors?"""
+    `ModelConfig.compute_hash` leave `quantization` among its factors? None when either is not found."""
     spec = _method(src, SPECULATIVE, "SpeculativeConfig", "compute_hash")
     if spec is None:
-        return CompileKey(None, ())
+        return CompileKey(None, (), missing(src, SPECULATIVE, "SpeculativeConfig.compute_hash"))
     node, lines = spec
     head = _evidence(SPECULATIVE, lines, node)
     for call in ast.walk(node):
@@ -383,7 +397,9 @@ def compile_key(src: VllmSource) -> CompileKey:
         ):
             ev = _evidence(SPECULATIVE, lines, call)
             model = _method(src, MODEL_CONFIG, "ModelConfig", "compute_hash")
-            if model is not None and _ignores(model[0], "quantization"):
+            if model is None:
+                return CompileKey(None, (ev,), missing(src, MODEL_CONFIG, "ModelConfig.compute_hash"))
+            if _ignores(model[0], "quantization"):
                 return CompileKey(False, (ev, _evidence(MODEL_CONFIG, model[1], model[0])))
             return CompileKey(True, (ev,))
     return CompileKey(False, (head,))

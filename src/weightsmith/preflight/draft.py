@@ -10,7 +10,7 @@ from __future__ import annotations
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.preflight import code
-from weightsmith.preflight.report import LOAD, NOTE, Item, Side
+from weightsmith.preflight.report import LOAD, NOTE, Item, Side, unread
 from weightsmith.preflight.source import VllmSource
 
 #: The preset that keeps a DFlash draft's attention projections BF16 (`quantize.presets.PRESETS`).
@@ -21,8 +21,9 @@ def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
     archs = drf.architectures
     resolved = code.draft_model_file(src, archs, method)
     if resolved is None:
-        if src.text(code.REGISTRY) is None:
-            return [Item("draft.model-file", NOTE, f"this vLLM has no {code.REGISTRY}; the draft's code was not read")]
+        if not code.parses(src, code.REGISTRY):
+            what, why = "which model file vLLM loads the draft with", code.missing(src, code.REGISTRY)
+            return [unread("draft.model-file", what, why, drf.where(CONFIG_FILE))]
         return [
             Item(
                 "draft.architecture",
@@ -46,13 +47,7 @@ def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
     files = (model_file, *code.PROPOSERS.get(method, ()))
     for rel in files:
         if not code.parses(src, rel):
-            items.append(
-                Item(
-                    "draft.model-file",
-                    NOTE,
-                    f"{rel} is missing or does not parse; what it calls and reads was not checked",
-                )
-            )
+            items.append(unread("draft.model-file", f"what {rel} calls and reads", code.missing(src, rel)))
     items += _quant_calls(src, drf, model_file)
     for rel in files:
         items += _weight_reads(src, drf, rel, method)
@@ -94,19 +89,17 @@ def _quant_calls(src: VllmSource, drf: Side, model_file: str) -> list[Item]:
     if quant_method is None:
         return []
     cls = code.quant_config_class(src, quant_method)
+    what = f"the quant-config methods {model_file} calls on the draft's {quant_method!r} config"
     if cls is None:
-        return [
-            Item(
-                "draft.quant-config",
-                NOTE,
-                f"declares quant_method {quant_method!r}, which this vLLM's quantization table does not name; "
-                "the methods its model file calls on it were not checked",
-                file=drf.where(CONFIG_FILE),
-            )
-        ]
-    items = []
+        why = code.missing(src, code.QUANT_TABLE, f"{quant_method!r} in method_to_config")
+        return [unread("draft.quant-config", what, why, drf.where(CONFIG_FILE))]
+    items: list[Item] = []
     for call in code.quant_config_calls(src, model_file):
-        if code.class_defines(src, cls, call.method) is not False:
+        defined = code.class_defines(src, cls, call.method)
+        if defined is None:  # the class, whatever the method: one finding says it
+            why = f"class {cls} not found under {code.QUANTIZATION}"
+            return [*items, unread("draft.quant-config", what, why, drf.where(CONFIG_FILE))]
+        if defined:
             continue
         if call.guard is not None:
             items.append(

@@ -17,8 +17,8 @@ from weightsmith.audit.modules import Module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.declaration import DeclaredGroup, QuantDeclaration, read_declaration
 from weightsmith.preflight import kernels
-from weightsmith.preflight.code import Evidence
-from weightsmith.preflight.report import LOAD, NOTE, Item, Side
+from weightsmith.preflight.code import Evidence, missing
+from weightsmith.preflight.report import LOAD, Item, Side, unread
 from weightsmith.preflight.source import VllmSource
 from weightsmith.schemes.mx import SCALE_DTYPE as MX_SCALE_DTYPE
 
@@ -97,7 +97,8 @@ def vllm_scheme(s: DeclaredGroup) -> Choice | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether the build has a kernel for a choice: True, False (with vLLM's lines), None (cannot tell)."""
+    """Whether the build has a kernel for a choice: True, False (with vLLM's lines), None (a fact it
+    needs was not found: `why` says which)."""
 
     served: bool | None
     evidence: tuple[Evidence, ...] = ()
@@ -114,13 +115,14 @@ def kernel_for(src: VllmSource, choice: Choice) -> Verdict:
     platform = src.platform
     built = kernels.returned(src, choice.scheme, choice.keyword)
     if built is None:
-        return Verdict(None, why=f"{kernels.SCHEME_PARTS} builds no {choice.scheme} in _get_scheme_from_parts")
+        return Verdict(None, why=missing(src, kernels.SCHEME_PARTS, f"_get_scheme_from_parts building {choice.scheme}"))
     if choice.exact_capability is not None:
         if platform != "cpu":
             return Verdict(True)
         gate = kernels.exact_capability_gate(src, choice.exact_capability)
         if gate is None:
-            return Verdict(None, why=f"{choice.exact_capability} does not read as an exact-capability test")
+            test = f"{choice.exact_capability} asking _check_scheme_supported(match_exact=True)"
+            return Verdict(None, why=missing(src, kernels.SCHEME_PARTS, test))
         return Verdict(
             False,
             (built, *gate),
@@ -130,7 +132,7 @@ def kernel_for(src: VllmSource, choice: Choice) -> Verdict:
         )
     entry = kernels.platform_entry(src, choice.table, platform)
     if entry is None:
-        return Verdict(None, why=f"{kernels.KERNELS} has no {choice.table}")
+        return Verdict(None, why=missing(src, kernels.KERNELS, choice.table))
     name = kernels.PLATFORM_ENUM[platform]
     if not entry.kernels:
         return Verdict(
@@ -147,8 +149,9 @@ def kernel_for(src: VllmSource, choice: Choice) -> Verdict:
     if any(a is not None and choice.weight_type in a.types for a in accepts):
         return Verdict(True)
     if any(a is None for a in accepts):  # tested through a function (Machete's, Marlin's query): not read
-        unread = ", ".join(k for k, a in zip(entry.kernels, accepts, strict=True) if a is None)
-        return Verdict(None, why=f"which weight types {unread} take{'s' if ',' not in unread else ''} cannot be read")
+        unreadable = ", ".join(k for k, a in zip(entry.kernels, accepts, strict=True) if a is None)
+        takes = "takes" if "," not in unreadable else "take"
+        return Verdict(None, why=f"which weight types {unreadable} {takes} cannot be read (no tuple in can_implement)")
     listed = tuple(dict.fromkeys(a.evidence for a in accepts if a is not None))
     takes = "; ".join(f"{a.kernel}: {', '.join(sorted(a.types))}" for a in accepts if a is not None)
     return Verdict(
@@ -161,10 +164,10 @@ def kernel_for(src: VllmSource, choice: Choice) -> Verdict:
 
 def check_linear_kernels(src: VllmSource, side: Side) -> list[Item]:
     """A `will not load` finding for each compressed-tensors group covering Linears this build has no
-    kernel for; a note where the source does not read as expected. Nothing for a build whose
-    platform is unknown, nor (but where the source proves absence) for a GPU build."""
+    kernel for, and a `could not check` one where a fact it needs is not in the source (the build's
+    platform, a table, the scheme class)."""
     decl = side.decl
-    if decl is None or decl.method != ct.QUANT_METHOD or src.platform not in kernels.PLATFORM_ENUM:
+    if decl is None or decl.method != ct.QUANT_METHOD:
         return []
     covered = _covered(decl, side)
     items = []
@@ -173,15 +176,16 @@ def check_linear_kernels(src: VllmSource, side: Side) -> list[Item]:
         choice = vllm_scheme(scheme) if modules else None
         if modules is None or choice is None:
             continue
+        group = f"config group {scheme.name!r} ({_modules_words(modules)})"
+        file, tensor = side.module_file(modules[0]), modules[0].name
+        if src.platform not in kernels.PLATFORM_ENUM:  # the tables are keyed by platform: nothing can be read
+            why = "the build's platform not found: no vllm-*.dist-info/METADATA beside the package names it"
+            return [unread(CHECK, f"whether this build has a kernel for {group}", why, file, tensor)]
         verdict = kernel_for(src, choice)
         if verdict.served:
             continue
-        group = f"config group {scheme.name!r} ({_modules_words(modules)})"
-        file, tensor = side.module_file(modules[0]), modules[0].name
         if verdict.served is None:
-            if src.platform == "cpu":
-                why = f"{group}: whether this build has a kernel for it cannot be checked: {verdict.why}"
-                items.append(Item(CHECK, NOTE, why, file=file, tensor=tensor))
+            items.append(unread(CHECK, f"whether this build has a kernel for {group}", verdict.why, file, tensor))
             continue
         items.append(
             Item(

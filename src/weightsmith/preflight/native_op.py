@@ -23,9 +23,9 @@ from pathlib import Path
 from weightsmith.core.files import read_regular
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.preflight import kernels
-from weightsmith.preflight.code import Evidence, _evidence
+from weightsmith.preflight.code import Evidence, _evidence, missing
 from weightsmith.preflight.linear_kernel import Choice, _covered, _modules_words, kernel_for, vllm_scheme
-from weightsmith.preflight.report import LOAD, NOTE, Item, Side
+from weightsmith.preflight.report import LOAD, Item, Side, unread
 from weightsmith.preflight.source import VllmSource
 
 CHECK = "serve.native-op"
@@ -128,9 +128,9 @@ def schema(op: str) -> bytes:
 
 def check_native_ops(src: VllmSource, side: Side, flags: frozenset[str] | None) -> list[Item]:
     """A `will not load` finding for each compressed-tensors group whose CPU kernel calls an op the
-    library these flags select does not register; a note where that library or its selection cannot
-    be found. Nothing for a build other than vLLM CPU, for unknown flags, and for a group
-    `serve.linear-kernel` already finds without a kernel."""
+    library these flags select does not register; a `could not check` one where that library or its
+    selection cannot be found. Nothing for a build other than vLLM CPU, for unknown flags, and for a
+    group `serve.linear-kernel` already finds without a kernel (or could not check)."""
     decl = side.decl
     if decl is None or decl.method != ct.QUANT_METHOD or src.platform != "cpu" or flags is None:
         return []
@@ -151,10 +151,13 @@ def check_native_ops(src: VllmSource, side: Side, flags: frozenset[str] | None) 
         lib = src.native_library(module)
         selected = _import_line(src, module)
         if lib is None or selected is None:
-            missing = f"no vllm/{module}.*.so" if lib is None else f"no `import vllm.{module}` in import_kernels"
-            why_not = f"{why}, so vLLM CPU loads vllm.{module}, but this installation has {missing}"
-            note = f"{group}: whether the native library has the ops {kernel} calls cannot be checked: {why_not}"
-            items.append(Item(CHECK, NOTE, note, file=file, tensor=tensor))
+            absent = (
+                f"vllm/{module}.*.so not found"
+                if lib is None
+                else missing(src, CPU_PLATFORM, f"`import vllm.{module}` in import_kernels")
+            )
+            what = f"whether the native library has the ops {kernel} calls for {group}"
+            items.append(unread(CHECK, what, f"{why}, so vLLM CPU loads vllm.{module}, but {absent}", file, tensor))
             continue
         held = src.holds(lib, tuple(schema(op) for op in ops)) or frozenset()
         for op in (op for op in ops if schema(op) not in held):

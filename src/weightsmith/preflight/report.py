@@ -1,8 +1,10 @@
 """What preflight reports: findings by what the user would see, and the checkpoints they concern.
 
 Impacts: it will not load, it will load but serve wrong numbers, it will be slower than it could,
-or a note. They map onto the project's severities (`audit.findings`): the first two are errors, the
-third a warning, a note an info; an error or a warning makes the command exit 1.
+it could not be checked (a fact a check needs was not found in vLLM's source), or a note. They map
+onto the project's severities (`audit.findings`): the first two are errors, the next two warnings, a
+note an info; an error or a warning makes the command exit 1, so a vLLM preflight could not read
+never passes.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ from weightsmith.formats.declaration import MODELOPT, QuantDeclaration, read_dec
 from weightsmith.preflight.code import Evidence
 
 LOAD, WRONG, SLOW, NOTE = "will not load", "serves wrong numbers", "slower than it could", "note"
-#: The project's severity for each impact: what fails or silently degrades is an error or a warning.
-SEVERITY: dict[str, Severity] = {LOAD: ERROR, WRONG: ERROR, SLOW: WARNING, NOTE: INFO}
-IMPACTS = (LOAD, WRONG, SLOW, NOTE)
+UNCHECKED = "could not check"
+#: The project's severity for each impact: what fails or silently degrades is an error or a warning,
+#: and so is what could not be checked: a pass must mean the facts behind it were read.
+SEVERITY: dict[str, Severity] = {LOAD: ERROR, WRONG: ERROR, SLOW: WARNING, UNCHECKED: WARNING, NOTE: INFO}
+IMPACTS = (LOAD, WRONG, SLOW, UNCHECKED, NOTE)
+#: What to do about a fact that was not found: preflight reads the layouts of released vLLMs.
+UNREAD_FIX = "point --vllm at the vLLM you will serve with, as released: its wheel, or the site-packages it is in"
 #: `--json` output identifies itself, so the card can tell a preflight report from any other JSON.
 SCHEMA, SCHEMA_VERSION = "weightsmith.preflight", 1
 
@@ -58,6 +64,13 @@ class Item:
             "tensor": self.tensor,
             "evidence": [e.as_dict() for e in self.evidence],
         }
+
+
+def unread(check: str, what: str, why: str, file: str | None = None, tensor: str | None = None) -> Item:
+    """`check` could not decide `what`, because a fact it needs was not found in vLLM's source (`why`:
+    `vllm/.../x.py not found`, `Y not found in vllm/.../x.py`): a finding that fails the run, never a
+    silent pass."""
+    return Item(check, UNCHECKED, f"could not check {what}: {why}", UNREAD_FIX, file=file, tensor=tensor)
 
 
 @dataclass

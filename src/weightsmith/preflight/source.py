@@ -27,6 +27,8 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import NotRegularFile, TooLarge, open_regular, read_regular
 
 _VERSION = re.compile(r"^Version:\s*(\S+)", re.MULTILINE)
+#: The version or platform of an installation that does not record it.
+UNKNOWN = "unknown"
 #: The most bytes one source file (or wheel member) may hold. vLLM's largest (0.25 and 0.33:
 #: v1/worker/gpu_model_runner.py) is about 340 KB and parses into 15 MB; a file written to cost the
 #: most (`x = (a, a, ...)`) parses into 700 times its size, so the cap is what bounds that.
@@ -250,7 +252,7 @@ class VllmSource:
         """
         found = _metadata(self)
         if found is None:
-            return "unknown"
+            return UNKNOWN
         name, version = found
         local = version.partition("+")[2].lower()
         for platform in _LOCAL_PLATFORMS:
@@ -292,4 +294,4 @@ def _version(src: VllmSource) -> str:
         return found[1]
     version_py = src.text("vllm/_version.py") or src.text("vllm/version.py") or ""
     match = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", version_py)
-    return match.group(1) if match else "unknown"
+    return match.group(1) if match else UNKNOWN

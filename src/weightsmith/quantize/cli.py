@@ -83,7 +83,7 @@ def plan_table(plan: Plan) -> Table:
 def _warn_plan(plan: Plan) -> None:
     """Recipe targets that match nothing, a statistics file measured on too few tokens (`plan_warnings`)."""
     for message in plan_warnings(plan):
-        err.print(f"[yellow]warning:[/] {markup_safe(message)}")
+        err.print(f"[yellow]warning:[/] {markup_safe(message)}", soft_wrap=True)  # one line, as errors are
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -470,7 +470,7 @@ def quantize(
         check_destination(src, out, force)  # here, once, rather than as the same error from every rank
         launch.relay(processes)
         return
-    with distributed.joined(peer_timeout, processes) as world:
+    with distributed.joined(peer_timeout, processes, launch.job("quantize", src, out)) as world:
         result, seconds = run_quantize(
             src,
             out,

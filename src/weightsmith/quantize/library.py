@@ -62,7 +62,8 @@ def plan_quantize(
     `model_free_ptq`. `method="gptq"` refuses the searches GPTQ cannot start from (memoryless_mse).
     `calibration` is a statistics file of `calibrate` measured on `src`: calibrated schemes (nvfp4,
     fp8) and `kv_cache="fp8"` (KV-cache scales) need one. `warn` is told of recipe targets that
-    match nothing and of a statistics file measured on too few tokens. `pre_pass="sinq"` balances the
+    match nothing beside others that do (a recipe none of whose targets matches a Linear-like weight is
+    refused) and of a statistics file measured on too few tokens. `pre_pass="sinq"` balances the
     weights before quantizing them (SINQ's column scales folded into the norms and v/up_proj rows; Llama,
     Mistral and Qwen2 under w4a16 or w4a16-asym, data-free only), checked here from the headers;
     `"auto"`, the default, does so wherever that check passes, no `--kv-cache` is asked for and the

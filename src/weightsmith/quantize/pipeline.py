@@ -125,8 +125,8 @@ def _jobs(plan: Plan) -> list[_Job]:
         whole = d.action == QUANTIZE and _scheme(d).first_pass == TENSOR
         if info.nbytes == 0:  # nothing to read or write: one job, so the shard still counts it done
             jobs.append(_Job(i))
-        elif d.action == KEEP or whole:
-            jobs.append(_Job(i, 0, info.shape[0], info.nbytes))
+        elif d.action == KEEP or whole:  # a 0-d tensor (a scalar) is one row, copied whole
+            jobs.append(_Job(i, 0, info.shape[0] if info.shape else 1, info.nbytes))
         elif d.action in (QUANTIZE, DECODE):
             row_bytes = info.nbytes // info.shape[0]
             blocks = _row_blocks(info, _row_multiple(d))

@@ -24,8 +24,10 @@ import numpy as np
 from weightsmith.calibration import derived
 from weightsmith.calibration.derived import Calibration
 from weightsmith.core.errors import CheckpointError, WeightsmithError
+from weightsmith.core.terminal import echo
+from weightsmith.formats.architecture import Architecture
 from weightsmith.formats.source import SourceFormat, detect_source_format
-from weightsmith.formats.targets import Targets
+from weightsmith.formats.targets import LINEAR, Targets
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant.fp8 import Block
@@ -263,9 +265,90 @@ def _keep_reason(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
         return "lm_head (vLLM's ParallelLMHead is not a Linear target)"
     if names.is_router(module):
         return "MoE router (ReplicatedLinear; vLLM would expect it quantized)"
-    if len(shape) != 2:
+    if len(shape) not in (0, 2):  # a 0-d weight a rule claims is refused (`_scalar_target`), not kept quietly
         return f"{len(shape)}-D tensor"
     return None
+
+
+def _rule_words(recipe: Recipe, rule: Rule) -> str:
+    """How a message names `rule`: by its number, and as `--scheme` where it is that option's one rule."""
+    number = recipe.rules.index(rule) + 1
+    if recipe.file is None and len(recipe.rules) == 1 and rule.targets == (LINEAR,):
+        return f"--scheme {rule.scheme.name} (rule {number}: every Linear weight)"
+    return f"rule {number}"
+
+
+def _scalar_target(ckpt: Checkpoint, shard: str, name: str, recipe: Recipe, rule: Rule) -> CheckpointError:
+    """The refusal of a 0-d `*.weight` that `rule` claims: a scalar has no rows or columns to quantize,
+    and kept unlisted it would leave vLLM expecting a quantized weight for its module."""
+    module = names.split(name)[0]
+    return CheckpointError(
+        f"is a 0-d tensor (a scalar), but {_rule_words(recipe, rule)} names it as a Linear weight to quantize: only "
+        f"2-D weights can be; pass --ignore {module} to keep it as it is",
+        file=ckpt.path(shard),
+        tensor=name,
+        code="source.scalar-target",
+    )
+
+
+def shape_refusal(ckpt: Checkpoint, arch: Architecture, d: Decision) -> CheckpointError | None:
+    """The refusal of `d`'s tensor where config.json contradicts its shape, or where it is a bias the
+    architecture does not build (`verify`'s `arch.shape` and `arch.unexpected-bias`); None where neither."""
+    want = arch.expected(d.name)
+    if want is not None and d.shape != want.shape:
+        why, code = f"shape {list(d.shape)}, expected {list(want.shape)} ({want.why} in config.json)", "arch.shape"
+    elif (unbuilt := arch.unbuilt_bias(d.name)) is not None:
+        why, code = unbuilt, "arch.unexpected-bias"
+    else:
+        return None
+    return CheckpointError(why, file=ckpt.path(d.shard), tensor=d.name, code=code)
+
+
+def _refuse_contradicted_shapes(ckpt: Checkpoint, decisions: list[Decision]) -> None:
+    """Refuse, for an architecture `formats.architecture` knows, a norm or bias whose shape config.json
+    contradicts, or a bias the architecture does not build: vLLM would refuse the output, or skip the
+    bias and serve another model, and the pre-pass would fold its scales into tensors of the wrong size.
+
+    Weights are carried or quantized as they are (`verify` reports a shape config.json contradicts);
+    the pre-pass checks those it folds (`sinq.check`).
+    """
+    arch = Architecture.of(ckpt.config)
+    if arch is None:
+        return
+    for d in decisions:
+        if d.param == names.BIAS or names.is_norm(d.module):
+            refusal = shape_refusal(ckpt, arch, d)
+            if refusal is not None:
+                raise refusal
+
+
+#: The most rules, and targets of each, a refusal of a recipe that matches nothing lists.
+_LISTED = 3
+
+
+def _refuse_idle_recipe(plan: Plan) -> None:
+    """Refuse a recipe none of whose targets matches a Linear-like weight of the checkpoint: the output
+    would be a "quantized" checkpoint with nothing quantized. A target that matches nothing beside
+    one that does is a warning (`request.plan_warnings`)."""
+    if plan.count(QUANTIZE):
+        return
+    unmatched = plan.unmatched_targets()
+    if len(unmatched) < sum(len(rule.targets) for rule in plan.recipe.rules):
+        return
+    rules = plan.recipe.rules
+    listed = []
+    for rule in rules[:_LISTED]:
+        shown = ", ".join(echo(t) for t in rule.targets[:_LISTED])
+        more = f" and {len(rule.targets) - _LISTED:,} more" if len(rule.targets) > _LISTED else ""
+        listed.append(f"{_rule_words(plan.recipe, rule)} (targets {shown}{more})")
+    if len(rules) > _LISTED:
+        listed.append(f"{len(rules) - _LISTED:,} more rules")
+    verb = "matches" if len(rules) == 1 else "match"
+    raise WeightsmithError(
+        f"{'; '.join(listed)} {verb} no Linear-like weight in {plan.source.root}, so nothing would be quantized",
+        file=plan.recipe.file or plan.source.root,
+        code="recipe.unmatched",
+    )
 
 
 def build_plan(
@@ -280,14 +363,16 @@ def build_plan(
 
     `calibration` (statistics already checked against `ckpt`) gives calibrated schemes their static
     activation scales and `kv_cache` ("fp8") its KV-cache scales. Raises `WeightsmithError` for an
-    unknown preset, a bad regex, a recipe that splits what vLLM loads as one layer, or missing statistics.
+    unknown preset, a bad regex, a recipe that splits what vLLM loads as one layer or matches nothing at
+    all, a rule claiming a 0-d weight, a norm or bias config.json contradicts (`_refuse_contradicted_shapes`),
+    or missing statistics.
     """
     recipe = scheme if isinstance(scheme, Recipe) else Recipe.single(scheme)
     user_ignore = list(ignore or [])
     preset_entries: tuple[str, ...] = ()
     if preset is not None:
         if preset not in PRESETS:
-            raise WeightsmithError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})", code="usage")
+            raise WeightsmithError(f"unknown preset {echo(preset)} (choose from {', '.join(PRESETS)})", code="usage")
         preset_entries = PRESETS[preset].ignore
     # every entry compiled up front: a malformed regex is refused before anything is planned
     keepers = _Keepers(
@@ -318,6 +403,8 @@ def build_plan(
             rule = recipe.rule_for(module) if why is None else None
             if why is None and rule is None:
                 why = "no recipe rule targets it"
+            if why is None and rule is not None and not info.shape:
+                raise _scalar_target(ckpt, ref.shard, name, recipe, rule)
             if why is None and rule is not None:
                 why = rule.scheme.unsupported(info.shape)
             if why is None and rule is not None:
@@ -335,6 +422,7 @@ def build_plan(
     if by_suffix is not None:
         _keep_by_suffix(decisions)
     _refuse_split_layers(decisions)
+    _refuse_contradicted_shapes(ckpt, decisions)
 
     ignore_out = list(dict.fromkeys([*user_ignore, *recipe.ignore, *preset_entries]))
     # Kept modules are added as exact names, so only the given entries need matching: checking each
@@ -379,7 +467,9 @@ def build_plan(
     has_head = any(names.is_lm_head(d.module) for d in decisions) or ckpt.config.get("tie_word_embeddings")
     if has_head and not Targets(ignore_out, "ignore").matches("lm_head"):
         ignore_out.append("lm_head")
-    return Plan(ckpt, recipe, fmt, decisions, ignore_out, preset, calibration, kv_cache, values, added)
+    plan = Plan(ckpt, recipe, fmt, decisions, ignore_out, preset, calibration, kv_cache, values, added)
+    _refuse_idle_recipe(plan)
+    return plan
 
 
 def _input_params(decisions: list[Decision], cal: Calibration | None) -> dict[str, np.ndarray]:
@@ -413,7 +503,7 @@ def _kv_scales(
         return {}
     if kv_cache not in derived.KV_CACHE_FORMATS:
         raise WeightsmithError(
-            f"unknown --kv-cache {kv_cache!r} (choose from {', '.join(derived.KV_CACHE_FORMATS)})", code="usage"
+            f"unknown --kv-cache {echo(kv_cache)} (choose from {', '.join(derived.KV_CACHE_FORMATS)})", code="usage"
         )
     found = derived.require(cal, f"--kv-cache {kv_cache}")
     attention = derived.attention_modules([d.name for d in decisions])

@@ -33,7 +33,7 @@ from typing import Any
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import read_text_file
-from weightsmith.core.terminal import short_repr
+from weightsmith.core.terminal import echo, echoes_cut, short_repr
 from weightsmith.engine.gptq_defaults import GPTQ_DAMPENING as GPTQ_DAMPENING  # the flow's defaults, set
 from weightsmith.engine.gptq_defaults import LLM_COMPRESSOR_DAMPENING as LLM_COMPRESSOR_DAMPENING  # by the solver
 from weightsmith.formats.targets import LINEAR, Targets
@@ -145,7 +145,9 @@ def _known(doc: dict[str, Any], allowed: set[str], where: str, path: Path) -> No
     unknown = sorted(set(doc) - allowed)
     if unknown:
         raise WeightsmithError(
-            f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(allowed))})", file=path, code="recipe.key"
+            f"{where}: unknown key {echo(unknown[0])} (known: {', '.join(sorted(allowed))})",
+            file=path,
+            code="recipe.key",
         )
 
 
@@ -167,7 +169,7 @@ def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
     for target in targets:
         if target.startswith(CATEGORY) and target[len(CATEGORY) :] not in TARGET_CATEGORIES:
             raise WeightsmithError(
-                f"{where}: unknown category {target!r} (known: {', '.join(TARGET_CATEGORIES)})",
+                f"{where}: unknown category {echo(target)} (known: {', '.join(TARGET_CATEGORIES)})",
                 file=path,
                 code="recipe.invalid",
             )
@@ -197,5 +199,6 @@ def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
     except WeightsmithError as exc:
         # the schemes word their option errors for the command line; a recipe spells the options as keys
         message = exc.message.replace("--group-size", "group_size").replace("--scale-search", "scale_search")
+        message = echoes_cut(message, scheme_name, search)  # a name of any length is quoted cut
         raise WeightsmithError(f"{where}: {message}", file=path, code="recipe.invalid") from None
     return Rule(tuple(targets), scheme)

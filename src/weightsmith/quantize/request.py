@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_option
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.core.terminal import short_repr
+from weightsmith.core.terminal import echo, echoes_cut, short_repr
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.quantize.recipe import GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCHES, MAX_GROUP_SIZE, Recipe, load_recipe
 from weightsmith.schemes import make_scheme
@@ -76,7 +76,10 @@ def rules_for(
             raise WeightsmithError(  # the command line's option range, for callers that bypass it
                 f"--group-size {short_repr(group_size)}: give a whole number from 1 to {MAX_GROUP_SIZE:,}", code="usage"
             )
-        return Recipe.single(make_scheme(scheme or DEFAULT_SCHEME, group_size, scale_search))
+        try:
+            return Recipe.single(make_scheme(scheme or DEFAULT_SCHEME, group_size, scale_search))
+        except WeightsmithError as exc:  # `--scheme` and `--scale-search` of any length are quoted cut
+            raise WeightsmithError(echoes_cut(exc.message, scheme, scale_search), code=exc.code) from None
     given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
              if v is not None]  # fmt: skip
     where = recipe.file if isinstance(recipe, Recipe) else Path(recipe)
@@ -115,7 +118,7 @@ def gptq_options(
     The ranges the command line's option parsers enforce (`--tokens`, `--seq-len`) are checked here
     too, for callers that bypass them."""
     if method not in METHODS:
-        raise WeightsmithError(f"unknown method {method!r} (choose from {', '.join(METHODS)})", code="usage")
+        raise WeightsmithError(f"unknown method {echo(method)} (choose from {', '.join(METHODS)})", code="usage")
     if method == "rtn":
         if text is not None or builtin is not None:
             raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
@@ -177,10 +180,10 @@ def _actorder_refusal(actorder: str) -> str:
     if actorder in _GROUP_ACTORDERS:
         alias = "" if actorder == "group" else ", compressed-tensors' other name for group"
         return (
-            f"--actorder {actorder!r}{alias}: group ordering (a g_idx per column) is not offered: compressed-tensors "
-            f"deprecates it and llm-compressor's GPTQ refuses it; choose from {choices}"
+            f"--actorder {echo(actorder)}{alias}: group ordering (a g_idx per column) is not offered: "
+            f"compressed-tensors deprecates it and llm-compressor's GPTQ refuses it; choose from {choices}"
         )
-    return f"--actorder {actorder!r} is not an activation ordering; choose from {choices}"
+    return f"--actorder {echo(actorder)} is not an activation ordering; choose from {choices}"
 
 
 def open_plan(
@@ -243,7 +246,8 @@ def plan_warnings(plan: Plan) -> list[str]:
     """What the command line warns of a plan, one plain line each: recipe targets that match no
     Linear-like weight, and a statistics file measured on too few tokens for a stable maximum."""
     said = [
-        f"rule {number} target {target!r} matches no Linear-like weight" for number, target in plan.unmatched_targets()
+        f"rule {number} target {echo(target)} matches no Linear-like weight"
+        for number, target in plan.unmatched_targets()
     ]
     cal = plan.calibration
     if cal is not None and cal.stats.provenance.tokens < MIN_TOKENS:

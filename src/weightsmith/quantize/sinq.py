@@ -8,6 +8,8 @@ the model's function unchanged before quantization and the checkpoint in the ord
 - q/k/v_proj read `input_layernorm`'s output, gate/up_proj `post_attention_layernorm`'s: one joint
   `t` for the projections sharing a norm (balanced on their stacked rows), multiplied into the norm's
   weight (Llama, Mistral and Qwen2 multiply by the weight; "1 + weight" norms such as Gemma's are refused).
+  The family is the class vLLM builds, `architectures[0]`; a `model_type` naming another model is refused,
+  since transformers would build that one.
 - down_proj reads `act(gate) * up`: its `t` multiplies up_proj's rows (and bias).
 - o_proj reads the attention output, `softmax . V`: its `t` multiplies v_proj's rows (and bias). Query
   heads that share a KV head read the same V rows, so their o_proj columns share one `t`, balanced on
@@ -18,6 +20,10 @@ take part in the joint balancing of their own columns. A norm weight is stored i
 column's `t` is taken as the stored norm over the original one: the fold is then exact up to the
 balanced weight's own rounding. One decoder layer is read at a time; the pipeline then reads each
 weight's rows through `Balance.apply`.
+
+Every shape a fold relies on is the one config.json implies (`formats.architecture`): the plan has
+refused a norm or bias that config.json contradicts, `check` refuses a projection it contradicts, and a
+config whose sizes it cannot check them against.
 """
 
 from __future__ import annotations
@@ -26,19 +32,27 @@ import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from weightsmith.core.errors import CheckpointError, WeightsmithError
+from weightsmith.core.terminal import echo
+from weightsmith.formats.architecture import Architecture, config_sizes, contradiction, first_architecture
 from weightsmith.formats.source import OriginalWeights
 from weightsmith.io import names
+from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.quant import sinkhorn
-from weightsmith.quantize.plan import QUANTIZE, Plan
+from weightsmith.quantize.plan import QUANTIZE, Plan, shape_refusal
 
 PRE_PASSES = ("sinq",)
-#: Architectures whose decoder layers are pre-norm Llama blocks with norms that multiply by their weight.
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+#: The classes (`architectures[0]`, what vLLM builds) whose decoder layers are pre-norm Llama blocks
+#: with norms that multiply by their weight.
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+#: The code of the refusal of a config that contradicts itself.
+CONTRADICTION = "config.contradiction"
+#: What `--pre-pass auto` refuses rather than skips: where the pre-pass would fold, a config that
+#: contradicts itself or a weight whose shape config.json contradicts (`plan.shape_refusal`).
+REFUSED_UNDER_AUTO = (CONTRADICTION, "arch.shape")
 #: The schemes whose grid is a per-group scale over the balanced weight.
 SCHEMES = ("w4a16", "w4a16-asym")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -61,16 +75,40 @@ class Heads:
     dim: int
 
 
-def _heads(config: dict[str, Any]) -> Heads:
-    try:
-        heads = int(config["num_attention_heads"])
-        kv = int(config.get("num_key_value_heads") or heads)
-        dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise refusal("config.json", f"lacks a usable attention shape ({exc})") from None
-    if kv <= 0 or heads % kv:
+def _heads(arch: Architecture) -> Heads:
+    heads, kv = arch.sizes["num_attention_heads"], arch.sizes["num_key_value_heads"]
+    if heads % kv:
         raise refusal("config.json", f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
-    return Heads(kv, heads // kv, dim)
+    return Heads(kv, heads // kv, arch.sizes["head_dim"])
+
+
+def _architecture(plan: Plan) -> Architecture:
+    """The architecture the folds follow: the class vLLM builds (`architectures[0]`), one whose norms
+    multiply by their weight, with every size the shapes are checked against; else a one-line refusal."""
+    config = plan.source.config
+    problem = contradiction(config)
+    if problem is not None:
+        raise WeightsmithError(
+            f"{problem}; the pre-pass folds scales into the norms of the class vLLM builds, so it cannot run on "
+            "this config (--pre-pass none quantizes without folding)",
+            file=plan.source.root / CONFIG_FILE,
+            code=CONTRADICTION,
+        )
+    name = first_architecture(config)
+    if name not in ARCHITECTURES:
+        what = f"architectures[0] {echo(name)}" if name is not None else "architectures[0] (none given)"
+        raise refusal(
+            "config.json",
+            f"{what} is not one whose norms are known to multiply by their weight "
+            f"(supported: {', '.join(ARCHITECTURES)})",
+        )
+    arch = Architecture.of(config)
+    if arch is None:
+        raise refusal(
+            "config.json",
+            f"has no usable {config_sizes(config)[1]}, so the shapes the folds rely on cannot be checked against it",
+        )
+    return arch
 
 
 def check(plan: Plan) -> list[str]:
@@ -83,14 +121,8 @@ def check(plan: Plan) -> list[str]:
             "KV-cache scales measured on SRC would not fit the v_proj rows the fold rescales; leave out --kv-cache "
             "and run `weightsmith calibrate-kv` on the output (it measures the balanced model), or use --pre-pass none",
         )
-    model_type = names.model_type(plan.source.config)
-    if model_type not in MODEL_TYPES:
-        raise refusal(
-            "config.json",
-            f"model_type {model_type!r} is not one whose norms are known to multiply by their weight "
-            f"(supported: {', '.join(MODEL_TYPES)})",
-        )
-    heads = _heads(plan.source.config)
+    arch = _architecture(plan)
+    _heads(arch)  # query heads that do not group evenly over the KV heads are refused here
     layers: dict[str, set[str]] = {}
     for name in plan.source.tensors:
         found = _LAYER.match(name)
@@ -111,22 +143,27 @@ def check(plan: Plan) -> list[str]:
             if d.action != QUANTIZE or d.rule is None or d.rule.scheme.name not in SCHEMES:
                 why = d.reason if d.action != QUANTIZE else f"is quantized as {d.rule.scheme.name if d.rule else '?'}"
                 raise refusal(f"tensor {d.name}", f"must be quantized as {' or '.join(SCHEMES)} ({why})")
-        o_shape = decisions[f"{layer}.self_attn.o_proj.{names.WEIGHT}"].shape
-        v_rows = decisions[f"{layer}.self_attn.v_proj.{names.WEIGHT}"].shape[0]
-        if o_shape[1] != heads.kv * heads.per_kv * heads.dim or v_rows != heads.kv * heads.dim:
-            raise refusal(f"layer {layer}", "has o_proj/v_proj shapes that do not match config.json's heads")
+            wrong = shape_refusal(plan.source, arch, d)  # (the plan has checked the norms and biases)
+            if wrong is not None:
+                raise wrong
     return sorted(layers, key=lambda p: int(p.rsplit(".", 1)[1]))
 
 
 def skipped(plan: Plan) -> str | None:
     """Why `--pre-pass auto` leaves `plan` unbalanced, in words, or None where SINQ applies: what `check`
-    refuses, or plain round-to-nearest asked for (`--scale-search none` promises llm-compressor's bytes)."""
+    refuses, or plain round-to-nearest asked for (`--scale-search none` promises llm-compressor's bytes).
+
+    A config.json that contradicts itself, or a weight to fold whose shape it contradicts, is refused, not
+    skipped (`REFUSED_UNDER_AUTO`), unless plain round-to-nearest was asked for: the pre-pass would have
+    run, and the output would not be the model config.json describes either way."""
+    plain = any(d.rule is not None and d.rule.scheme.scale_search is None for d in plan.decisions if folds(d.name))
     try:
-        layers = check(plan)
+        check(plan)
     except WeightsmithError as exc:
+        if exc.code in REFUSED_UNDER_AUTO and not plain:
+            raise
         return str(exc).removeprefix("--pre-pass sinq: ")
-    projections = {f"{layer}.{m}.{names.WEIGHT}" for layer in layers for m in _PROJECTIONS}
-    if any(d.rule is not None and d.rule.scheme.scale_search is None for d in plan.decisions if d.name in projections):
+    if plain:
         return "--scale-search none asks for plain round-to-nearest of the source's weights"
     return None
 
@@ -254,7 +291,7 @@ def balance(plan: Plan, workers: int) -> Balance:
     """Every layer's folds, `workers` layers at a time (the kernel releases the GIL); where there are
     fewer layers than workers, each layer's tiles are shared among the workers left over."""
     layers = check(plan)
-    heads = _heads(plan.source.config)
+    heads = _heads(_architecture(plan))
     total = Balance()
     workers = max(1, workers)
     at_once = min(workers, len(layers))

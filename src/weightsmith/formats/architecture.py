@@ -1,0 +1,239 @@
+"""What config.json's architecture implies for a checkpoint's tensors: the one statement of it.
+
+vLLM builds the class `architectures[0]` names and loads each tensor into a parameter of it;
+transformers builds the class of `model_type`. For the Llama family (Llama, Mistral, Qwen2, Qwen3)
+every parameter follows from a few config sizes, so the tensors can be checked against the config
+without a model class. `verify` reports each difference as an error finding (`audit.check_arch`),
+`quantize` refuses a norm or bias it contradicts and every weight it would quantize against it
+(`quantize.plan`), and the SINQ pre-pass folds only into tensors checked here.
+
+Biases are those vLLM's classes build (`llama.py`, `qwen2.py`, `qwen3.py`): a tensor vLLM has no
+parameter for is skipped without a word when its name ends in `.bias` (`if name.endswith(".bias")
+and name not in params_dict: continue`), so a bias the config does not declare is never served,
+and one it declares but the checkpoint lacks fails the load.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from weightsmith.core.terminal import echo
+from weightsmith.io import names
+
+#: A config field the shapes need, and the value it takes when absent (None: required).
+FIELDS: dict[str, Callable[[dict[str, int]], int] | None] = {
+    "hidden_size": None,
+    "num_hidden_layers": None,
+    "num_attention_heads": None,
+    "num_key_value_heads": lambda c: c["num_attention_heads"],
+    "head_dim": lambda c: c["hidden_size"] // c["num_attention_heads"],
+    "intermediate_size": None,
+    "vocab_size": None,
+}
+ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+PROJECTIONS = ATTENTION + MLP
+NORMS = ("input_layernorm", "post_attention_layernorm")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def _set(config: Mapping[str, Any], key: str) -> bool:
+    """`getattr(config, key, False)` as vLLM reads it: any truthy JSON value sets it."""
+    return bool(config.get(key, False))
+
+
+def _llama_biases(config: Mapping[str, Any]) -> dict[str, str]:
+    """vLLM's `LlamaDecoderLayer` (Mistral's too): `attention_bias` (or `bias`) gives o_proj a bias
+    and q/k/v_proj one unless `qkv_bias` says otherwise; `mlp_bias` gives the MLP's three theirs."""
+    attention = _set(config, "attention_bias") or _set(config, "bias")
+    qkv = _set(config, "qkv_bias") if "qkv_bias" in config else attention
+    built = dict.fromkeys(ATTENTION[:3], "qkv_bias" if "qkv_bias" in config else "attention_bias") if qkv else {}
+    if attention:
+        built["self_attn.o_proj"] = "attention_bias"
+    if _set(config, "mlp_bias"):
+        built |= dict.fromkeys(MLP, "mlp_bias")
+    return built
+
+
+def _qwen2_biases(config: Mapping[str, Any]) -> dict[str, str]:
+    """vLLM's `Qwen2Attention`: q/k/v_proj always have a bias, o_proj and the MLP never."""
+    return dict.fromkeys(ATTENTION[:3], "the architecture itself")
+
+
+def _qwen3_biases(config: Mapping[str, Any]) -> dict[str, str]:
+    """vLLM's `Qwen3Attention`: q/k/v_proj have a bias under `attention_bias`; o_proj never (transformers
+    gives it one too, which vLLM then skips)."""
+    return dict.fromkeys(ATTENTION[:3], "attention_bias") if _set(config, "attention_bias") else {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """An architecture whose tensors follow from the config."""
+
+    #: The `model_type` transformers builds this class from.
+    model_type: str
+    #: The projections (`self_attn.q_proj`) that have a bias under a config, each with the config key
+    #: that gives it one.
+    biases: Callable[[Mapping[str, Any]], dict[str, str]]
+    #: Per-layer 1-D tensors beyond the two norms, with the config field that sizes them.
+    layer_vectors: tuple[tuple[str, str], ...] = ()
+
+
+#: `architectures[0]` -> its family. Only classes whose checkpoints are named `model.layers.N...`
+#: with one dense MLP per layer; anything else is not checked (and says so).
+ARCHITECTURES: dict[str, Family] = {
+    "LlamaForCausalLM": Family("llama", _llama_biases),
+    "MistralForCausalLM": Family("mistral", _llama_biases),
+    "Qwen2ForCausalLM": Family("qwen2", _qwen2_biases),
+    "Qwen3ForCausalLM": Family(
+        "qwen3", _qwen3_biases, (("self_attn.q_norm.weight", "head_dim"), ("self_attn.k_norm.weight", "head_dim"))
+    ),
+}
+
+
+def first_architecture(config: Mapping[str, Any] | None) -> str | None:
+    """`architectures[0]`, the class vLLM builds, or None where config.json names none."""
+    archs = (config or {}).get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
+def contradiction(config: Mapping[str, Any] | None) -> str | None:
+    """Why config.json's `model_type` and `architectures[0]` name different models, or None.
+
+    A known class beside another model's `model_type`, or a known `model_type` beside another
+    model's causal LM (`...ForCausalLM`): vLLM would build one model and transformers the other. A
+    draft or wrapper class (`LlamaForCausalLMEagle3`) beside its base model's `model_type` is none.
+    """
+    model_type, arch = (config or {}).get("model_type"), first_architecture(config)
+    if not isinstance(model_type, str) or arch is None:
+        return None
+    family = ARCHITECTURES.get(arch)
+    known = {f.model_type for f in ARCHITECTURES.values()}
+    if (family is not None and model_type != family.model_type) or (
+        family is None and model_type in known and arch.endswith("ForCausalLM")
+    ):
+        return (
+            f"model_type {echo(model_type)} and architectures[0] {echo(arch)} name different models: vLLM "
+            f"builds {echo(arch)} (it reads architectures), transformers the class of model_type "
+            f"{echo(model_type)}; correct the one that is wrong"
+        )
+    return None
+
+
+def config_sizes(config: Mapping[str, Any]) -> tuple[dict[str, int], str | None]:
+    """The sizes `FIELDS` names, or with them the first one that is absent or not a positive integer."""
+    values: dict[str, int] = {}
+    for key, default in FIELDS.items():
+        value = config.get(key)
+        if value is None and default is not None:
+            value = default(values)
+        if type(value) is not int or value <= 0:
+            return values, key
+        values[key] = value
+    return values, None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A tensor's shape as config.json implies it, and the config sizes it follows from, in words
+    (`hidden_size 256`)."""
+
+    shape: tuple[int, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A config of a known family whose sizes are all there: what each tensor of it should be."""
+
+    name: str
+    family: Family
+    config: Mapping[str, Any]
+    sizes: dict[str, int]
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any] | None) -> Architecture | None:
+        """The architecture of `config`, or None where it is not a known family or lacks a size (what
+        `config_sizes` refuses is left to the caller, which says so its own way)."""
+        name = first_architecture(config)
+        family = ARCHITECTURES.get(name or "")
+        if config is None or name is None or family is None:
+            return None
+        sizes, bad = config_sizes(config)
+        return None if bad is not None else cls(name, family, config, sizes)
+
+    @cached_property
+    def _dims(self) -> dict[str, tuple[int, str]]:
+        """Each dimension a shape is made of: its size and the config fields it comes from, in words."""
+        c, given = self.sizes, self.config
+        d = c["head_dim"]
+        head = f"head_dim {d}" if "head_dim" in given else f"head_dim {d} (hidden_size / num_attention_heads)"
+        return {
+            "h": (c["hidden_size"], f"hidden_size {c['hidden_size']}"),
+            "q": (c["num_attention_heads"] * d, f"num_attention_heads {c['num_attention_heads']} x {head}"),
+            "kv": (c["num_key_value_heads"] * d, f"num_key_value_heads {c['num_key_value_heads']} x {head}"),
+            "i": (c["intermediate_size"], f"intermediate_size {c['intermediate_size']}"),
+            "v": (c["vocab_size"], f"vocab_size {c['vocab_size']}"),
+            "head_dim": (d, head),
+        }
+
+    def _expected(self, *dims: str) -> Expected:
+        parts = [self._dims[k] for k in dims]
+        return Expected(tuple(n for n, _ in parts), ", ".join(dict.fromkeys(w for _, w in parts)))
+
+    @cached_property
+    def _per_layer(self) -> dict[str, Expected]:
+        """Within one decoder layer: name after `model.layers.N.` -> what it should be."""
+        e = self._expected
+        out = {f"{n}.{names.WEIGHT}": e("h") for n in NORMS}
+        dims = {"q_proj": ("q", "h"), "k_proj": ("kv", "h"), "v_proj": ("kv", "h"), "o_proj": ("h", "q"),
+                "gate_proj": ("i", "h"), "up_proj": ("i", "h"), "down_proj": ("h", "i")}  # fmt: skip
+        for module in PROJECTIONS:
+            out[f"{module}.{names.WEIGHT}"] = e(*dims[names.leaf(module)])
+        for module in self.built_biases:
+            out[f"{module}.{names.BIAS}"] = e(dims[names.leaf(module)][0])
+        out |= {name: e(size) for name, size in self.family.layer_vectors}
+        return out
+
+    @cached_property
+    def built_biases(self) -> dict[str, str]:
+        """The projections with a bias under this config, each with the key that gives it one."""
+        return self.family.biases(self.config)
+
+    @property
+    def tied(self) -> bool:
+        return self.config.get("tie_word_embeddings") is True
+
+    def outside_layers(self) -> dict[str, Expected]:
+        """The embedding, final norm and (unless tied to the embedding) head."""
+        out = {"model.embed_tokens.weight": self._expected("v", "h"), "model.norm.weight": self._expected("h")}
+        if not self.tied:
+            out["lm_head.weight"] = self._expected("v", "h")
+        return out
+
+    def tensors(self, layers: Iterable[int]) -> dict[str, Expected]:
+        """Every tensor the runtime loads for `layers` (and the embedding, norm and head): name -> expected."""
+        out = self.outside_layers()
+        for layer in layers:
+            out |= {f"model.layers.{layer}.{rest}": want for rest, want in self._per_layer.items()}
+        return out
+
+    def expected(self, name: str) -> Expected | None:
+        """What tensor `name` should be, in any decoder layer; None for a name this family does not load."""
+        found = _LAYER.match(name)
+        return self._per_layer.get(found.group(2)) if found else self.outside_layers().get(name)
+
+    def unbuilt_bias(self, name: str) -> str | None:
+        """Why `name` is a projection's bias this config gives the runtime no parameter for, or None."""
+        found = _LAYER.match(name)
+        module, param = names.split(found.group(2)) if found else ("", "")
+        if param != names.BIAS or module not in PROJECTIONS or module in self.built_biases:
+            return None
+        flags = {"attention_bias": True, "mlp_bias": True} | ({"qkv_bias": True} if "qkv_bias" in self.config else {})
+        key = self.family.biases({**self.config, **flags}).get(module)  # the key that would give it one
+        why = f"{self.name} never builds one" if key is None else f"config.json does not set {key}"
+        return f"is a bias, but {why}: vLLM skips it, so the model it serves is not the one these weights describe"
