@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -154,20 +155,22 @@ def main() -> None:
         err_console.print("[bold red]error:[/] aborted", soft_wrap=True, emoji=False)
         sys.exit(1)
     except WeightsmithError as exc:
-        # a name like `a[/]b` is text, not markup: unescaped it would be hidden or raise
-        err_console.print(f"[bold red]error:[/] {escape(cut_line(str(exc)))}", soft_wrap=True, emoji=False)
-        sys.exit(2)
+        _refused(exc)
     except OSError as exc:  # a path the system refuses (too long, a loop of links): a line, not a traceback
-        where = f"{exc.filename}: " if exc.filename is not None else ""
-        line = cut_line(f"{where}{exc.strerror or exc}")
-        err_console.print(f"[bold red]error:[/] {markup_safe(line)}", soft_wrap=True, emoji=False)
-        sys.exit(2)
+        _refused(WeightsmithError(exc.strerror or str(exc), file=exc.filename))
     except MemoryError:  # an input read whole past what this machine holds: a line, not a traceback
         sys.stderr.write("error: ran out of memory; an input is larger than this machine can hold\n")
         sys.exit(2)
     # commands return None; an int is the status of a `typer.Exit` (or click's own, for --help)
     if isinstance(status, int) and status:
         sys.exit(status)
+
+
+def _refused(exc: WeightsmithError) -> NoReturn:
+    """Print `exc` as the one error line (cut to `LINE_LIMIT`) and exit 2."""
+    # a name like `a[/]b` is text, not markup: unescaped it would be hidden or raise
+    err_console.print(f"[bold red]error:[/] {escape(cut_line(str(exc)))}", soft_wrap=True, emoji=False)
+    sys.exit(2)
 
 
 #: The longest usage error shown: the message quotes what was typed, which may be any length.

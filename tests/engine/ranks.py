@@ -1,8 +1,10 @@
-"""Finding one rank among the processes `--processes` started, from /proc, to kill it at a chosen point."""
+"""Ranks in tests: a free port for a world to meet on, and one rank among the processes `--processes`
+started, found from /proc, to kill it at a chosen point."""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -25,3 +27,10 @@ def rank_pid(launcher: int, rank: int, *, reading: str = "") -> int:
                 return pid
         time.sleep(0.01)
     raise AssertionError(f"rank {rank} never got there")
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now, for a world's MASTER_PORT."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 
 from clirun import one_error_line, run, sigint_default
-from engine.ranks import rank_pid
+from engine.ranks import free_port, rank_pid
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.distributed import MAX_NDIM, PEER_LOST, Message, World, joined
 
@@ -77,12 +76,6 @@ except WeightsmithError as exc:
     print(exc, file=sys.stderr)
     sys.exit(2)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_shares_partition_the_items_evenly() -> None:
@@ -154,23 +147,8 @@ def test_a_stranger_on_the_port_is_refused_by_its_description(
 ) -> None:
     """Whatever joins as rank 1 and answers the comparison of jobs with bytes of its own (any length, not
     JSON, not a job) is refused in one line naming it, before rank 0 makes a buffer of that length."""
-    port = str(free_port())
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    lead = subprocess.Popen(
-        [sys.executable, "-c", LEAD, str(tiny_llama), str(tmp_path / "s.safetensors")],
-        env={**env, "RANK": "0"}, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
-    )  # fmt: skip
-    stranger = subprocess.Popen(
-        [sys.executable, "-c", STRANGER, length, data], env={**env, "RANK": "1"}, stderr=subprocess.DEVNULL,
-        preexec_fn=sigint_default,
-    )  # fmt: skip
-    try:
-        _, err = lead.communicate(timeout=120)
-    finally:
-        for child in (lead, stranger):
-            child.kill()
-            child.wait()
-    assert lead.returncode == 2
+    code, _, err, _, _ = _two_ranks(LEAD, [str(tiny_llama), str(tmp_path / "s.safetensors")], STRANGER, [length, data])
+    assert code == 2
     assert err == f"rank 1 of 2 is running another job: {expected}\n"
     assert list(tmp_path.iterdir()) == []
 

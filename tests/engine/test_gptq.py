@@ -374,3 +374,25 @@ def test_a_module_outcome_not_as_gptq_gives_it_is_one_line(told: object) -> None
     assert _outcome({"valued": False, "shrink": False, "fallback": NO_GRID}, message, 1, 2) == (False, False, NO_GRID)
     with pytest.raises(WeightsmithError, match=r"^rank 1 of 2 sent the outcome of q as something other than a JSON"):
         _outcome(told, message, 1, 2)
+
+
+def test_clip_factors_not_of_the_grid_s_shape_are_one_line() -> None:
+    """The clip factors a module's owner sends must have exactly the grid's shape (a row per weight row, a
+    column per group), which the int4 kernels read without bounds checks: 4 x 8 values for a 2 x 16
+    grid fit `broadcast_array`'s count and are still refused, naming the sender."""
+    from weightsmith.core.errors import WeightsmithError
+    from weightsmith.engine.distributed import World
+    from weightsmith.engine.gptq import _told
+
+    class Peer(World):
+        """Rank 0 of 2, told by rank 1 that module q was searched, then sent factors of another shape."""
+
+        def broadcast_json(self, value: object, source: int, message: object) -> object:
+            return {"valued": True, "shrink": True, "fallback": None}
+
+        def broadcast_array(self, array: object, source: int, message: object, dtype: str, most: int) -> object:
+            return np.zeros((4, 8), dtype=np.float32)
+
+    with pytest.raises(WeightsmithError) as refused:
+        _told(None, "q", 1, (2, 32), 2, Peer(0, 2))
+    assert str(refused.value) == "rank 1 of 2 sent the clip factors of q of shape [4, 8], not [2, 16]"

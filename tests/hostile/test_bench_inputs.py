@@ -201,6 +201,7 @@ def test_results_file_of_the_wrong_shape_names_the_field(
         ('{"a":' * 100_000, "nested deeper than 64 levels"),
         ('{"schema": "weightsmith.bench.results", "x": ' + "[" * 100 + "]" * 100 + "}", "nested deeper than 64"),
         ('{"schema": "weightsmith.bench.results", "alpha": NaN}', "NaN is not a JSON number"),
+        ('{"schema": "weightsmith.bench.results", "chars_per_token": 1e400}', "1e400 is beyond a float's range"),
         ('{"schema": "weightsmith.bench.results", "schema_version": [1]}', "schema version an array"),
         ("[1, 2]", "not a weightsmith bench results file"),
         ("{", "not JSON"),

@@ -216,6 +216,7 @@ def test_preflight_fails_on_a_vllm_it_cannot_read(sandbox: Sandbox, capsys, monk
     unread = [f for f in doc["findings"] if f["impact"] == "could not check"]
     assert unread and all(f["message"].startswith("could not check ") for f in unread)
     assert all(f["severity"] != "info" for f in unread) and doc["counts"]["could not check"] == len(unread)
+    assert any(f["check"] == "vllm.version" for f in unread)  # every run needs to know which vLLM it read
     if side == "quantized target":  # the kernel tables and the build's platform are what it needed
         assert any(f["check"] == "serve.linear-kernel" and "not found" in f["message"] for f in unread)
     if side == "draft":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from clirun import sigint_default
-from engine.ranks import rank_pid
+from engine.ranks import free_port, rank_pid
 from hostile.harness import Result, Sandbox, run_inprocess
 from synth import llama_tensors, write_checkpoint
 
@@ -55,12 +54,6 @@ def _sources(sandbox: Sandbox, models: Path) -> tuple[Path, Path]:
     for name in ("base", "other"):
         shutil.copytree(models / name, sandbox.root / name)
     return sandbox.root / "base", sandbox.root / "other"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _rank_env(rank: int, port: int | str, **more: str) -> dict[str, str]:
@@ -122,7 +115,7 @@ def test_a_rank_of_another_run_is_refused_by_both_runs(sandbox: Sandbox, models:
         "command": "calibrate, not rank 0's quantize",
     }[differs]
     sandbox.freeze()
-    port = _free_port()
+    port = free_port()
     ranks = [_start([*lead, "--peer-timeout", "20"], _rank_env(0, port)),
              _start([*joining, "--peer-timeout", "20"], _rank_env(1, port))]  # fmt: skip
     results = [_finish(rank) for rank in ranks]
@@ -287,7 +280,7 @@ def test_a_pickle_from_a_peer_is_never_loaded(sandbox: Sandbox, models: Path, ex
     }[exchange]
     args += ["--peer-timeout", "20"]
     sandbox.freeze()
-    port = _free_port()
+    port = free_port()
     lead = _start(args, _rank_env(0, port))
     peer = subprocess.Popen(
         [sys.executable, "-c", PICKLING_PEER, exchange, *map(str, args)], env=_rank_env(1, port, MARKER=str(marker)),

@@ -331,12 +331,30 @@ def test_an_endless_answer_stops_at_its_cap(liar, monkeypatch, read: str) -> Non
 
 
 def test_every_read_has_a_default_deadline_and_cap() -> None:
-    """The limits a run gets without being told, as docs/bench.md states them."""
+    """The limits a run gets without being told, as docs/bench.md's table of reads states them."""
     limits = serverio
     assert (limits.METRICS_DEADLINE_S, limits.STATUS_DEADLINE_S, limits.MODELS_DEADLINE_S) == (10.0, 5.0, 10.0)
     assert limits.TOKENIZE_DEADLINE_S == 30.0
     assert (limits.MAX_METRICS_BYTES, limits.MAX_STATUS_BYTES) == (16 << 20, 4 << 20)
     assert (limits.MAX_ANSWER_BYTES, limits.MAX_STREAM_BYTES) == (64 << 20, 256 << 20)
+    doc = (Path(__file__).parents[2] / "docs" / "bench.md").read_text()
+    table = doc[doc.index("| read | deadline | cap |") :].split("\n\n")[0].splitlines()[2:]
+    rows = {read: (deadline, cap) for read, deadline, cap in (row.strip("| ").split(" | ") for row in table)}
+    s, size, request = limits, limits.size_text, "`workload.request_timeout_s`"
+    assert rows == {
+        "a measured, warmup or determinism request (streamed)": (request, size(s.MAX_STREAM_BYTES)),
+        "a quality request (whole answer)": (request, size(s.MAX_ANSWER_BYTES)),
+        "`/metrics`": (
+            f"{s.METRICS_DEADLINE_S:g} s a scrape; settling (step 4 above) ends 5 s after it starts",
+            size(s.MAX_METRICS_BYTES),
+        ),
+        "`/health` and `/v1/models` while a server starts": (
+            f"{s.STATUS_DEADLINE_S:g} s a poll, none past `startup_timeout_s`",
+            size(s.MAX_STATUS_BYTES),
+        ),
+        "`/v1/models`, for the model id": (f"{s.MODELS_DEADLINE_S:g} s", size(s.MAX_STATUS_BYTES)),
+        "`/tokenize`, while the prompts are cut": (f"{s.TOKENIZE_DEADLINE_S:g} s", size(s.MAX_ANSWER_BYTES)),
+    }
 
 
 def test_wait_ready_ends_at_the_startup_timeout_however_the_server_drips(liar) -> None:

@@ -11,7 +11,9 @@ import json
 import shutil
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,24 +206,28 @@ def test_what_a_cuda_build_is_known_to_serve(version: str) -> None:
     assert list(served) == list(REGISTRY)
 
 
-def test_the_predicted_table() -> None:
-    """Our schemes' own config groups, mapped as a checkpoint's are; the CPU answer is checked below."""
+def _choices() -> Iterator[tuple[str, Any]]:
+    """Each of our schemes with what vLLM maps its own config group to, as a checkpoint's is mapped."""
     for name in REGISTRY:
         decl = read_declaration({"quantization_config": make_scheme(name).quantization_config([])}, None)
         assert decl is not None
         choice = vllm_scheme(decl.schemes[0])
-        assert choice is not None and (choice.scheme, choice.table) == PREDICTED[name][:2], name
+        assert choice is not None, name
+        yield name, choice
+
+
+def test_the_predicted_table() -> None:
+    """Our schemes' own config groups, mapped as a checkpoint's are; the CPU answer is checked below."""
+    for name, choice in _choices():
+        assert (choice.scheme, choice.table) == PREDICTED[name][:2], name
 
 
 def test_every_scheme_of_ours_is_decided_on_the_cpu_build(cpu) -> None:
     """Served or refused, never `could not check`: the CPU build's source holds every fact each of our
     schemes needs (on the CUDA wheels every scheme is served, `test_what_a_cuda_build_is_known_to_serve`)."""
     src = VllmSource.open(cpu)
-    for name in REGISTRY:
-        decl = read_declaration({"quantization_config": make_scheme(name).quantization_config([])}, None)
-        assert decl is not None
-        choice = vllm_scheme(decl.schemes[0])
-        assert choice is not None and kernel_for(src, choice).served is PREDICTED[name][2], name
+    for name, choice in _choices():
+        assert kernel_for(src, choice).served is PREDICTED[name][2], name
 
 
 def test_which_of_our_schemes_the_cpu_build_has_a_kernel_for(cpu) -> None:

@@ -175,11 +175,19 @@ def w4a4_moe(folder: Path, layers: int = 3, hidden: int = 64) -> Path:
     return write(model, folder)
 
 
+@pytest.fixture(scope="module")
+def w4a4_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A W4A4 NVFP4 MoE target deep and wide enough for every MoE check, built once for the module."""
+    return w4a4_moe(tmp_path_factory.mktemp("w4a4") / "w4a4", layers=24, hidden=256)
+
+
 @pytest.mark.parametrize("version", [OLD, NEW])
-def test_a_released_vllm_holds_every_fact_preflight_reads(pair, wheels, tmp_path: Path, version: str) -> None:
+def test_a_released_vllm_holds_every_fact_preflight_reads(
+    pair, wheels, w4a4_target: Path, tmp_path: Path, version: str
+) -> None:
     """`could not check` is for a vLLM preflight cannot read: the released wheels answer every check, for
     an NVFP4 MoE target (weight-only and W4A4), a W4A16 one, and DFlash and EAGLE3 drafts."""
-    w4a4 = w4a4_moe(tmp_path / "w4a4", layers=24, hidden=256)
+    w4a4 = w4a4_target
     eagle3 = relabel(pair["plain"], tmp_path / "e3", ["LlamaForCausalLMEagle3"], eagle_aux_hidden_state_layer_ids=[1])
     runs = [(pair["target"], pair["laguna-plain"], "dflash"), (w4a4, eagle3, "eagle3"),
             (pair["plain"], pair["plain"], "dflash")]  # fmt: skip
@@ -195,6 +203,11 @@ def read_copy(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     with zipfile.ZipFile(wheels[NEW]) as wheel:
         wheel.extractall(root, [n for n in wheel.namelist() if READ.search(n)])
     return root
+
+
+def test_the_copy_of_what_preflight_reads_answers_every_check(pair, read_copy: Path, w4a4_target: Path) -> None:
+    """The files `READ` names are all preflight reads: a folder of them alone leaves nothing unchecked."""
+    assert not [i for i in run(w4a4_target, read_copy, pair["laguna-plain"]).items if i.impact == UNCHECKED]
 
 
 @pytest.mark.parametrize(
@@ -214,19 +227,32 @@ def read_copy(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     ],
 )
 def test_each_file_preflight_reads_is_a_finding_when_missing(
-    pair, read_copy: Path, tmp_path: Path, rel: str, check: str, says: str
+    pair, read_copy: Path, w4a4_target: Path, tmp_path: Path, rel: str, check: str, says: str
 ) -> None:
-    """The copy answers every check; without any one file, the check that reads it says it could not
-    check, naming the file, and the run fails."""
+    """The copy answers every check (`test_the_copy_of_what_preflight_reads_answers_every_check`); without
+    any one file, the check that reads it says it could not check, naming the file, and the run fails."""
     site = tmp_path / "site-packages"
     shutil.copytree(read_copy, site)
-    target = w4a4_moe(tmp_path / "w4a4", layers=24, hidden=256)
-    assert not [i for i in run(target, site, pair["laguna-plain"]).items if i.impact == UNCHECKED]
     (site / rel).unlink()
-    result = run(target, site, pair["laguna-plain"])
+    result = run(w4a4_target, site, pair["laguna-plain"])
     unread = [i for i in result.items if i.impact == UNCHECKED and i.check == check]
     assert unread and result.failed
     assert all(i.message.startswith("could not check ") and says in i.message for i in unread), unread
+
+
+def test_a_registry_without_a_model_table_is_not_checked_not_refused(
+    pair, read_copy: Path, w4a4_target: Path, tmp_path: Path
+) -> None:
+    """A registry.py that parses but holds no table of architectures is a layout preflight does not know:
+    the draft's architecture could not be checked, which is not the same as vLLM not knowing it."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(read_copy, site)
+    (site / "vllm/model_executor/models/registry.py").write_text("_MODELS = None\n")
+    result = run(w4a4_target, site, pair["laguna-plain"])
+    assert not [i for i in result.items if i.check == "draft.architecture"]
+    (unread,) = [i for i in result.items if i.impact == UNCHECKED and i.check == "draft.model-file"]
+    assert unread.message.endswith("a model table not found in vllm/model_executor/models/registry.py")
+    assert result.failed
 
 
 def test_the_demo_architecture_resolves_to_qwen3_dflash_which_new_vllm_guards(pair, wheels) -> None:

@@ -107,7 +107,7 @@ def test_quantized_output_is_the_balanced_model_quantized(tmp_path: Path, scheme
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
     record = result.manifest.pre_pass
     assert record is not None and record.name == "sinq" and record.iterations == sinkhorn.ITERATIONS
-    assert record.changed == [f"model.layers.{i}.{n}.weight" for i in range(2) for n in sinq._NORMS]
+    assert record.changed == [f"model.layers.{i}.{n}.weight" for i in range(2) for n in sinq.NORMS]
     manifest = json.loads((out / "weightsmith.json").read_text())
     assert manifest["pre_pass"]["changed"] == record.changed
 

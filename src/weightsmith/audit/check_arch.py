@@ -24,6 +24,8 @@ from weightsmith.audit.modules import Located, Module, layer_of
 from weightsmith.audit.values import SmallReads
 from weightsmith.formats.architecture import (
     ARCHITECTURES,
+    SHAPE,
+    UNEXPECTED_BIAS,
     Architecture,
     config_sizes,
     contradiction,
@@ -138,7 +140,6 @@ def _against_family(
                 "config.json",
             )
         ], f"{arch_name}: config.json's {bad} is not a size"
-    tied = config.get("tie_word_embeddings") is True
     count = values["num_hidden_layers"]
     by_layer: dict[int, str] = {}  # each layer's first tensor
     for name in tensors:
@@ -190,7 +191,7 @@ def _against_family(
             main = module.params.get(param) or module.params.get(names.WEIGHT) or module.params[names.WEIGHT_PACKED]
             found.append(
                 Finding(
-                    "arch.shape",
+                    SHAPE,
                     ERROR,
                     f"is {list(actual)} but config.json implies {list(want.shape)} for {arch_name} ({want.why})",
                     main.shard,
@@ -198,11 +199,11 @@ def _against_family(
                 )
             )
     found += [
-        Finding("arch.unexpected-bias", ERROR, why, ref.shard, name)
+        Finding(UNEXPECTED_BIAS, ERROR, why, ref.shard, name)
         for name, ref in tensors.items()
         if name.endswith(names.BIAS) and (why := arch.unbuilt_bias(name)) is not None
     ]
-    head = "head tied to the embedding" if tied else "lm_head"
+    head = "head tied to the embedding" if arch.tied else "lm_head"
     scope = (
         f"{arch_name}: {count:,} layers (norms and biases too), embedding, norm and {head} against config.json's sizes"
     )

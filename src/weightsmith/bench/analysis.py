@@ -17,6 +17,7 @@ from weightsmith.bench.config import sweep_base
 from weightsmith.bench.quality.verdict import QualityAnalysis, analyse_quality
 from weightsmith.bench.results import ArmInfo, BenchResults, RequestRecord
 from weightsmith.bench.schedule import is_fully_balanced
+from weightsmith.core.terminal import markdown_code
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,15 @@ class Sweep:
     points: list[SweepPoint]
     best_arm: str | None
     best_value: float | str | None
-    best_note: str = ""
+    #: The arms whose decode interval reaches the best's: no ordering is shown between them and it.
+    overlapping: list[str] = field(default_factory=list)
+
+    @property
+    def best_note(self) -> str:
+        """Why the best is not settled, in words a report or card shows (names quoted), or ""."""
+        if not self.overlapping:
+            return ""
+        return f"intervals overlap with {', '.join(map(markdown_code, self.overlapping))}: the ranking is not settled"
 
 
 @dataclass
@@ -240,15 +249,13 @@ def _sweeps(
     for (base, param), points in groups.items():
         measured = [p for p in points if p.decode_geomean is not None]
         best = max(measured, key=lambda p: p.decode_geomean or 0.0) if measured else None
-        note = ""
+        overlapping = []
         if best is not None and best.decode_ci is not None:
             overlapping = [
                 p.arm
                 for p in measured
                 if p is not best and p.decode_ci is not None and p.decode_ci[1] >= best.decode_ci[0]
             ]
-            if overlapping:
-                note = "intervals overlap with " + ", ".join(overlapping) + ": the ranking is not settled"
         sweeps.append(
             Sweep(
                 base=base,
@@ -256,7 +263,7 @@ def _sweeps(
                 points=points,
                 best_arm=best.arm if best else None,
                 best_value=best.value if best else None,
-                best_note=note,
+                overlapping=overlapping,
             )
         )
     return sweeps

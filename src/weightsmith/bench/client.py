@@ -21,17 +21,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 
 from weightsmith.bench import serverio
 from weightsmith.bench.kinds import tokenize_body
-from weightsmith.bench.serverio import ServerReadError, one_line
-from weightsmith.core.terminal import short_repr
-
-#: The largest count taken from a server: every whole number up to it is exact in a float.
-MAX_COUNT = 2**53
+from weightsmith.bench.serverio import MAX_COUNT, ServerReadError
+from weightsmith.core.terminal import one_line, short_repr
 
 
 @dataclass
@@ -178,12 +175,12 @@ def _count(container: dict[str, Any], key: str, where: str, previous: int | None
     value = container.get(key)
     if value is None:
         return previous
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+    if not _is_count(value):
         raise _NotACount(f"{where}.{key} is not a count (got {short_repr(value)})")
     return value
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     """A whole number from 0 to MAX_COUNT, as `_count` requires."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 

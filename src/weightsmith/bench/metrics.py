@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from weightsmith.bench import kinds, serverio
 from weightsmith.bench.kinds import CounterlessMetrics, ServerKind, SpecMetricNames, counterless_metrics, metric_names
+from weightsmith.core.terminal import one_line
 
 #: Every kind's spec-decode names (`bench/kinds.py`); a server is matched against all of them and
 #: the arm's kind is checked against the one found (`kind_mismatch`).
@@ -59,9 +60,6 @@ NO_DRAFTS = "no-drafts"
 VOID = "void"
 INVALID = "invalid"
 
-#: The largest counter value taken as a count: every whole number up to 2**53 is exact in a float,
-#: so a server past it (or lying about it) would make window deltas and their sums guesses.
-MAX_COUNTER = 2.0**53
 #: The highest draft position read from a per-position counter's label: preflight's `--k` stops at
 #: 1,024 drafted tokens, and a label of 10**9 would otherwise size a list of a billion rates.
 MAX_POSITION = 1024
@@ -111,10 +109,15 @@ class MetricsUnavailable(Exception):
         self.timed_out = timed_out
 
 
+def metrics_url(base_url: str) -> str:
+    """A server's Prometheus endpoint: what `scrape` reads and a window's detail names."""
+    return base_url.rstrip("/") + "/metrics"
+
+
 def scrape(client: httpx.Client, base_url: str, deadline_s: float | None = None) -> Snapshot:
     """GET /metrics once, within `deadline_s` (default `serverio.METRICS_DEADLINE_S`) and
     `serverio.MAX_METRICS_BYTES`; raise `MetricsUnavailable` rather than return anything like zero."""
-    url = base_url.rstrip("/") + "/metrics"
+    url = metrics_url(base_url)
     try:
         reply = serverio.fetch(
             client,
@@ -131,7 +134,7 @@ def scrape(client: httpx.Client, base_url: str, deadline_s: float | None = None)
     try:
         samples = parse_exposition(reply.text())
     except ValueError as exc:
-        raise MetricsUnavailable(serverio.one_line(f"{url}: not Prometheus text: {exc}")) from None
+        raise MetricsUnavailable(one_line(f"{url}: not Prometheus text: {exc}")) from None
     return Snapshot(samples=samples)
 
 
@@ -163,28 +166,28 @@ def _series(snapshot: Snapshot, name: str, model: str | None) -> dict[tuple[tupl
 
 def _shown(name: str, key: tuple[tuple[str, str], ...]) -> str:
     """A series as a window's detail names it, its labels cut short: a server picks their length."""
-    return serverio.one_line(f"{name}{dict(key)}", _SHOWN_SERIES)
+    return one_line(f"{name}{dict(key)}", _SHOWN_SERIES)
 
 
 def _value_problem(value: float, *, count: bool) -> str | None:
     """What is wrong with a sample a window would use, in words a report can show: not finite, or for
-    a counter, negative or past MAX_COUNTER."""
+    a counter, negative or past `serverio.MAX_COUNT`."""
     if math.isnan(value):
         return "is not a number"
     if math.isinf(value):
         return "is infinite"
     if count and value < 0:
         return f"is negative ({value:g})"
-    if count and value > MAX_COUNTER:
+    if count and value > serverio.MAX_COUNT:
         return f"is beyond 2**53 ({value:.3g}), where a float no longer counts exactly"
     return None
 
 
-def _invalid(before: Snapshot, after: Snapshot, names: SpecMetricNames, model: str | None) -> str | None:
-    """The first sample of either scrape that the window would use and that is not what it claims to
+def _invalid(names: SpecMetricNames, model: str | None, *snapshots: Snapshot) -> str | None:
+    """The first sample of the scrapes that a window would use and that is not what it claims to
     be: a counter that is no count, a `_created` or start time that is not finite, a draft position
     past MAX_POSITION."""
-    for snapshot in (before, after):
+    for snapshot in snapshots:
         for name in names.counters():
             for key, value in _series(snapshot, name, model).items():
                 problem = _value_problem(value, count=True)
@@ -212,7 +215,7 @@ def invalid_counters(snapshot: Snapshot, model: str | None) -> SpecWindow | None
     names = detect_flavour(snapshot)
     if names is None:
         return None
-    problem = _invalid(snapshot, snapshot, names, model)
+    problem = _invalid(names, model, snapshot)
     return None if problem is None else SpecWindow(status=INVALID, flavour=names.flavour, detail=problem)
 
 
@@ -273,7 +276,7 @@ def spec_window(before: Snapshot, after: Snapshot, model: str | None) -> SpecWin
             flavour=names.flavour,
             detail=f"no spec-decode series for model_name={model!r} (found: {', '.join(found)})",
         )
-    invalid = _invalid(before, after, names, model)
+    invalid = _invalid(names, model, before, after)
     if invalid:
         return SpecWindow(status=INVALID, flavour=names.flavour, detail=invalid)
     restarted = _restart_evidence(before, after, names)

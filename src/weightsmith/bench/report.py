@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 
 from weightsmith.bench import logcheck
@@ -24,7 +23,7 @@ from weightsmith.bench.quality.verdict import SHOWN as QUALITY_SHOWN
 from weightsmith.bench.quality.verdict import ArmQuality, QualityAnalysis
 from weightsmith.bench.results import VISIT_OK, BenchResults, to_jsonable, write_json
 from weightsmith.bench.stats import SHOWN, PairedComparison
-from weightsmith.core.terminal import env_line, markdown_code, markdown_text, shell_line, text_file
+from weightsmith.core.terminal import env_line, fenced_block, markdown_code, markdown_text, shell_line, text_file
 
 _METRIC = {m.key: m for m in (*METRICS, ACCEPTANCE)}
 #: Prompt tokens per request a server may take from its cache without comment: the BOS token and
@@ -63,14 +62,6 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def _fenced(lines: list[str]) -> list[str]:
-    """`lines` (a server's log) as a fenced code block whose fence is longer than any run of backquotes
-    in them, so no line of theirs can end it and have the rest read as Markdown."""
-    longest = max((len(run) for line in lines for run in re.findall("`+", line)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [fence + "text", *lines, fence]
-
-
 def _value(value: object) -> str:
     """A swept value as a cell shows it: a number as it is, any other value (a stranger's string, or
     whatever a results file holds there) as plain words or quoted (`markdown_text`)."""
@@ -93,7 +84,7 @@ def _problems(results: BenchResults, analysis: Analysis) -> list[str]:
             lines += [
                 f"  - end of the log of {markdown_code(v.arm)} repeat {v.repeat + 1}:",
                 "",
-                *_fenced(v.log_tail.splitlines()[-15:]),
+                *fenced_block(v.log_tail.splitlines()[-15:]),
                 "",
             ]
     errors: dict[str, int] = {}
@@ -182,7 +173,7 @@ def _draft_verdicts(analysis: Analysis) -> list[str]:
     floor = analysis.acceptance_noise
     floor_text = "no arm has two repeats with matched prompts"
     if floor is not None and floor.value is not None:
-        floor_text = f"±{floor.value:.1%} at most (in {floor.detail})"
+        floor_text = f"±{floor.value:.1%} at most (in {markdown_code(floor.arm or '')})"
     return [
         f"Each draft against {markdown_code(analysis.acceptance_baseline or '')}'s draft at the same swept value, "
         "on each prompt's own mean acceptance length (its requests' counters, /metrics read before and after "
@@ -653,7 +644,8 @@ def _noise(analysis: Analysis) -> list[str]:
     rows: list[list[str]] = []
     for key, floor in analysis.noise.items():
         per_arm = ", ".join(f"{markdown_code(a)} {v:.1%}" for a, v in floor.per_arm.items()) or "–"
-        rows.append([_METRIC[key].label, "–" if floor.value is None else f"±{floor.value:.1%}", per_arm, floor.detail])
+        where = markdown_code(floor.arm) if floor.arm is not None else floor.detail
+        rows.append([_METRIC[key].label, "–" if floor.value is None else f"±{floor.value:.1%}", per_arm, where])
     return [
         "For each arm, the largest gap between two of its own repeats (same estimator as the "
         "verdicts). A comparison uses the larger of its two arms' gaps.",

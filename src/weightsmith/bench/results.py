@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -386,11 +387,20 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused where it is beyond a float's range (`1e400` reads as inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is beyond a float's range")
+    return value
+
+
 def load_results(path: str | Path) -> BenchResults:
     """Read a results JSON file written by `write_results`; anything else is one line naming the field."""
     p = Path(path)
     try:
-        data = json.loads(read_regular(p, MAX_JSON_BYTES).decode("utf-8"), parse_constant=_no_constant)
+        text = read_regular(p, MAX_JSON_BYTES).decode("utf-8")
+        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except TooLarge as exc:
         raise WeightsmithError(f"results file {exc.strerror}", file=p) from None
     except OSError as exc:
@@ -401,7 +411,7 @@ def load_results(path: str | Path) -> BenchResults:
         raise WeightsmithError(f"results file is not JSON: {exc.msg} (line {exc.lineno})", file=p) from None
     except RecursionError:
         raise WeightsmithError(f"results file is nested deeper than {MAX_JSON_DEPTH} levels", file=p) from None
-    except ValueError as exc:  # NaN or Infinity, or an integer of more than 4300 digits
+    except ValueError as exc:  # NaN, Infinity or 1e400, or an integer of more than 4300 digits
         raise WeightsmithError(f"results file is not JSON: {str(exc)[:80]}", file=p) from None
     if not isinstance(data, dict):
         raise WeightsmithError("not a weightsmith bench results file", file=p)

@@ -260,7 +260,7 @@ def _measure(
     measured = _Measured()
     last = before if before is not None and m.detect_flavour(before) is not None else None
     if last is not None and (invalid := m.invalid_counters(last, model)) is not None:
-        invalid.detail = f"{_metrics_url(server.url)}: {invalid.detail}"
+        invalid.detail = f"{m.metrics_url(server.url)}: {invalid.detail}"
         measured.spoiled, last = invalid, None  # no window can start here: read no more after each request
 
     def one(prompt: Prompt) -> tuple[RequestRecord, cl.StreamOutcome]:
@@ -292,10 +292,6 @@ def _measure(
     return measured
 
 
-def _metrics_url(url: str) -> str:
-    return url.rstrip("/") + "/metrics"
-
-
 def _own_acceptance(
     state: _RunState, url: str, model: str, last: m.Snapshot, record: RequestRecord, index: int
 ) -> tuple[m.Snapshot | None, m.SpecWindow | None]:
@@ -309,7 +305,7 @@ def _own_acceptance(
         return None, None
     own = m.spec_window(last, now, model)
     if own.status in (m.VOID, m.INVALID):
-        own.detail = f"{_metrics_url(url)} after measured request {index}: {own.detail}"
+        own.detail = f"{m.metrics_url(url)} after measured request {index}: {own.detail}"
         return None, own
     if own.status not in (m.OK, m.NO_DRAFTS):
         return None, None
@@ -550,7 +546,7 @@ def _window(
         return m.unavailable(reason)
     window = m.spec_window(before, after, model)
     if window.status in (m.VOID, m.INVALID):
-        window.detail = f"{_metrics_url(url)}: {window.detail}"
+        window.detail = f"{m.metrics_url(url)}: {window.detail}"
     mismatch = m.kind_mismatch(window, arm.server_kind)
     if mismatch:
         window.detail = "; ".join(d for d in (window.detail, mismatch) if d)

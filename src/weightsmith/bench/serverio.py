@@ -33,7 +33,13 @@ from typing import Any
 import httpcore
 import httpx
 
+from weightsmith.core.terminal import one_line
+
 MiB = 1 << 20
+
+#: The largest count taken from a server (a usage count, a counter's value): every whole number up to
+#: it is exact in a float, so past it (or a server lying about it) deltas and sums would be guesses.
+MAX_COUNT = 2**53
 
 #: /metrics: a real vLLM's is some hundreds of KB (histograms per model and engine); 16 MiB leaves
 #: room for many served models and adapters.
@@ -76,16 +82,8 @@ class ServerReadError(Exception):
 
     def __init__(self, url: str, what: str, *, unreachable: bool = False, timed_out: bool = False) -> None:
         super().__init__(f"{url}: {what}")
-        self.url = url
-        self.what = what
         self.unreachable = unreachable
         self.timed_out = timed_out
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    """`text` on one line (whitespace runs, newlines included, become one space), cut to `limit`."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def size_text(n: int) -> str:
@@ -227,16 +225,10 @@ class Answer:
         """The HTTP status code."""
         return self.response.status_code
 
-    def timed_out(self) -> ServerReadError:
-        """The error for an answer not complete by the deadline."""
-        return ServerReadError(
-            self.url, f"no complete answer within {self._deadline_s:g} s", unreachable=True, timed_out=True
-        )
-
     def check_time(self) -> None:
-        """Raise `timed_out()` once the deadline has passed."""
+        """Raise `_timed_out` once the deadline has passed."""
         if time.monotonic() > self._deadline:
-            raise self.timed_out()
+            raise _timed_out(self.url, self._deadline_s)
 
     def chunks(self) -> Iterator[bytes]:
         """The body as it arrives, decoded; a declared or received length past the cap is an error
@@ -282,6 +274,11 @@ class Answer:
             yield tail.removesuffix("\r")
 
 
+def _timed_out(url: str, deadline_s: float) -> ServerReadError:
+    """The error for an answer not complete by its deadline: the server counts as not answering."""
+    return ServerReadError(url, f"no complete answer within {deadline_s:g} s", unreachable=True, timed_out=True)
+
+
 @contextmanager
 def reading(
     client: httpx.Client,
@@ -301,9 +298,7 @@ def reading(
         with client.stream(method, url, json=json_body, timeout=timeout) as response:
             yield Answer(response, url, deadline, deadline_s, max_bytes)
     except httpx.TimeoutException:
-        raise ServerReadError(
-            url, f"no complete answer within {deadline_s:g} s", unreachable=True, timed_out=True
-        ) from None
+        raise _timed_out(url, deadline_s) from None
     except httpx.TransportError as exc:
         what = one_line(f"connection failed: {type(exc).__name__}: {exc}")
         raise ServerReadError(url, what, unreachable=True) from None

@@ -113,7 +113,13 @@ class NoiseFloor:
 
     value: float | None
     per_arm: dict[str, float] = field(default_factory=dict)
+    #: Why there is no floor (no arm has two repeats); empty where there is one.
     detail: str = ""
+
+    @property
+    def arm(self) -> str | None:
+        """The arm whose repeats moved most (the floor's), for a reader to quote; None without a floor."""
+        return next((a for a, v in self.per_arm.items() if v == self.value), None)
 
 
 def noise_floor(per_arm_repeats: Mapping[str, Mapping[int, Mapping[str, float]]]) -> NoiseFloor:
@@ -131,8 +137,7 @@ def noise_floor(per_arm_repeats: Mapping[str, Mapping[int, Mapping[str, float]]]
             per_arm[arm] = max(gaps)
     if not per_arm:
         return NoiseFloor(None, {}, "no arm has two repeats with matched prompts")
-    worst = max(per_arm, key=lambda a: per_arm[a])
-    return NoiseFloor(per_arm[worst], per_arm, f"`{worst}`")
+    return NoiseFloor(max(per_arm.values()), per_arm)
 
 
 @dataclass

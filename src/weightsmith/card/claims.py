@@ -18,7 +18,7 @@ from weightsmith.bench.quality import verdict as qv
 from weightsmith.bench.stats import NOT_SHOWN, SHOWN, PairedComparison
 from weightsmith.card.cite import Citations
 from weightsmith.card.sources import BENCH_FILE, EVAL_FILE, CardSources
-from weightsmith.core.terminal import markdown_code, markdown_text
+from weightsmith.core.terminal import markdown_code
 
 B, E = BENCH_FILE, EVAL_FILE
 _LABEL = {m.key: m.label for m in METRICS}
@@ -54,7 +54,7 @@ def _speed(src: CardSources, c: Citations) -> list[str]:
     for s in an.sweeps:
         if s.best_note:
             lines.append(
-                f"- {markdown_code(s.param)} for {markdown_code(s.base)}: {markdown_text(s.best_note)}; "
+                f"- {markdown_code(s.param)} for {markdown_code(s.base)}: {s.best_note}; "
                 "**no ordering shown** between those values, and the "
                 "highest median is not a settled best."
             )

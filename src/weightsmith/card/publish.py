@@ -92,7 +92,7 @@ def _best_k(src: CardSources, c: Citations) -> tuple[Any, list[str]]:
             line += f" tok/s [95% CI {low}–{high}]"
     line += f" (arm {markdown_code(sweep.best_arm or '')})."
     if sweep.best_note:
-        line += f" The intervals overlap ({markdown_text(sweep.best_note)}): no ordering is shown between those values."
+        line += f" The intervals overlap ({sweep.best_note}): no ordering is shown between those values."
     return sweep.best_value, [line]
 
 

@@ -59,7 +59,7 @@ def serving(src: CardSources, c: Citations) -> list[str]:
     for s in an.sweeps:
         if s.best_value is not None:
             best = c.text(str(s.best_value), B, f"analysis.sweeps[{s.base},{s.param}].best_value")
-            note = f" ({markdown_text(s.best_note)})" if s.best_note else ""
+            note = f" ({s.best_note})" if s.best_note else ""
             lines.append(
                 f"Best {markdown_code(s.param)} for {markdown_code(s.base)} by median decode rate: {best}{note}."
             )
@@ -75,8 +75,7 @@ def serving(src: CardSources, c: Citations) -> list[str]:
 
 def _largest_in(floor: NoiseFloor) -> str:
     """Where a noise floor comes from: the arm whose repeats moved most, quoted, or why there is none."""
-    arm = next((a for a, v in floor.per_arm.items() if v == floor.value), None)
-    return markdown_code(arm) if arm is not None else markdown_text(floor.detail or "largest repeat-to-repeat gap")
+    return markdown_code(floor.arm) if floor.arm is not None else markdown_text(floor.detail)
 
 
 def _cells(src: CardSources, c: Citations) -> list[str]:

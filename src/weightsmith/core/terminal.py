@@ -42,7 +42,17 @@ def short_repr(value: object, limit: int = 40) -> str:
         if isinstance(value, int):
             return f"an integer of {value.bit_length():,} bits"
         return f"a {type(value).__name__} holding an integer too large to write"
+    return cut(text, limit)
+
+
+def cut(text: str, limit: int) -> str:
+    """`text`, at most `limit` characters: cut with `...` in the last three."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """`text` on one line (whitespace runs, newlines included, become one space), cut to `limit`."""
+    return cut(" ".join(text.split()), limit)
 
 
 #: The most characters of a stranger's string one message quotes: a recipe target, key or regex of
@@ -71,13 +81,6 @@ def cut_line(text: str, limit: int = LINE_LIMIT) -> str:
         return text
     head, tail = limit * 2 // 3, limit // 3
     return f"{text[:head]} ... ({len(text) - head - tail:,} characters left out) ... {text[-tail:]}"
-
-
-def echoes_cut(message: str, *said: str | None) -> str:
-    """`message`, made elsewhere, with each string of `said` it quotes whole (as `repr`) quoted by `echo`."""
-    for text in dict.fromkeys(t for t in said if t is not None):
-        message = message.replace(repr(text), echo(text))
-    return message
 
 
 def markup_safe(text: object) -> str:
@@ -130,10 +133,21 @@ def code_span(text: str) -> str:
     """`text` as a Markdown code span that shows it exactly: fenced by one backquote more than the
     longest run it holds, so a backquote in a stranger's path or command cannot end it early (and
     padded with a space where it starts or ends with one, which CommonMark strips again)."""
-    longest = max((len(run) for run in re.findall("`+", text)), default=0)
-    fence = "`" * (longest + 1)
+    fence = "`" * (_longest_backquotes(text) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def fenced_block(lines: list[str], info: str = "text") -> list[str]:
+    """`lines` as a fenced Markdown code block whose fence is longer than any run of backquotes in
+    them (at least three), so no line of a stranger's (a server's log) can end it and have the rest
+    read as Markdown."""
+    fence = "`" * max(3, _longest_backquotes("\n".join(lines)) + 1)
+    return [fence + info, *lines, fence]
+
+
+def _longest_backquotes(text: str) -> int:
+    return max((len(run) for run in re.findall("`+", text)), default=0)
 
 
 def text_file(lines: Iterable[str]) -> str:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from weightsmith.core import cores
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import cut, echo
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -107,7 +108,8 @@ class Message:
 
 
 #: The comparison of jobs (`World.agree`): its refusal of a length keeps the form of its other lines.
-JOB = Message("comparing jobs", "is running another job: it described it", after="; nothing was written",
+ANOTHER_JOB = "is running another job"
+JOB = Message("comparing jobs", f"{ANOTHER_JOB}: it described it", after="; nothing was written",
               code="distributed.job")  # fmt: skip
 #: The names of the maxima (`World.max_reduce`).
 NAMES = Message("gathering names", "sent the names of its maxima", "a JSON list of names")
@@ -307,7 +309,7 @@ class World:
             mine = {"error": str(exc)}
         problem = _disagreement(self.gather_json(mine, JOB, MAX_DESCRIPTION), self.size)
         if problem is not None:
-            raise WeightsmithError(problem, code="distributed.job")
+            raise WeightsmithError(problem, code=JOB.code)
 
     def _checked_length(self, rank: int, size: int, message: Message, limit: int) -> int:
         """`size`, the byte count rank `rank` announced, once it is 1 to `limit`: refused before a
@@ -432,21 +434,21 @@ def _rendezvous(rank: int, size: int) -> str:
     address, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
     if not ADDRESS.fullmatch(address):
         raise WeightsmithError(
-            f"rank {rank} of {size}: MASTER_ADDR '{_cut(address)}' is not a host name or address "
+            f"rank {rank} of {size}: MASTER_ADDR {echo(address, QUOTED)} is not a host name or address "
             "(ASCII letters, digits and . - _ : %, at most 253)",
             code="distributed.environment",
         )
     text = port.strip()
     if not (text.isascii() and text.isdigit() and len(text) <= 5 and 1 <= int(text) <= 65535):
         raise WeightsmithError(
-            f"rank {rank} of {size}: MASTER_PORT '{_cut(port)}' is not a port (a whole number from 1 to 65535)",
+            f"rank {rank} of {size}: MASTER_PORT {echo(port, QUOTED)} is not a port (a whole number from 1 to 65535)",
             code="distributed.environment",
         )
     try:
         socket.getaddrinfo(address, int(text), type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
         raise WeightsmithError(
-            f"rank {rank} of {size}: MASTER_ADDR '{address}' does not resolve ({_first_line(exc)})",
+            f"rank {rank} of {size}: MASTER_ADDR {echo(address, QUOTED)} does not resolve ({_first_line(exc)})",
             code="distributed.environment",
         ) from None
     return f"{address}:{text}"
@@ -492,42 +494,44 @@ def _disagreement(described: list[object], size: int) -> str | None:
     that differs."""
     for rank, job in enumerate(described):
         if isinstance(job, dict) and isinstance(job.get("error"), str):
-            return f"rank {rank} of {size}: {_cut(job['error'], 4 * QUOTED)}"
+            return f"rank {rank} of {size}: {cut(job['error'], 4 * QUOTED)}"
     for rank, job in enumerate(described):
         if not _well_formed(job):
-            return (
-                f"rank {rank} of {size} is running another job: it does not describe it as weightsmith does; "
-                "nothing was written"
-            )
+            return _another_job(rank, size, "it does not describe it as weightsmith does")
     lead = described[0]
     for rank, job in enumerate(described[1:], start=1):
         assert isinstance(lead, dict) and isinstance(job, dict)  # both well formed
         difference = _difference(lead, job)
         if difference is not None:
-            return f"rank {rank} of {size} is running another job: {difference}; nothing was written"
+            return _another_job(rank, size, difference)
     return None
+
+
+def _another_job(rank: int, size: int, what: str) -> str:
+    """The refusal of rank `rank`'s job, in `JOB`'s words."""
+    return f"rank {rank} of {size} {ANOTHER_JOB}: {what}{JOB.after}"
 
 
 def _difference(lead: dict[str, Any], job: dict[str, Any]) -> str | None:
     """What `job` (a rank's description) does differently from rank 0's `lead`, the most telling first."""
     if job["weightsmith"] != lead["weightsmith"]:
-        return f"weightsmith {_cut(job['weightsmith'])}, not rank 0's {_cut(lead['weightsmith'])}"
+        return f"weightsmith {cut(job['weightsmith'], QUOTED)}, not rank 0's {cut(lead['weightsmith'], QUOTED)}"
     if job["command"] != lead["command"]:
-        return f"{_cut(job['command'])}, not rank 0's {_cut(lead['command'])}"
+        return f"{cut(job['command'], QUOTED)}, not rank 0's {cut(lead['command'], QUOTED)}"
     if job["fingerprint"] != lead["fingerprint"]:
         if job["source"] != lead["source"]:
-            return f"source {_cut(job['source'])}, not rank 0's {_cut(lead['source'])}"
+            return f"source {cut(job['source'], QUOTED)}, not rank 0's {cut(lead['source'], QUOTED)}"
         return (
-            f"source {_cut(job['source'])} holds other files than rank 0's "
-            f"({_cut(job['fingerprint'], 19)}, not {_cut(lead['fingerprint'], 19)})"
+            f"source {cut(job['source'], QUOTED)} holds other files than rank 0's "
+            f"({cut(job['fingerprint'], 19)}, not {cut(lead['fingerprint'], 19)})"
         )
     if job["output"] != lead["output"]:
-        return f"output {_cut(job['output'])}, not rank 0's {_cut(lead['output'])}"
+        return f"output {cut(job['output'], QUOTED)}, not rank 0's {cut(lead['output'], QUOTED)}"
     ours, theirs = dict(lead["options"]), dict(job["options"])
     for flag in [*ours, *(flag for flag in theirs if flag not in ours)]:
         if ours.get(flag) != theirs.get(flag):
-            given, expected = (_cut(side.get(flag, "(not given)")) for side in (theirs, ours))
-            return f"{_cut(flag)} {given}, not rank 0's {expected}"
+            given, expected = (cut(side.get(flag, "(not given)"), QUOTED) for side in (theirs, ours))
+            return f"{cut(flag, QUOTED)} {given}, not rank 0's {expected}"
     return None
 
 
@@ -543,11 +547,6 @@ def _well_formed(job: object) -> bool:
     )
 
 
-def _cut(text: str, limit: int = QUOTED) -> str:
-    """`text` as a refusal quotes it: at most `limit` characters (escaped when printed, as every line is)."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _number(name: str) -> int:
     text = os.environ[name].strip() if name in os.environ else ""
     if not (text.isascii() and text.isdigit()) or len(text) > 6:
@@ -560,4 +559,4 @@ def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     line = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else ""
     line = line or type(exc).__name__
-    return line if len(line) <= 200 else line[:197] + "..."
+    return cut(line, 200)

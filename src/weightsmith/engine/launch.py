@@ -40,7 +40,7 @@ GRACE = 5.0
 #: Seconds between looks at the ranks.
 POLL = 0.02
 #: Options the ranks of one run may give differently: how a rank runs or reports, not what is written.
-PER_RANK = frozenset({"workers", "peer_timeout", "processes", "json_out", "dry_run"})
+PER_RANK = frozenset({"workers", "peer_timeout", "processes", "json_out"})
 #: How a line that already names its rank begins (a lost peer, a job the ranks disagree on).
 NAMES_A_RANK = re.compile(r"rank \d+ of \d+\b")
 
@@ -111,7 +111,7 @@ def ranks(args: list[str], processes: int) -> Shown:
     dying = _die_with_parent()
     with ExitStack() as files:
         errs = [files.enter_context(tempfile.TemporaryFile()) for _ in range(processes)]
-        outs = [files.enter_context(tempfile.TemporaryFile()) for _ in range(processes)]
+        out = files.enter_context(tempfile.TemporaryFile())  # rank 0's: what the command prints
         children: list[subprocess.Popen[bytes]] = []
         try:
             for rank in range(processes):
@@ -120,7 +120,7 @@ def ranks(args: list[str], processes: int) -> Shown:
                         [sys.executable, "-m", "weightsmith", *args],
                         env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                         stdin=subprocess.DEVNULL,
-                        stdout=outs[rank],
+                        stdout=out if rank == 0 else subprocess.DEVNULL,
                         stderr=errs[rank],
                         start_new_session=True,
                         preexec_fn=dying,
@@ -130,7 +130,7 @@ def ranks(args: list[str], processes: int) -> Shown:
             suspended = _suspended(children)  # now: stopping the ranks ends their stops
         finally:
             _stop(children)
-        lines, printed = [_read(err) for err in errs], _read(outs[0])
+        lines, printed = [_read(err) for err in errs], _read(out)
     if failed:
         raise WeightsmithError(_culprit(children, failed, lines, suspended), code="distributed.rank")
     return Shown(printed, lines[0])

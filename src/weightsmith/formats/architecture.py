@@ -38,7 +38,11 @@ ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_a
 MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 PROJECTIONS = ATTENTION + MLP
 NORMS = ("input_layernorm", "post_attention_layernorm")
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+#: A decoder layer's tensor: its layer number, and its name after `model.layers.N.`.
+LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+#: The codes of a shape config.json contradicts and of a bias the architecture does not build, as
+#: `verify` reports them and `quantize` refuses them.
+SHAPE, UNEXPECTED_BIAS = "arch.shape", "arch.unexpected-bias"
 
 
 def _set(config: Mapping[str, Any], key: str) -> bool:
@@ -224,12 +228,12 @@ class Architecture:
 
     def expected(self, name: str) -> Expected | None:
         """What tensor `name` should be, in any decoder layer; None for a name this family does not load."""
-        found = _LAYER.match(name)
+        found = LAYER.match(name)
         return self._per_layer.get(found.group(2)) if found else self.outside_layers().get(name)
 
     def unbuilt_bias(self, name: str) -> str | None:
         """Why `name` is a projection's bias this config gives the runtime no parameter for, or None."""
-        found = _LAYER.match(name)
+        found = LAYER.match(name)
         module, param = names.split(found.group(2)) if found else ("", "")
         if param != names.BIAS or module not in PROJECTIONS or module in self.built_biases:
             return None

@@ -18,6 +18,7 @@ from rich.console import Console
 from weightsmith.core.terminal import markup_safe
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, UNCHECKED, Preflight
+from weightsmith.preflight.source import UNKNOWN
 
 #: The most speculative tokens `--k` may name: no draft proposes more per step than this.
 MAX_K = 1024
@@ -27,7 +28,7 @@ _HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
 def print_preflight(result: Preflight, console: Console | None = None) -> None:
     console = console or Console(highlight=False, soft_wrap=True)
     pair = f"{result.target}" + (f" + draft {result.draft} ({result.method})" if result.draft else "")
-    build = {"cpu": ", CPU build", "unknown": ""}.get(result.vllm_platform, f", {result.vllm_platform.upper()} build")
+    build = {"cpu": ", CPU build", UNKNOWN: ""}.get(result.vllm_platform, f", {result.vllm_platform.upper()} build")
     against = f"vLLM {result.vllm_version} ({result.vllm}{build})"
     console.print(f"[bold]preflight[/] {markup_safe(pair)} against {markup_safe(against)}")
     for impact in IMPACTS:

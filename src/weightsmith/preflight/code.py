@@ -97,11 +97,12 @@ def _ancestors(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.AST]:
 # ---- which file vLLM loads the draft from -------------------------------------------------------
 
 
-def draft_model_file(src: VllmSource, architectures: list[str], method: str) -> tuple[str, str, Evidence] | None:
-    """(vLLM architecture, model file, registry line) for the draft, renamed as EAGLEConfig renames it."""
+def registry_entries(src: VllmSource) -> dict[str, tuple[str, Evidence]]:
+    """The model registry: architecture -> (module, the line registering it); empty where `REGISTRY` is
+    missing, does not parse, or holds no such table (a layout preflight does not know)."""
     parsed = src.parsed(REGISTRY)
     if parsed is None:
-        return None
+        return {}
     tree, lines = parsed
     entries: dict[str, tuple[str, Evidence]] = {}
     for node in ast.walk(tree):
@@ -117,6 +118,14 @@ def draft_model_file(src: VllmSource, architectures: list[str], method: str) -> 
                 and isinstance(value.elts[0].value, str)
             ):
                 entries.setdefault(key.value, (value.elts[0].value, _evidence(REGISTRY, lines, key)))
+    return entries
+
+
+def draft_model_file(
+    entries: dict[str, tuple[str, Evidence]], src: VllmSource, architectures: list[str], method: str
+) -> tuple[str, str, Evidence] | None:
+    """(vLLM architecture, model file, registry line) for the draft among the registry's `entries`,
+    renamed as EAGLEConfig renames it."""
     prefix = ARCH_PREFIX.get(method)
     for arch in architectures:
         name = arch if prefix is None or arch.startswith(prefix) or arch.endswith(prefix) else prefix + arch

@@ -19,11 +19,12 @@ DFLASH_PRESET = "dflash-draft"
 
 def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
     archs = drf.architectures
-    resolved = code.draft_model_file(src, archs, method)
+    entries = code.registry_entries(src)
+    if not entries:
+        what, why = "which model file vLLM loads the draft with", code.missing(src, code.REGISTRY, "a model table")
+        return [unread("draft.model-file", what, why, drf.where(CONFIG_FILE))]
+    resolved = code.draft_model_file(entries, src, archs, method)
     if resolved is None:
-        if not code.parses(src, code.REGISTRY):
-            what, why = "which model file vLLM loads the draft with", code.missing(src, code.REGISTRY)
-            return [unread("draft.model-file", what, why, drf.where(CONFIG_FILE))]
         return [
             Item(
                 "draft.architecture",
@@ -96,9 +97,9 @@ def _quant_calls(src: VllmSource, drf: Side, model_file: str) -> list[Item]:
     items: list[Item] = []
     for call in code.quant_config_calls(src, model_file):
         defined = code.class_defines(src, cls, call.method)
-        if defined is None:  # the class, whatever the method: one finding says it
+        if defined is None:  # no such class, whatever the method (so the first call finds it): one finding
             why = f"class {cls} not found under {code.QUANTIZATION}"
-            return [*items, unread("draft.quant-config", what, why, drf.where(CONFIG_FILE))]
+            return [unread("draft.quant-config", what, why, drf.where(CONFIG_FILE))]
         if defined:
             continue
         if call.guard is not None:

@@ -25,7 +25,7 @@ UNCHECKED = "could not check"
 #: The project's severity for each impact: what fails or silently degrades is an error or a warning,
 #: and so is what could not be checked: a pass must mean the facts behind it were read.
 SEVERITY: dict[str, Severity] = {LOAD: ERROR, WRONG: ERROR, SLOW: WARNING, UNCHECKED: WARNING, NOTE: INFO}
-IMPACTS = (LOAD, WRONG, SLOW, UNCHECKED, NOTE)
+IMPACTS = tuple(SEVERITY)
 #: What to do about a fact that was not found: preflight reads the layouts of released vLLMs.
 UNREAD_FIX = "point --vllm at the vLLM you will serve with, as released: its wheel, or the site-packages it is in"
 #: `--json` output identifies itself, so the card can tell a preflight report from any other JSON.

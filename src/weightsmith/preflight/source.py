@@ -20,6 +20,7 @@ import re
 import zipfile
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import IO
 
@@ -236,12 +237,13 @@ class VllmSource:
         base = self.where / folder
         return sorted(str(p.relative_to(self.where)) for p in base.rglob("*.py")) if base.is_dir() else []
 
-    @property
+    @cached_property
     def version(self) -> str:
-        """The version its metadata (or `vllm/version.py`) records, or "unknown"."""
+        """The version its metadata (or `vllm/version.py`) records, or "unknown" (read once: every
+        check that names the version asks)."""
         return _version(self)
 
-    @property
+    @cached_property
     def platform(self) -> str:
         """The platform the build is for: "cpu" for vLLM's CPU build, "cuda" for the plain `vllm`
         distribution, else "unknown" (no metadata: a source tree or a copy of the package alone).

@@ -25,7 +25,7 @@ from weightsmith.calibration import derived
 from weightsmith.calibration.derived import Calibration
 from weightsmith.core.errors import CheckpointError, WeightsmithError
 from weightsmith.core.terminal import echo
-from weightsmith.formats.architecture import Architecture
+from weightsmith.formats.architecture import SHAPE, UNEXPECTED_BIAS, Architecture
 from weightsmith.formats.source import SourceFormat, detect_source_format
 from weightsmith.formats.targets import LINEAR, Targets
 from weightsmith.io import names
@@ -271,8 +271,9 @@ def _keep_reason(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
 
 
 def _rule_words(recipe: Recipe, rule: Rule) -> str:
-    """How a message names `rule`: by its number, and as `--scheme` where it is that option's one rule."""
-    number = recipe.rules.index(rule) + 1
+    """How a message names `rule`: by its number (its place, not the first equal rule's), and as
+    `--scheme` where it is that option's one rule."""
+    number = next(i for i, r in enumerate(recipe.rules, 1) if r is rule)
     if recipe.file is None and len(recipe.rules) == 1 and rule.targets == (LINEAR,):
         return f"--scheme {rule.scheme.name} (rule {number}: every Linear weight)"
     return f"rule {number}"
@@ -296,9 +297,9 @@ def shape_refusal(ckpt: Checkpoint, arch: Architecture, d: Decision) -> Checkpoi
     architecture does not build (`verify`'s `arch.shape` and `arch.unexpected-bias`); None where neither."""
     want = arch.expected(d.name)
     if want is not None and d.shape != want.shape:
-        why, code = f"shape {list(d.shape)}, expected {list(want.shape)} ({want.why} in config.json)", "arch.shape"
+        why, code = f"shape {list(d.shape)}, expected {list(want.shape)} ({want.why} in config.json)", SHAPE
     elif (unbuilt := arch.unbuilt_bias(d.name)) is not None:
-        why, code = unbuilt, "arch.unexpected-bias"
+        why, code = unbuilt, UNEXPECTED_BIAS
     else:
         return None
     return CheckpointError(why, file=ckpt.path(d.shard), tensor=d.name, code=code)

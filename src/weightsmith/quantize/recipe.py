@@ -33,7 +33,7 @@ from typing import Any
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import read_text_file
-from weightsmith.core.terminal import echo, echoes_cut, short_repr
+from weightsmith.core.terminal import echo, short_repr
 from weightsmith.engine.gptq_defaults import GPTQ_DAMPENING as GPTQ_DAMPENING  # the flow's defaults, set
 from weightsmith.engine.gptq_defaults import LLM_COMPRESSOR_DAMPENING as LLM_COMPRESSOR_DAMPENING  # by the solver
 from weightsmith.formats.targets import LINEAR, Targets
@@ -199,6 +199,5 @@ def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
     except WeightsmithError as exc:
         # the schemes word their option errors for the command line; a recipe spells the options as keys
         message = exc.message.replace("--group-size", "group_size").replace("--scale-search", "scale_search")
-        message = echoes_cut(message, scheme_name, search)  # a name of any length is quoted cut
         raise WeightsmithError(f"{where}: {message}", file=path, code="recipe.invalid") from None
     return Rule(tuple(targets), scheme)

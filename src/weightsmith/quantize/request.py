@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_option
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.core.terminal import echo, echoes_cut, short_repr
+from weightsmith.core.terminal import echo, short_repr
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.quantize.recipe import GPTQ_GRID_ONLY, GPTQ_REFUSED_SEARCHES, MAX_GROUP_SIZE, Recipe, load_recipe
 from weightsmith.schemes import make_scheme
@@ -76,10 +76,7 @@ def rules_for(
             raise WeightsmithError(  # the command line's option range, for callers that bypass it
                 f"--group-size {short_repr(group_size)}: give a whole number from 1 to {MAX_GROUP_SIZE:,}", code="usage"
             )
-        try:
-            return Recipe.single(make_scheme(scheme or DEFAULT_SCHEME, group_size, scale_search))
-        except WeightsmithError as exc:  # `--scheme` and `--scale-search` of any length are quoted cut
-            raise WeightsmithError(echoes_cut(exc.message, scheme, scale_search), code=exc.code) from None
+        return Recipe.single(make_scheme(scheme or DEFAULT_SCHEME, group_size, scale_search))
     given = [flag for flag, v in (("--scheme", scheme), ("--group-size", group_size), ("--scale-search", scale_search))
              if v is not None]  # fmt: skip
     where = recipe.file if isinstance(recipe, Recipe) else Path(recipe)

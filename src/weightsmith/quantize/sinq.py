@@ -29,7 +29,6 @@ config whose sizes it cannot check them against.
 from __future__ import annotations
 
 import math
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -37,7 +36,17 @@ import numpy as np
 
 from weightsmith.core.errors import CheckpointError, WeightsmithError
 from weightsmith.core.terminal import echo
-from weightsmith.formats.architecture import Architecture, config_sizes, contradiction, first_architecture
+from weightsmith.formats.architecture import ARCHITECTURES as FAMILIES
+from weightsmith.formats.architecture import (
+    LAYER,
+    NORMS,
+    PROJECTIONS,
+    SHAPE,
+    Architecture,
+    config_sizes,
+    contradiction,
+    first_architecture,
+)
 from weightsmith.formats.source import OriginalWeights
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
@@ -52,14 +61,10 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 CONTRADICTION = "config.contradiction"
 #: What `--pre-pass auto` refuses rather than skips: where the pre-pass would fold, a config that
 #: contradicts itself or a weight whose shape config.json contradicts (`plan.shape_refusal`).
-REFUSED_UNDER_AUTO = (CONTRADICTION, "arch.shape")
+REFUSED_UNDER_AUTO = (CONTRADICTION, SHAPE)
 #: The schemes whose grid is a per-group scale over the balanced weight.
 SCHEMES = ("w4a16", "w4a16-asym")
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
-_NORMS = ("input_layernorm", "post_attention_layernorm")
-_KNOWN = {f"{m}.{names.WEIGHT}" for m in _PROJECTIONS + _NORMS} | {f"{m}.{names.BIAS}" for m in _PROJECTIONS}
+_KNOWN = {f"{m}.{names.WEIGHT}" for m in PROJECTIONS + NORMS} | {f"{m}.{names.BIAS}" for m in PROJECTIONS}
 
 
 def refusal(where: str, message: str) -> WeightsmithError:
@@ -102,19 +107,23 @@ def _architecture(plan: Plan) -> Architecture:
             f"{what} is not one whose norms are known to multiply by their weight "
             f"(supported: {', '.join(ARCHITECTURES)})",
         )
-    arch = Architecture.of(config)
-    if arch is None:
+    sizes, missing = config_sizes(config)
+    if missing is not None:
         raise refusal(
-            "config.json",
-            f"has no usable {config_sizes(config)[1]}, so the shapes the folds rely on cannot be checked against it",
+            "config.json", f"has no usable {missing}, so the shapes the folds rely on cannot be checked against it"
         )
-    return arch
+    return Architecture(name, FAMILIES[name], config, sizes)
 
 
 def check(plan: Plan) -> list[str]:
     """The decoder layers (`model.layers.N`) the pre-pass folds, from the headers; a one-line refusal
     for an architecture, a tensor or a scheme it cannot fold exactly, or KV-cache scales it would
     invalidate (they are measured on SRC, and the fold rescales v_proj's rows)."""
+    return _checked(plan)[0]
+
+
+def _checked(plan: Plan) -> tuple[list[str], Heads]:
+    """`check`'s layers, with how o_proj's columns map onto v_proj's rows (the folds need both)."""
     if plan.kv_cache is not None:
         raise refusal(
             "cannot run with --kv-cache:",
@@ -122,10 +131,10 @@ def check(plan: Plan) -> list[str]:
             "and run `weightsmith calibrate-kv` on the output (it measures the balanced model), or use --pre-pass none",
         )
     arch = _architecture(plan)
-    _heads(arch)  # query heads that do not group evenly over the KV heads are refused here
+    heads = _heads(arch)  # query heads that do not group evenly over the KV heads are refused here
     layers: dict[str, set[str]] = {}
     for name in plan.source.tensors:
-        found = _LAYER.match(name)
+        found = LAYER.match(name)
         if found is None:
             continue
         if found.group(2) not in _KNOWN:
@@ -135,10 +144,10 @@ def check(plan: Plan) -> list[str]:
         raise refusal(str(plan.source.root), "has no decoder layers named model.layers.N")
     decisions = {d.name: d for d in plan.decisions}
     for layer, present in layers.items():
-        for part in (f"{m}.{names.WEIGHT}" for m in _NORMS + _PROJECTIONS):
+        for part in (f"{m}.{names.WEIGHT}" for m in NORMS + PROJECTIONS):
             if part not in present:
                 raise refusal(f"layer {layer}", f"has no {part}, so its scales have nowhere to go")
-        for module in _PROJECTIONS:
+        for module in PROJECTIONS:
             d = decisions[f"{layer}.{module}.{names.WEIGHT}"]
             if d.action != QUANTIZE or d.rule is None or d.rule.scheme.name not in SCHEMES:
                 why = d.reason if d.action != QUANTIZE else f"is quantized as {d.rule.scheme.name if d.rule else '?'}"
@@ -146,7 +155,7 @@ def check(plan: Plan) -> list[str]:
             wrong = shape_refusal(plan.source, arch, d)  # (the plan has checked the norms and biases)
             if wrong is not None:
                 raise wrong
-    return sorted(layers, key=lambda p: int(p.rsplit(".", 1)[1]))
+    return sorted(layers, key=lambda p: int(p.rsplit(".", 1)[1])), heads
 
 
 def skipped(plan: Plan) -> str | None:
@@ -170,8 +179,8 @@ def skipped(plan: Plan) -> str | None:
 
 def folds(name: str) -> bool:
     """Whether `name` is a projection weight of a decoder layer (balanced by the pre-pass)."""
-    found = _LAYER.match(name)
-    return found is not None and found.group(2) in {f"{m}.{names.WEIGHT}" for m in _PROJECTIONS}
+    found = LAYER.match(name)
+    return found is not None and found.group(2) in {f"{m}.{names.WEIGHT}" for m in PROJECTIONS}
 
 
 def changed_tensors(plan: Plan, layers: list[str]) -> list[str]:
@@ -179,7 +188,7 @@ def changed_tensors(plan: Plan, layers: list[str]) -> list[str]:
     v_proj's and up_proj's biases where there are any (every projection's weight is balanced too)."""
     out = []
     for layer in layers:
-        out += [f"{layer}.{n}.{names.WEIGHT}" for n in _NORMS]
+        out += [f"{layer}.{n}.{names.WEIGHT}" for n in NORMS]
         out += [f"{layer}.{m}.{names.BIAS}" for m in ("self_attn.v_proj", "mlp.up_proj")]
     return [n for n in out if n in plan.source.tensors]
 
@@ -290,8 +299,7 @@ def _layer(plan: Plan, heads: Heads, layer: str, workers: int) -> Balance:
 def balance(plan: Plan, workers: int) -> Balance:
     """Every layer's folds, `workers` layers at a time (the kernel releases the GIL); where there are
     fewer layers than workers, each layer's tiles are shared among the workers left over."""
-    layers = check(plan)
-    heads = _heads(_architecture(plan))
+    layers, heads = _checked(plan)
     total = Balance()
     workers = max(1, workers)
     at_once = min(workers, len(layers))

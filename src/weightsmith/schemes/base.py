@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.terminal import echo
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import compressors, layouts
 from weightsmith.formats.layouts import Layout
@@ -250,11 +251,11 @@ def make_scheme(name: str, group_size: int | None = None, scale_search: str | No
     """
     cls = REGISTRY.get(name)
     if cls is None:
-        raise WeightsmithError(f"unknown scheme {name!r} (choose from {', '.join(REGISTRY)})", code="usage")
+        raise WeightsmithError(f"unknown scheme {echo(name)} (choose from {', '.join(REGISTRY)})", code="usage")
     searches = dict.fromkeys((NONE, *(s for c in REGISTRY.values() for s in c.SEARCHES)))
     if scale_search is not None and scale_search not in searches:
         raise WeightsmithError(
-            f"unknown scale search {scale_search!r} (choose from {', '.join(searches)})", code="usage"
+            f"unknown scale search {echo(scale_search)} (choose from {', '.join(searches)})", code="usage"
         )
     if scale_search is None:
         scale_search = cls.DEFAULT_SEARCH

@@ -36,6 +36,7 @@ from itertools import combinations, product
 
 from weightsmith.bench.results import QualityRun
 from weightsmith.bench.stats import sign_test, sign_test_can_reach
+from weightsmith.core.terminal import markdown_code, markdown_text
 
 SHOWN = "difference shown"
 NOT_SHOWN = "no ordering shown"
@@ -186,13 +187,14 @@ def _arm(name: str, suite: str, numbers: list[int], runs: list[Outcomes], catego
     )
     if not a.floor_measured:
         a.words = (
-            f"`{name}` ran once and passed {_scores(a)}; what flips between two runs of the same bytes "
+            f"{markdown_code(name)} ran once and passed {_scores(a)}; what flips between two runs of the same bytes "
             "was not measured for it"
         )
     else:
+        which = f" ({', '.join(map(markdown_text, moved))})" if moved else ""
         a.words = (
-            f"`{name}` passed {_scores(a)}; {len(flips)} of {len(answered)} scenarios flip between its own runs, "
-            f"and {len(moved)} of {len(names)} categories moved" + (f" ({', '.join(moved)})" if moved else "")
+            f"{markdown_code(name)} passed {_scores(a)}; {len(flips)} of {len(answered)} scenarios flip between "
+            f"its own runs, and {len(moved)} of {len(names)} categories moved{which}"
         )
     return a
 
@@ -246,7 +248,7 @@ def _compare(
 
     untied = c.discordant
     reasons = []
-    once = [f"`{x.arm}`" for x in (base, arm) if not x.floor_measured]
+    once = [markdown_code(x.arm) for x in (base, arm) if not x.floor_measured]
     if once:
         reasons.append(f"{_and(once)} ran once, so what flips between its own runs is unknown")
     if c.p is None:
@@ -259,7 +261,7 @@ def _compare(
     if c.floor is not None and c.between <= c.floor and c.p is not None:
         reasons.append(
             f"a run of each disagrees on {_count(c.between)} scenarios on average, not more than the "
-            f"{_count(c.floor)} on which two of `{c.floor_arm}`'s own runs disagree"
+            f"{_count(c.floor)} on which two of {markdown_code(str(c.floor_arm))}'s own runs disagree"
         )
     if reasons:
         c.reason = "; ".join(reasons)
@@ -269,9 +271,10 @@ def _compare(
         c.better = arm.arm if len(c.arm_better) > len(c.baseline_better) else base.arm
         c.reason = (
             f"sign test p = {c.p:.3g} < {alpha:g}, and a run of each disagrees on {_count(c.between)} scenarios "
-            f"on average, more than the {_count(c.floor or 0.0)} on which two of `{c.floor_arm}`'s own runs disagree"
+            f"on average, more than the {_count(c.floor or 0.0)} on which two of {markdown_code(str(c.floor_arm))}'s "
+            "own runs disagree"
         )
-        tail = f"{SHOWN}: `{c.better}` passed more"
+        tail = f"{SHOWN}: {markdown_code(c.better)} passed more"
 
     several = len(base.runs) > 1 or len(arm.runs) > 1
     where = "they did not pass equally often" if several else "where they differ"
@@ -279,22 +282,24 @@ def _compare(
     if len(measured) == 2:
         flips = f"{len(c.also_flip)} also flip between either arm's own runs"
     elif measured:
-        flips = f"{len(c.also_flip)} also flip between `{measured[0]}`'s own runs (the other arm ran once)"
+        flips = (
+            f"{len(c.also_flip)} also flip between {markdown_code(measured[0])}'s own runs (the other arm ran once)"
+        )
     else:
         flips = "whether they also flip between an arm's own runs is unknown (each arm ran once)"
     p = "no test" if c.p is None else f"p = {c.p:.3g}"
+    named, baseline = markdown_code(arm.arm), markdown_code(base.arm)
     c.words = (
-        f"`{arm.arm}` passed {_scores(arm)}, `{base.arm}` {_scores(base)}; of the {untied} scenarios {where}, "
-        f"{flips}; sign test {len(c.arm_better)} for `{arm.arm}` and {len(c.baseline_better)} for `{base.arm}`, "
+        f"{named} passed {_scores(arm)}, {baseline} {_scores(base)}; of the {untied} scenarios {where}, "
+        f"{flips}; sign test {len(c.arm_better)} for {named} and {len(c.baseline_better)} for {baseline}, "
         f"{p}: {tail}"
     )
     return c
 
 
 def _not_compared(base: str, arm: str, reason: str) -> QualityComparison:
-    return QualityComparison(
-        baseline=base, arm=arm, verdict=NOT_COMPARED, reason=reason, words=f"`{arm}` against `{base}`: {reason}"
-    )
+    words = f"{markdown_code(arm)} against {markdown_code(base)}: {reason}"
+    return QualityComparison(baseline=base, arm=arm, verdict=NOT_COMPARED, reason=reason, words=words)
 
 
 def analyse_quality(
@@ -321,7 +326,7 @@ def analyse_quality(
             continue
         if baseline not in scored or a not in scored:
             missing = baseline if baseline not in scored else a
-            comparisons.append(_not_compared(baseline, a, f"`{missing}` ran no quality suite"))
+            comparisons.append(_not_compared(baseline, a, f"{markdown_code(missing)} ran no quality suite"))
         elif scored[a].suite != scored[baseline].suite:
             comparisons.append(
                 _not_compared(baseline, a, f"they ran different suites ({scored[baseline].suite}, {scored[a].suite})")
