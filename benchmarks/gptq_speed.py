@@ -36,7 +36,7 @@ from pathlib import Path
 
 from common import Measured, measured
 from stream_memory import token_ids, weightsmith
-from weightsmith.quantize.recipe import LLM_COMPRESSOR_DAMPENING
+from weightsmith.quantization.recipe import LLM_COMPRESSOR_DAMPENING
 
 #: Both runs dampen as llm-compressor does, so the comparison is of the same algorithm.
 DAMPENING = str(LLM_COMPRESSOR_DAMPENING)
@@ -171,8 +171,10 @@ def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, f
                   f"{walls[1] / statistics.median(d.wall for d in mine):.2f}x "
                   f"(rounds: {', '.join(f'{t.wall / d.wall:.2f}' for d, t in zip(mine, theirs, strict=True))})",
                   flush=True)  # fmt: skip
-    print(f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}, "
-          f"actorder {args.actorder}:")
+    print(
+        f"fidelity on {args.eval_tokens} held-out tokens (textwrap.py), {scheme} g{args.group_size}, "
+        f"actorder {args.actorder}:"
+    )
     for label, folder in outputs.items():
         print(f"  {label:<26} {fidelity(args.model, folder, args.eval_tokens)}", flush=True)
     return walls
@@ -187,9 +189,11 @@ def fit(walls: dict[int, tuple[float, float]]) -> None:
     print("tokens   ours wall   oneshot wall   oneshot / ours")
     for n, (mine, other) in walls.items():
         print(f"{n:>6} {mine:>9.1f} s {other:>12.1f} s {other / mine:>12.2f}x")
-    print(f"fitted: ours {ours.intercept:.1f} s + {1000 * ours.slope:.2f} s per 1,000 tokens; oneshot "
-          f"{theirs.intercept:.1f} s + {1000 * theirs.slope:.2f} s per 1,000 tokens; per-token ratio "
-          f"{theirs.slope / ours.slope:.2f}x (the ratio of whole runs as the tokens grow)")
+    print(
+        f"fitted: ours {ours.intercept:.1f} s + {1000 * ours.slope:.2f} s per 1,000 tokens; oneshot "
+        f"{theirs.intercept:.1f} s + {1000 * theirs.slope:.2f} s per 1,000 tokens; per-token ratio "
+        f"{theirs.slope / ours.slope:.2f}x (the ratio of whole runs as the tokens grow)"
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from common import build, load, ours, reference, split_line
-from weightsmith.quantize.pipeline import default_workers
+from weightsmith.quantization.pipeline import default_workers
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
 RTN, REFERENCE, NVFP4 = ("weightsmith", "model_free_ptq", "weightsmith --scheme nvfp4a16")

@@ -52,7 +52,7 @@ def hdiag_shrink(x: np.ndarray, diag: np.ndarray, group: int) -> np.ndarray:
 def patch(variant: str) -> None:
     """Change `engine.gptq` in this process as `variant` says."""
     from weightsmith.engine import gptq
-    from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
+    from weightsmith.quantization.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
 
     if variant == "width":
         quantize_weight = gptq.quantize_weight

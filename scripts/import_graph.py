@@ -20,7 +20,7 @@ COMMANDS, API = "commands", "api"
 
 
 def node_of(module: str, src: Path = SRC) -> str:
-    """The node a dotted module name (`weightsmith.quantize.plan`) belongs to."""
+    """The node a dotted module name (`weightsmith.quantization.plan`) belongs to."""
     parts = module.split(".")
     if parts[-1] in ("cli", "__main__"):
         return COMMANDS

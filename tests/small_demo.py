@@ -4,7 +4,7 @@ writes in well under a second (preflight's tests quantize it with several scheme
 from pathlib import Path
 
 from audit.doctor_builders import cli
-from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
 
 SMALL_DEMO = {
     **DEMO_CONFIG,

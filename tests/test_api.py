@@ -18,7 +18,7 @@ import weightsmith
 from clirun import one_error_line, run
 from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.quantize.pipeline import QuantizeResult
+from weightsmith.quantization.pipeline import QuantizeResult
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -73,7 +73,11 @@ def _timeless(doc: Any) -> Any:
 
 
 def test_quantize_from_code_equals_the_command_line(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    result = weightsmith.quantize(src, tmp_path / "lib", "w4a16-asym", group_size=64, workers=2, hash_sources=False)
+    result = weightsmith.quantize(
+        weightsmith.QuantizeRequest(
+            src, tmp_path / "lib", scheme="w4a16-asym", group_size=64, workers=2, hash_sources=False
+        )
+    )
     assert isinstance(result, QuantizeResult) and result.output == tmp_path / "lib"
     assert result.manifest.recipe.rules and result.manifest.recipe.rules[0].config_group == "W4A16_ASYM"
     code, _, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "cli", "--scheme", "w4a16-asym",
@@ -83,9 +87,9 @@ def test_quantize_from_code_equals_the_command_line(src: Path, tmp_path: Path, c
 
 
 def test_plan_quantize_equals_the_dry_run_and_writes_nothing(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    from weightsmith.quantize.cli import plan_json
+    from weightsmith.quantization.cli import plan_json
 
-    plan = weightsmith.plan_quantize(src, "nvfp4a16")
+    plan = weightsmith.plan_quantize(weightsmith.QuantizeRequest(src, scheme="nvfp4a16"))
     assert plan.count("quantize") == 14 and plan.bytes_out < plan.bytes_in
     assert not list(tmp_path.iterdir())
     code, out, err = run(capsys, monkeypatch, "quantize", src, tmp_path / "o", "--scheme", "nvfp4a16", "--dry-run",
@@ -93,7 +97,7 @@ def test_plan_quantize_equals_the_dry_run_and_writes_nothing(src: Path, tmp_path
     assert code == 0, err
     assert json.loads(out) == json.loads(json.dumps(plan_json(plan)))
     with pytest.raises(WeightsmithError, match="unknown scheme 'w5a16'"):
-        weightsmith.plan_quantize(src, "w5a16")
+        weightsmith.plan_quantize(weightsmith.QuantizeRequest(src, scheme="w5a16"))
 
 
 RECIPE = "[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16'\n"
@@ -116,6 +120,14 @@ REFUSED = [
 ]
 
 
+def _request(src: Path, out: Path | None, kwargs: dict[str, Any]) -> weightsmith.QuantizeRequest:
+    """The request of the library's keyword arguments: GPTQ's go into its options."""
+    gptq_fields = {f.name for f in dataclasses.fields(weightsmith.GptqOptions)}
+    gptq = weightsmith.GptqOptions(**{k: v for k, v in kwargs.items() if k in gptq_fields})
+    asked = {k: v for k, v in kwargs.items() if k not in gptq_fields}
+    return weightsmith.QuantizeRequest(src, out, gptq=gptq, **asked)
+
+
 @pytest.mark.parametrize(("args", "kwargs"), REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
 def test_the_library_refuses_what_the_command_refuses_in_its_words(
     args: list[str], kwargs: dict[str, Any], src: Path, tmp_path: Path, capsys, monkeypatch
@@ -130,42 +142,42 @@ def test_the_library_refuses_what_the_command_refuses_in_its_words(
         assert code == 2
         line = one_error_line(err)
         with pytest.raises(WeightsmithError) as refused:
-            weightsmith.quantize(src, tmp_path / "lib", **kwargs)
+            weightsmith.quantize(_request(src, tmp_path / "lib", kwargs))
         assert line == f"error: {refused.value}"
-    gptq_only = {"text", "builtin", "dampening", "actorder", "tokens"}
-    if not gptq_only & kwargs.keys():  # plan_quantize takes the scheme and the method, not GPTQ's options
-        with pytest.raises(WeightsmithError) as refused:
-            weightsmith.plan_quantize(src, **kwargs)
-        assert line == f"error: {refused.value}"
+    with pytest.raises(WeightsmithError) as refused:  # a plan of the same request is refused alike
+        weightsmith.plan_quantize(_request(src, None, kwargs))
+    assert line == f"error: {refused.value}"
     assert not (tmp_path / "cli").exists() and not (tmp_path / "lib").exists()
 
 
 def test_a_recipe_object_is_held_to_the_same_refusals(src: Path, tmp_path: Path) -> None:
-    from weightsmith.quantize.recipe import load_recipe
+    from weightsmith.quantization.recipe import load_recipe
 
     (tmp_path / "m.toml").write_text(MEMORYLESS_RECIPE)
     recipe = load_recipe(tmp_path / "m.toml")  # read without GPTQ in mind: memoryless_mse is a plain search
-    assert weightsmith.plan_quantize(src, recipe=recipe).count("quantize") == 14
+    assert weightsmith.plan_quantize(weightsmith.QuantizeRequest(src, recipe=recipe)).count("quantize") == 14
     with pytest.raises(WeightsmithError, match="rule 2: --method gptq fixes its grid"):
-        weightsmith.plan_quantize(src, recipe=recipe, method="gptq")
+        weightsmith.plan_quantize(weightsmith.QuantizeRequest(src, recipe=recipe, method="gptq"))
     with pytest.raises(WeightsmithError, match="--group-size and --recipe both set the scheme"):
-        weightsmith.plan_quantize(src, recipe=recipe, group_size=32)
+        weightsmith.plan_quantize(weightsmith.QuantizeRequest(src, recipe=recipe, group_size=32))
     with pytest.raises(WeightsmithError, match="--group-size 0: give a whole number from 1 to"):
-        weightsmith.plan_quantize(src, "w4a16", group_size=0)
+        weightsmith.plan_quantize(weightsmith.QuantizeRequest(src, scheme="w4a16", group_size=0))
 
 
 def test_warnings_reach_the_caller_not_the_terminal(src: Path, tmp_path: Path, capsys) -> None:
     (tmp_path / "r.toml").write_text(RECIPE + "\n[[rule]]\ntargets = ['model.nothing']\nscheme = 'w8a16'\n")
     said: list[str] = []
-    weightsmith.plan_quantize(src, recipe=tmp_path / "r.toml", warn=said.append)
+    weightsmith.plan_quantize(
+        weightsmith.QuantizeRequest(src, recipe=tmp_path / "r.toml"), weightsmith.Hooks(warn=said.append)
+    )
     assert said == ["rule 2 target 'model.nothing' matches no Linear-like weight"]
     with pytest.warns(UserWarning, match="matches no Linear-like weight"):
-        weightsmith.plan_quantize(src, recipe=tmp_path / "r.toml")
+        weightsmith.plan_quantize(weightsmith.QuantizeRequest(src, recipe=tmp_path / "r.toml"))
     assert capsys.readouterr() == ("", "")
 
 
 def test_verify_from_code_is_the_commands_report(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    out = weightsmith.quantize(src, tmp_path / "q", workers=1).output
+    out = weightsmith.quantize(weightsmith.QuantizeRequest(src, tmp_path / "q", workers=1)).output
     report = weightsmith.verify(out, scan_values=True)
     assert report.clean and report.errors == 0
     code, printed, err = run(capsys, monkeypatch, "verify", out, "--scan-values", "--json")
@@ -178,7 +190,7 @@ def test_verify_from_code_is_the_commands_report(src: Path, tmp_path: Path, caps
 def test_evaluate_from_code_is_the_commands_report(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     from weightsmith.fidelity.report import EvalReport, to_json
 
-    out = weightsmith.quantize(src, tmp_path / "q", group_size=64, workers=1).output
+    out = weightsmith.quantize(weightsmith.QuantizeRequest(src, tmp_path / "q", group_size=64, workers=1)).output
     report = weightsmith.evaluate(src, out, logits=False)
     assert isinstance(report, EvalReport) and report.logits.status == "skipped"
     code, printed, err = run(capsys, monkeypatch, "eval", src, out, "--no-logits", "--json")
@@ -190,8 +202,17 @@ def test_evaluate_from_code_is_the_commands_report(src: Path, tmp_path: Path, ca
 
 def test_gptq_from_code_equals_the_command_line(tiny_llama: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     said: list[str] = []
-    result = weightsmith.quantize(tiny_llama, tmp_path / "lib", method="gptq", group_size=32, builtin="code",
-                                  tokens=64, seq_len=32, workers=1, warn=said.append)  # fmt: skip
+    result = weightsmith.quantize(
+        weightsmith.QuantizeRequest(
+            tiny_llama,
+            tmp_path / "lib",
+            method="gptq",
+            group_size=32,
+            workers=1,
+            gptq=weightsmith.GptqOptions(builtin="code", tokens=64, seq_len=32),
+        ),
+        weightsmith.Hooks(warn=said.append),
+    )
     assert result.manifest.method is not None and result.manifest.method.name == "gptq"
     assert len(said) == 1 and said[0].startswith("64 calibration tokens, fewer than the widest quantized input")
     assert list(result.engine)[:2] == ["libraries", "tokens"]
@@ -221,7 +242,9 @@ def test_calibrate_from_code_equals_the_command_line(tiny_llama: Path, tmp_path:
         weightsmith.calibrate(tiny_llama, tmp_path / "lib.safetensors", tokens=300, seq_len=128)
 
     # calibrate-kv: the same scales added, from code and from the command line
-    quant = weightsmith.quantize(tiny_llama, tmp_path / "w4", group_size=32, workers=1).output
+    quant = weightsmith.quantize(
+        weightsmith.QuantizeRequest(tiny_llama, tmp_path / "w4", group_size=32, workers=1)
+    ).output
     added = weightsmith.calibrate_kv(quant, tiny_llama, tokens=64, seq_len=32, out=tmp_path / "kv-lib")
     assert added.output == tmp_path / "kv-lib" and added.calibration["kv_scales"] == 4
     code, _, err = run(capsys, monkeypatch, "calibrate-kv", quant, "--from", tiny_llama, "--tokens", 64,
@@ -236,15 +259,17 @@ def test_the_entry_points_load_on_first_use() -> None:
         "import sys, weightsmith\n"
         "print('numpy' in sys.modules, 'weightsmith.api' in sys.modules)\n"
         "from weightsmith import api\n"
-        "names = ('plan_quantize', 'calibrate', 'calibrate_kv', 'verify', 'evaluate')\n"
-        "print(all(getattr(weightsmith, n) is getattr(api, n) for n in names), callable(weightsmith.quantize))\n"
-        "import weightsmith.quantize.recipe as recipe\n"
+        "names = ('quantize', 'plan_quantize', 'calibrate', 'calibrate_kv', 'verify', 'evaluate', 'QuantizeRequest')\n"
+        "import inspect\n"
+        "print(all(getattr(weightsmith, n) is getattr(api, n) for n in names),\n"
+        "      list(inspect.signature(weightsmith.quantize).parameters) == ['request', 'hooks'])\n"
+        "import weightsmith.quantization.recipe as recipe\n"
         "print(recipe.__name__)\n"
     )
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environ)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False", "True", "True", "weightsmith.quantize.recipe"]
+    assert done.stdout.split() == ["False", "False", "True", "True", "weightsmith.quantization.recipe"]
     assert set(weightsmith.__all__) >= {"quantize", "plan_quantize", "calibrate", "calibrate_kv", "verify", "evaluate"}
 
 
@@ -272,20 +297,30 @@ def _mypy(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_type_checker_sees_the_real_signatures(tmp_path: Path) -> None:
-    """Through the lazy `weightsmith.quantize` and the module `__getattr__`, mypy checks a user's calls
-    against the API's signatures: wrong arguments are errors, a right call is none."""
+    """Through the module `__getattr__`, mypy checks a user's calls against the API's signatures and the
+    request's fields: wrong arguments are errors, a right call is none."""
     pytest.importorskip("mypy")
-    wrong = _mypy(tmp_path, "import weightsmith\n\nweightsmith.quantize(123, None, scheme=5, bogus=True)\n"
+    wrong = _mypy(tmp_path, "import weightsmith\n\nweightsmith.quantize(123)\n"
+                            "weightsmith.QuantizeRequest('src', scheme=5, bogus=True)\n"
                             "weightsmith.verify(1)\nweightsmith.calibrate('a')\n")  # fmt: skip
     assert wrong.returncode == 1, wrong.stdout + wrong.stderr
-    for expected in ('Unexpected keyword argument "bogus"', 'Argument 1 to "quantize" has incompatible type "int"',
-                     'Argument 1 to "verify" has incompatible type "int"', 'Missing positional argument "out"'):
+    for expected in (
+        'Unexpected keyword argument "bogus" for "QuantizeRequest"',
+        'Argument "scheme" to "QuantizeRequest" has incompatible type "int"',
+        'Argument 1 to "quantize" has incompatible type "int"',
+        'Argument 1 to "verify" has incompatible type "int"',
+        'Missing positional argument "out"',
+    ):
         assert expected in wrong.stdout, wrong.stdout
     right = _mypy(
         tmp_path,
-        "from pathlib import Path\n\nimport weightsmith\nfrom weightsmith.quantize.pipeline import QuantizeResult\n\n"
-        "result: QuantizeResult = weightsmith.quantize('src', Path('out'), 'w4a16', group_size=64, method='gptq')\n"
-        "plan = weightsmith.plan_quantize('src', recipe='r.toml', warn=print)\n"
+        "from pathlib import Path\n\nimport weightsmith\n"
+        "from weightsmith.quantization.pipeline import QuantizeResult\n\n"
+        "gptq = weightsmith.GptqOptions(builtin='prose', tokens=512)\n"
+        "request = weightsmith.QuantizeRequest('src', Path('out'), 'w4a16', group_size=64, method='gptq',\n"
+        "                                      gptq=gptq)\n"
+        "result: QuantizeResult = weightsmith.quantize(request, weightsmith.Hooks(warn=print))\n"
+        "plan = weightsmith.plan_quantize(weightsmith.QuantizeRequest('org/name@main', recipe='r.toml'))\n"
         "clean: bool = weightsmith.verify('out', scan_values=True).clean\n"
         "status: str = weightsmith.evaluate('src', 'out', logits=False).logits.status\n"
         "seconds: float = weightsmith.calibrate('src', 's.safetensors', builtin='prose').seconds\n"

@@ -1,12 +1,10 @@
 """weightsmith: serving-ready LLM checkpoints from raw safetensors, and the evidence for them.
 
-The library entry points (`weightsmith.quantize(SRC, OUT, ...)`, `plan_quantize`, `calibrate`,
-`calibrate_kv`, `verify` and `evaluate`: `weightsmith.api`, docs/api.md) are imported on first use, so
-that the command line starts without loading numpy or the quantize kernels. A type checker sees their
-real signatures (the `TYPE_CHECKING` imports below; the package ships `py.typed`).
-
-`weightsmith.quantize` is also the package of the quantize flow (`weightsmith.quantize.plan`, ...): the
-package is callable, and calling it is `weightsmith.api.quantize` (weightsmith/quantize/__init__.py).
+The library entry points (`weightsmith.quantize(QuantizeRequest(SRC, OUT, ...))`, `plan_quantize`,
+`calibrate`, `calibrate_kv`, `verify` and `evaluate`: `weightsmith.api`, docs/api.md) are imported on
+first use, so that the command line starts without loading numpy or the quantize kernels. A type checker
+and `help()` see their real signatures (the `TYPE_CHECKING` imports below; the package ships `py.typed`).
+The quantize flow itself is the package `weightsmith.quantization`.
 """
 
 #: `typing.TYPE_CHECKING` without importing typing: `python -m weightsmith` runs this file before the
@@ -14,6 +12,9 @@ package is callable, and calling it is `weightsmith.api.quantize` (weightsmith/q
 #: `__future__`; an interrupt landing in an import of ours printed a traceback through our file).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from weightsmith.api import GptqOptions as GptqOptions
+    from weightsmith.api import Hooks as Hooks
+    from weightsmith.api import QuantizeRequest as QuantizeRequest
     from weightsmith.api import calibrate as calibrate
     from weightsmith.api import calibrate_kv as calibrate_kv
     from weightsmith.api import evaluate as evaluate
@@ -28,11 +29,6 @@ else:
             from weightsmith.core.version import __version__
 
             return __version__
-        if name == "quantize":  # the callable flow package; importing it binds the name from then on
-            import sys
-
-            __import__("weightsmith.quantize")
-            return sys.modules["weightsmith.quantize"]
         if name in _API:
             from weightsmith import api
 
@@ -40,6 +36,16 @@ else:
         raise AttributeError(f"module 'weightsmith' has no attribute {name!r}")
 
 
-#: The entry points other than `quantize`, looked up in `weightsmith.api` on first use.
-_API = ("calibrate", "calibrate_kv", "evaluate", "plan_quantize", "verify")
-__all__ = ["__version__", "calibrate", "calibrate_kv", "evaluate", "plan_quantize", "quantize", "verify"]
+#: The entry points and the request's types, looked up in `weightsmith.api` on first use.
+_API = (
+    "GptqOptions",
+    "Hooks",
+    "QuantizeRequest",
+    "calibrate",
+    "calibrate_kv",
+    "evaluate",
+    "plan_quantize",
+    "quantize",
+    "verify",
+)
+__all__ = ["__version__", *_API]

@@ -1,10 +1,11 @@
 """The library entry points: everything the command line does, callable from code with typed results.
 
-`quantize` / `plan_quantize`, `calibrate` / `calibrate_kv`, `verify` and `evaluate` (the `eval` command;
-named so as not to shadow the builtin). Each runs the same library code its command runs, checks its
-arguments with the same functions (the same refusals, in the same one-line `WeightsmithError`), and
-returns what the command prints, as objects: nothing here prints. Warnings go to `warn` when given,
-else to Python's `warnings` (a `UserWarning`); progress lines to `progress`, when given.
+`quantize` / `plan_quantize` (of a `QuantizeRequest`, with `GptqOptions` for GPTQ and `Hooks` for
+progress), `calibrate` / `calibrate_kv`, `verify` and `evaluate` (the `eval` command; named so as not to
+shadow the builtin). Each runs the same library code its command runs, checks its arguments with the same
+functions (the same refusals, in the same one-line `WeightsmithError`), and returns what the command
+prints, as objects: nothing here prints. Warnings go to `warn` when given, else to Python's `warnings`
+(a `UserWarning`); progress lines to `progress`, when given.
 
 `import weightsmith` does not import this module: `weightsmith.quantize(...)` and the others load it
 on first use, so that the command line starts without numpy (see `weightsmith/__init__.py`).
@@ -20,7 +21,9 @@ from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.calibration.run import calibrate
 from weightsmith.core.terminal import Say
 from weightsmith.fidelity.logits import DEFAULT_TOKENS as EVAL_TOKENS
-from weightsmith.quantize.library import plan_quantize, quantize
+from weightsmith.quantization.library import Hooks, quantize
+from weightsmith.quantization.library import plan as plan_quantize
+from weightsmith.quantization.request import GptqOptions, QuantizeRequest
 
 if TYPE_CHECKING:  # the results of the commands that need more than the quantize flow, imported when they run
     from weightsmith.audit.verify import VerifyReport
@@ -28,6 +31,9 @@ if TYPE_CHECKING:  # the results of the commands that need more than the quantiz
     from weightsmith.fidelity.report import EvalReport
 
 __all__ = [
+    "GptqOptions",
+    "Hooks",
+    "QuantizeRequest",
     "calibrate",
     "calibrate_kv",
     "evaluate",
@@ -35,6 +41,7 @@ __all__ = [
     "quantize",
     "verify",
 ]
+
 
 def calibrate_kv(
     quant: str | os.PathLike[str],

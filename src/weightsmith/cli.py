@@ -28,8 +28,8 @@ from weightsmith.core.version import __version__
 #: command line names is imported: `weightsmith inspect` then starts without numba, scipy or httpx,
 #: which the other commands need.
 COMMAND_MODULES = {
-    "quantize": "weightsmith.quantize.cli",
-    "demo": "weightsmith.quantize.cli",
+    "quantize": "weightsmith.quantization.cli",
+    "demo": "weightsmith.quantization.cli",
     "inspect": "weightsmith.audit.cli",
     "verify": "weightsmith.audit.cli",
     "transplant": "weightsmith.audit.cli",

@@ -10,7 +10,7 @@ import pytest
 
 from calibration.synthetic import write_stats
 from synth import llama_tensors, write_checkpoint
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.calibration import stats_file
 from weightsmith.core.errors import CheckpointError
 from weightsmith.io import provenance
@@ -43,7 +43,7 @@ def test_a_stats_file_without_source_fingerprint_still_reads(tmp_path: Path) -> 
 
 def test_quantize_takes_statistics_measured_on_a_quantization_of_src(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
-    a16 = quantize(src, tmp_path / "a16", "nvfp4a16", workers=2).output
+    a16 = quantize(QuantizeRequest(src, tmp_path / "a16", scheme="nvfp4a16", workers=2)).output
     src_fp = provenance.fingerprint(Checkpoint.open(src))
     assert load_manifest(a16 / "weightsmith.json").source.fingerprint == src_fp
     _, original = write_stats(src, tmp_path / "orig.safetensors")
@@ -51,12 +51,16 @@ def test_quantize_takes_statistics_measured_on_a_quantization_of_src(tmp_path: P
     served = _as_measured_on(a16, original, tmp_path / "served.safetensors")
     assert stats_file.read(served).provenance.source_fingerprint == src_fp
 
-    result = quantize(src, tmp_path / "w4a4", "nvfp4", calibration=served, workers=2)
+    result = quantize(QuantizeRequest(src, tmp_path / "w4a4", scheme="nvfp4", calibration=served, workers=2))
     cal = load_manifest(result.output / "weightsmith.json").calibration
     assert cal is not None and cal.activations == "quantized"
     assert cal.model_fingerprint == provenance.fingerprint(Checkpoint.open(a16)) != cal.source_fingerprint == src_fp
     # same maxima, same scales: only the provenance differs from statistics taken on SRC itself
-    same = quantize(src, tmp_path / "w4a4-orig", "nvfp4", calibration=tmp_path / "orig.safetensors", workers=2)
+    same = quantize(
+        QuantizeRequest(
+            src, tmp_path / "w4a4-orig", scheme="nvfp4", calibration=tmp_path / "orig.safetensors", workers=2
+        )
+    )
     assert (result.output / "model-00001-of-00002.safetensors").read_bytes() == (
         same.output / "model-00001-of-00002.safetensors"
     ).read_bytes()
@@ -65,11 +69,11 @@ def test_quantize_takes_statistics_measured_on_a_quantization_of_src(tmp_path: P
 def test_statistics_of_a_quantization_of_another_model_are_refused(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
     other = write_checkpoint(tmp_path / "other", llama_tensors(seed=1), shards=2)
-    a16 = quantize(other, tmp_path / "a16", "nvfp4a16", workers=2).output
+    a16 = quantize(QuantizeRequest(other, tmp_path / "a16", scheme="nvfp4a16", workers=2)).output
     _, stats = write_stats(src, tmp_path / "orig.safetensors")
     served = _as_measured_on(a16, stats, tmp_path / "served.safetensors")
     with pytest.raises(CheckpointError, match="another model") as err:
-        quantize(src, tmp_path / "w4a4", "nvfp4", calibration=served, workers=2)
+        quantize(QuantizeRequest(src, tmp_path / "w4a4", scheme="nvfp4", calibration=served, workers=2))
     assert err.value.code == "calibration.model"
     assert not (tmp_path / "w4a4").exists()
     # a forged file that claims SRC as its source but says its activations were the original's
@@ -85,7 +89,9 @@ def test_a_static_fp8_checkpoint_runs_as_an_original_yet_is_labelled_a_quantizat
 
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
     stats, _ = write_stats(src, tmp_path / "orig.safetensors")
-    fp8 = Checkpoint.open(quantize(src, tmp_path / "fp8", "fp8", calibration=stats, workers=2).output)
+    fp8 = Checkpoint.open(
+        quantize(QuantizeRequest(src, tmp_path / "fp8", scheme="fp8", calibration=stats, workers=2)).output
+    )
     model, src_fp = provenance.fingerprint(fp8), provenance.fingerprint(Checkpoint.open(src))
     # the engine decodes it as an FP8 original ("original"); its manifest names SRC
     assert source_fingerprint(fp8, model, "original") == src_fp

@@ -12,7 +12,7 @@ import pytest
 from calibration.synthetic import write_stats
 from synth import llama_tensors, write_checkpoint
 from weightsmith import schemes
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.audit.verify import verify
 from weightsmith.calibration import derived
 from weightsmith.core.errors import WeightsmithError
@@ -47,8 +47,8 @@ def test_nvfp4_weights_are_nvfp4a16s_and_input_global_scales_follow_the_formula(
         tmp_path / "stats.safetensors",
         inputs={f"model.layers.0.self_attn.{p}": v for p, v in zip(QKV, (3, 9, 5), strict=True)},
     )
-    a16 = _read(quantize(src, tmp_path / "a16", "nvfp4a16", workers=2).output)
-    w4a4 = _read(quantize(src, tmp_path / "w4a4", "nvfp4", calibration=stats, workers=2).output)
+    a16 = _read(quantize(QuantizeRequest(src, tmp_path / "a16", scheme="nvfp4a16", workers=2)).output)
+    w4a4 = _read(quantize(QuantizeRequest(src, tmp_path / "w4a4", scheme="nvfp4", calibration=stats, workers=2)).output)
     assert {n: v.tobytes() for n, v in a16.items()} == {
         n: v.tobytes() for n, v in w4a4.items() if not n.endswith(".input_global_scale")
     }
@@ -65,7 +65,7 @@ def test_nvfp4_weights_are_nvfp4a16s_and_input_global_scales_follow_the_formula(
 
 def test_static_fp8_weights_scales_and_input_scales(tmp_path: Path, src: Path) -> None:
     stats, recorded = write_stats(src, tmp_path / "stats.safetensors")
-    out = quantize(src, tmp_path / "fp8", "fp8", calibration=stats, workers=2).output
+    out = quantize(QuantizeRequest(src, tmp_path / "fp8", scheme="fp8", calibration=stats, workers=2)).output
     written, source = _read(out), llama_tensors()
     bf16 = ml_dtypes.bfloat16
     for module in {n.removesuffix(".weight_scale") for n in written if n.endswith(".weight_scale")}:
@@ -88,7 +88,9 @@ def test_static_fp8_weights_scales_and_input_scales(tmp_path: Path, src: Path) -
 
 def test_kv_cache_scales_declared_verified_and_recorded(tmp_path: Path, src: Path) -> None:
     stats, recorded = write_stats(src, tmp_path / "stats.safetensors")
-    result = quantize(src, tmp_path / "out", "w4a16", calibration=stats, kv_cache="fp8", workers=2)
+    result = quantize(
+        QuantizeRequest(src, tmp_path / "out", scheme="w4a16", calibration=stats, kv_cache="fp8", workers=2)
+    )
     written = _read(result.output)
     for attention, (k, v) in recorded.kv.items():
         for kind, amax in (("k", k), ("v", v)):
@@ -114,9 +116,11 @@ def test_a_recipe_rule_with_a_calibrated_scheme_needs_the_statistics(tmp_path: P
         '[[rule]]\ntargets = ["Linear"]\nscheme = "fp8-dynamic"\n'
     )
     with pytest.raises(WeightsmithError, match="scheme nvfp4 needs calibration statistics"):
-        quantize(src, tmp_path / "no", recipe=recipe)
+        quantize(QuantizeRequest(src, tmp_path / "no", recipe=recipe))
     stats, _ = write_stats(src, tmp_path / "stats.safetensors")
-    written = _read(quantize(src, tmp_path / "out", recipe=recipe, calibration=stats, workers=2).output)
+    written = _read(
+        quantize(QuantizeRequest(src, tmp_path / "out", recipe=recipe, calibration=stats, workers=2)).output
+    )
     scaled = {n.rsplit(".", 2)[1] for n in written if n.endswith(".input_global_scale")}
     assert scaled == {"gate_proj", "up_proj", "down_proj"}
 
@@ -126,14 +130,16 @@ def test_card_says_the_scales_were_measured(tmp_path: Path, src: Path) -> None:
     from weightsmith.card.made import _calibration_lines
 
     stats, recorded = write_stats(src, tmp_path / "stats.safetensors")
-    result = quantize(src, tmp_path / "out", "nvfp4", calibration=stats, kv_cache="fp8", workers=2)
+    result = quantize(
+        QuantizeRequest(src, tmp_path / "out", scheme="nvfp4", calibration=stats, kv_cache="fp8", workers=2)
+    )
     config = json.loads((result.output / "config.json").read_text())
     (line,) = _calibration_lines(result.manifest, config, Citations())
     assert "the static activation scales of nvfp4 and the KV-cache scales" in line
     assert f"{recorded.provenance.tokens:,}<!-- weightsmith.json: calibration.tokens -->" in line
     assert "not transplanted" in line and "original model" in line
     # without --kv-cache the card claims only the activation scales
-    plain = quantize(src, tmp_path / "plain", "nvfp4", calibration=stats, workers=2)
+    plain = quantize(QuantizeRequest(src, tmp_path / "plain", scheme="nvfp4", calibration=stats, workers=2))
     config = json.loads((plain.output / "config.json").read_text())
     (line,) = _calibration_lines(plain.manifest, config, Citations())
     assert "activation scales of nvfp4 measured" in line and "KV-cache" not in line

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from models import smollm2_fp32
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.audit.verify import verify
 from weightsmith.calibration import stats_file
-from weightsmith.quantize.cli import run_quantize
 
 llmcompressor = pytest.importorskip("llmcompressor")
 torch = pytest.importorskip("torch")
@@ -93,18 +93,16 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     ours_scheme, preset = request.param
     base = tmp_path_factory.mktemp(ours_scheme)
     ref = _oneshot(base / "ref", preset, token_ids)
-    run_quantize(
-        smollm2_fp32(),
-        base / "ours",
-        scheme=ours_scheme,
-        group_size=None,
-        ignore=[],
-        preset=None,
-        workers=2,
-        force=False,
-        show_progress=False,
-        calibration=stats,
-        kv_cache="fp8",
+    quantize(
+        QuantizeRequest(
+            smollm2_fp32(),
+            base / "ours",
+            scheme=ours_scheme,
+            workers=2,
+            calibration=stats,
+            kv_cache="fp8",
+            pre_pass=None,
+        )
     )
     return base / "ours", ref, preset
 

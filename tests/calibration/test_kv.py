@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from models import smollm2_fp32
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.audit.verify import verify
 from weightsmith.calibration.kv import SHARD, calibrate_kv
 from weightsmith.core.errors import CheckpointError
@@ -35,7 +35,7 @@ TOKENS, SEQ_LEN = 256, 128
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("q")
-    yield quantize(smollm2_fp32(), root / "w4a16", "w4a16", workers=2).output
+    yield quantize(QuantizeRequest(smollm2_fp32(), root / "w4a16", scheme="w4a16", workers=2)).output
     shutil.rmtree(root, ignore_errors=True)  # 0.4 GB: a test run's disk stays bounded by a few such
 
 

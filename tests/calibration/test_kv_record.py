@@ -8,7 +8,7 @@ from pathlib import Path
 
 from calibration.synthetic import write_stats
 from synth import llama_tensors, write_checkpoint
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.calibration import derived
 from weightsmith.card.cite import Citations
 from weightsmith.card.made import _calibration_lines
@@ -18,7 +18,7 @@ from weightsmith.io.manifest import Manifest
 def test_card_cites_the_kv_record_not_the_quantize_runs(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
     stats, recorded = write_stats(src, tmp_path / "stats.safetensors")
-    result = quantize(src, tmp_path / "w4a4", "nvfp4", calibration=stats, workers=2)
+    result = quantize(QuantizeRequest(src, tmp_path / "w4a4", scheme="nvfp4", calibration=stats, workers=2))
     config = json.loads((result.output / "config.json").read_text())
     config["quantization_config"]["kv_cache_scheme"] = derived.kv_cache_scheme("fp8")  # as calibrate-kv adds it
     kv = dataclasses.replace(recorded.provenance, tokens=12345, text="builtin:prose", activations="quantized")
@@ -33,7 +33,9 @@ def test_card_cites_the_kv_record_not_the_quantize_runs(tmp_path: Path) -> None:
     assert "builtin:prose" in kv_line and "quantized model's own activations" in kv_line
 
     # calibrate-kv on a checkpoint without a record wrote both records alike: one line, the KV scales
-    plain = dataclasses.replace(result.manifest, recipe=quantize(src, tmp_path / "a16", "w4a16").manifest.recipe)
+    plain = dataclasses.replace(
+        result.manifest, recipe=quantize(QuantizeRequest(src, tmp_path / "a16", scheme="w4a16")).manifest.recipe
+    )
     (line,) = _calibration_lines(dataclasses.replace(plain, calibration=kv, kv_calibration=kv), config, Citations())
     assert "the KV-cache scales" in line and "kv_calibration.tokens" in line
 

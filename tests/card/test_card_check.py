@@ -11,6 +11,7 @@ import pytest
 
 from clirun import run
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.bench.metrics import OK, SpecWindow
 from weightsmith.bench.results import (
     ArmInfo,
@@ -23,7 +24,6 @@ from weightsmith.bench.results import (
     to_jsonable,
 )
 from weightsmith.card.cite import find_cited
-from weightsmith.quantize.cli import run_quantize
 
 
 def bench_results() -> BenchResults:
@@ -60,8 +60,7 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("card")
     src = write_checkpoint(root / "src", llama_tensors())
     out = root / "w4a16"
-    run_quantize(src, out, scheme="w4a16", group_size=64, ignore=[], preset=None, workers=1, force=False,
-                 show_progress=False)  # fmt: skip
+    quantize(QuantizeRequest(src, out, scheme="w4a16", group_size=64, workers=1, pre_pass=None))
     return out
 
 
@@ -224,12 +223,11 @@ def test_bad_inputs_are_one_line_errors(
 def test_dflash_draft_card_names_its_target_layers_and_the_preset(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from weightsmith.quantize.demo import write_demo_checkpoint
+    from weightsmith.quantization.demo import write_demo_checkpoint
 
     src = write_demo_checkpoint(tmp_path / "draft")
     out = tmp_path / "draft-w4a16"
-    run_quantize(src, out, scheme="w4a16", group_size=128, ignore=[], preset="dflash-draft", workers=2, force=False,
-                 show_progress=False)  # fmt: skip
+    quantize(QuantizeRequest(src, out, scheme="w4a16", group_size=128, preset="dflash-draft", workers=2, pre_pass=None))
     code, _, err = run(capsys, monkeypatch, "card", out)
     assert code == 0, err
     card = (out / "README.md").read_text()

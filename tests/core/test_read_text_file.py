@@ -41,7 +41,7 @@ def test_a_file_at_the_limit_is_read_whole(tmp_path: Path) -> None:
 
 def test_a_recipe_is_read_through_it(tmp_path: Path) -> None:
     """`--recipe` keeps its cap and its error code; the failures are worded as every capped file's."""
-    from weightsmith.quantize.recipe import MAX_RECIPE_BYTES, load_recipe
+    from weightsmith.quantization.recipe import MAX_RECIPE_BYTES, load_recipe
 
     big = tmp_path / "big.toml"
     big.write_text("#" * (MAX_RECIPE_BYTES + 1))

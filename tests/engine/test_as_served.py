@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clirun import run
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.calibration import stats_file
 from weightsmith.io.manifest import load_manifest
 
@@ -21,7 +21,7 @@ def _eval(capsys, monkeypatch, orig: Path, quant: Path, *extra: str) -> dict:
 
 
 def test_w4a4_from_statistics_measured_as_served(tiny_llama: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    a16 = quantize(tiny_llama, tmp_path / "a16", "nvfp4a16", workers=2).output
+    a16 = quantize(QuantizeRequest(tiny_llama, tmp_path / "a16", scheme="nvfp4a16", workers=2)).output
     served = tmp_path / "served.safetensors"
     args = ("calibrate", a16, "--out", served, "--tokens", 128, "--seq-len", 64)
     code, _, err = run(capsys, monkeypatch, *args)
@@ -57,7 +57,7 @@ def test_static_fp8_inputs_are_quantized_in_the_streamed_eval_too(tiny_llama: Pa
     from weightsmith.fidelity.streamed import _final_hidden
 
     stats, _ = write_stats(tiny_llama, tmp_path / "stats.safetensors")
-    fp8 = quantize(tiny_llama, tmp_path / "fp8", "fp8", calibration=stats, workers=2).output
+    fp8 = quantize(QuantizeRequest(tiny_llama, tmp_path / "fp8", scheme="fp8", calibration=stats, workers=2)).output
     ids = torch.arange(100, 164).reshape(1, -1)
     served = _final_hidden(fp8, ids, False, None, served=True)
     weights_only = _final_hidden(fp8, ids, False, None)

@@ -14,7 +14,7 @@ import pytest
 from weightsmith.engine.gptq import NO_GRID, quantize_weight
 from weightsmith.formats import compressors
 from weightsmith.io.manifest import load_manifest
-from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
+from weightsmith.quantization.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
 from weightsmith.schemes import make_scheme
 from weightsmith.schemes.base import Chosen
 
@@ -67,8 +67,10 @@ def test_values_are_llm_compressors(name: str, dtype: str, actorder: str) -> Non
         num_bits=scheme.num_bits, type="int", symmetric=scheme.symmetric, strategy="group", group_size=64,
         actorder=None if actorder == "none" else actorder,
     )  # fmt: skip
-    zp = torch.zeros(grid.scale.shape, dtype=torch.int8) if grid.zero_point is None else torch.from_numpy(
-        grid.zero_point
+    zp = (
+        torch.zeros(grid.scale.shape, dtype=torch.int8)
+        if grid.zero_point is None
+        else torch.from_numpy(grid.zero_point)
     )
 
     def reference() -> torch.Tensor:
@@ -232,14 +234,13 @@ def test_gptq_run_on_a_tiny_model(tiny_llama: Path, tmp_path: Path, capsys, monk
         assert torch.isfinite(model(torch.arange(8)[None]).logits).all()
 
 
-
 def test_a_layers_groups_on_two_threads_give_the_values_of_one(tiny_llama: Path, tmp_path: Path) -> None:
     """`run` quantizes a layer's groups (q/k/v, o, gate/up, down) on `workers` threads at once, torch
     on one thread each: the values are those of one worker, byte for byte, for every module."""
     from weightsmith.calibration.measure import calibration_tokens
     from weightsmith.engine import gptq
     from weightsmith.io.checkpoint import Checkpoint
-    from weightsmith.quantize.plan import QUANTIZE, build_plan
+    from weightsmith.quantization.plan import QUANTIZE, build_plan
 
     plan = build_plan(Checkpoint.open(tiny_llama), make_scheme("w4a16", 32, "none"))
     targets = {d.module: gptq.Target(d.rule.scheme, np.dtype(np.float32))

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from weightsmith.api import GptqOptions, QuantizeRequest, quantize
 from weightsmith.audit.verify import verify
 from weightsmith.fidelity.logits import compare
-from weightsmith.quantize.cli import GptqOptions, run_quantize
-from weightsmith.quantize.recipe import LLM_COMPRESSOR_DAMPENING
+from weightsmith.quantization.recipe import LLM_COMPRESSOR_DAMPENING
 
 pytest.importorskip("llmcompressor")
 torch = pytest.importorskip("torch")
@@ -183,9 +183,11 @@ def _their_layer0(src: Path, token_ids: list[list[int]], modules: list[str]) -> 
 
 def _ours(src: Path, out: Path, method: str) -> Path:
     tokens = KL_SEQUENCES * KL_SEQ_LEN
-    gptq = GptqOptions(None, "code", tokens, KL_SEQ_LEN, LLM_COMPRESSOR_DAMPENING) if method == "gptq" else None
-    run_quantize(src, out, scheme="w4a16", group_size=GROUP, ignore=[], preset=None, workers=2, force=False,
-                 show_progress=False, gptq=gptq, scale_search="none")  # fmt: skip
+    gptq = (
+        GptqOptions(None, "code", tokens, KL_SEQ_LEN, LLM_COMPRESSOR_DAMPENING) if method == "gptq" else GptqOptions()
+    )
+    quantize(QuantizeRequest(src, out, scheme="w4a16", group_size=GROUP, workers=2, method=method, gptq=gptq,
+                             scale_search="none", pre_pass=None))  # fmt: skip
     return out
 
 

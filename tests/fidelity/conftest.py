@@ -1,4 +1,4 @@
-"""Checkpoints the eval tests share: synthetic Llama weights quantized by `run_quantize`."""
+"""Checkpoints the eval tests share: synthetic Llama weights quantized by `weightsmith.quantize`."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from synth import LLAMA_CONFIG
+from weightsmith import api
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.quant import fp8
-from weightsmith.quantize.cli import run_quantize
 
 #: A Llama small enough to run in well under a second, with SmolLM2's real tokenizer and vocabulary.
 TINY_LM_CONFIG = dict(
@@ -76,17 +76,17 @@ def quantize(
 ) -> Path:
     """Quantize with the project's own command path and return the output folder (plain
     round-to-nearest unless `scale_search` names a search: the eval tests measure against it)."""
-    run_quantize(
-        src,
-        out,
-        scheme=scheme,
-        group_size=group,
-        ignore=list(ignore),
-        preset=None,
-        workers=2,
-        force=False,
-        show_progress=False,
-        hash_sources=False,
-        scale_search=scale_search,
+    api.quantize(
+        api.QuantizeRequest(
+            src,
+            out,
+            scheme=scheme,
+            group_size=group,
+            ignore=list(ignore),
+            workers=2,
+            hash_sources=False,
+            scale_search=scale_search,
+            pre_pass=None,
+        )
     )
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from weightsmith.api import QuantizeRequest
 from weightsmith.fidelity.activations import fake_quantizer
 from weightsmith.quant import nvfp4
 from weightsmith.quant.int4 import mode_of
@@ -71,8 +72,10 @@ def test_input_quantizers_come_from_the_checkpoints_config_and_scales(tmp_path) 
 
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=2)
     stats, _ = write_stats(src, tmp_path / "stats.safetensors")
-    w4a4 = Checkpoint.open(quantize(src, tmp_path / "w4a4", "nvfp4", calibration=stats, workers=2).output)
-    a16 = Checkpoint.open(quantize(src, tmp_path / "a16", "nvfp4a16", workers=2).output)
+    w4a4 = Checkpoint.open(
+        quantize(QuantizeRequest(src, tmp_path / "w4a4", scheme="nvfp4", calibration=stats, workers=2)).output
+    )
+    a16 = Checkpoint.open(quantize(QuantizeRequest(src, tmp_path / "a16", scheme="nvfp4a16", workers=2)).output)
     found = input_quantizers(w4a4)
     assert set(found) == {qm.module for qm in quantized_modules(w4a4)}
     x = torch.randn(3, 64)

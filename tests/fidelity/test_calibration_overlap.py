@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clirun import run
-from weightsmith.api import evaluate, quantize
+from weightsmith.api import Hooks, QuantizeRequest, evaluate, quantize
 from weightsmith.fidelity.calibrated_on import DISJOINT, OVERLAP, UNKNOWN
 from weightsmith.io import texts
 
@@ -26,8 +26,10 @@ DECODER = Path(sysconfig.get_paths()["stdlib"]) / texts.CODE_FIRST
 @pytest.fixture(scope="module")
 def gptq_default(tiny_lm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`tiny_lm`'s original quantized with GPTQ on the default calibration text and tokens."""
-    return quantize(tiny_lm[0], tmp_path_factory.mktemp("overlap") / "gptq", "w4a16", method="gptq",
-                    group_size=32, warn=lambda _: None).output  # fmt: skip
+    request = QuantizeRequest(
+        tiny_lm[0], tmp_path_factory.mktemp("overlap") / "gptq", scheme="w4a16", method="gptq", group_size=32
+    )
+    return quantize(request, Hooks(warn=lambda _: None)).output
 
 
 def _eval(capsys, monkeypatch, orig: Path, quant: Path, *extra: object) -> tuple[list[dict], str]:
@@ -105,7 +107,9 @@ def test_calibration_from_a_statistics_file_is_checked(
     orig, stats = tiny_lm[0], tmp_path / "stats.safetensors"
     code, _, err = run(capsys, monkeypatch, "calibrate", orig, "--out", stats, "--tokens", 512, "--seq-len", 128)
     assert code == 0, err
-    fp8 = quantize(orig, tmp_path / "fp8", "fp8", calibration=stats, warn=lambda _: None).output
+    fp8 = quantize(
+        QuantizeRequest(orig, tmp_path / "fp8", scheme="fp8", calibration=stats), Hooks(warn=lambda _: None)
+    ).output
     (found,), err = _eval(capsys, monkeypatch, orig, fp8, "--text", DECODER, "--tokens", 128)
     assert found["status"] == OVERLAP and found["calibration_tokens"] == 512, found
     assert "warning:" in err

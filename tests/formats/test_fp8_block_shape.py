@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.audit.findings import ERROR
 from weightsmith.audit.verify import verify
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize import plan as plan_module
-from weightsmith.quantize.cli import run_quantize
-from weightsmith.quantize.plan import KEEP, QUANTIZE, build_plan
+from weightsmith.quantization import plan as plan_module
+from weightsmith.quantization.plan import KEEP, QUANTIZE, build_plan
 from weightsmith.schemes import make_scheme
 
 #: q_proj 192 rows (3 heads of 64) and gate/up 200 rows: both fused layers refused; o_proj (192
@@ -28,9 +28,7 @@ KEPT = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_pr
 
 
 def _quantize(src: Path, out: Path, scheme: str = "fp8-block") -> Path:
-    run_quantize(
-        src, out, scheme=scheme, group_size=None, ignore=[], preset=None, workers=2, force=False, show_progress=False
-    )
+    quantize(QuantizeRequest(src, out, scheme=scheme, workers=2, pre_pass=None))
     return out
 
 

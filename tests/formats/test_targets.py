@@ -12,8 +12,8 @@ from weightsmith.audit.verify import verify
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.declaration import read_declaration
 from weightsmith.formats.targets import Groups, Targets
-from weightsmith.quantize.config_groups import mixed_config
-from weightsmith.quantize.recipe import Recipe, Rule
+from weightsmith.quantization.config_groups import mixed_config
+from weightsmith.quantization.recipe import Recipe, Rule
 from weightsmith.schemes import make_scheme
 
 ATT = "model.layers.0.self_attn"

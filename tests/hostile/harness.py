@@ -25,6 +25,7 @@ import pytest
 
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith import cli
+from weightsmith.api import QuantizeRequest
 
 
 @dataclass(frozen=True)
@@ -157,12 +158,11 @@ TINY_LLAMA = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_atten
 
 def tiny_pair(root: Path) -> tuple[Path, Path]:
     """(ORIG, QUANT) under `root`: a one-layer BF16 Llama and its W4A16 g32 copy, built once per module."""
-    from weightsmith.quantize.cli import run_quantize
+    from weightsmith.api import quantize
 
     orig = write_checkpoint(root / "orig", llama_tensors(TINY_LLAMA), TINY_LLAMA)
     quant = root / "quant"
-    run_quantize(orig, quant, scheme="w4a16", group_size=32, ignore=[], preset=None, workers=1, force=False,
-                 show_progress=False, hash_sources=False)  # fmt: skip
+    quantize(QuantizeRequest(orig, quant, scheme="w4a16", group_size=32, workers=1, hash_sources=False, pre_pass=None))
     return orig, quant
 
 

@@ -10,7 +10,7 @@ import pytest
 from calibration.synthetic import write_stats
 from hostile.harness import Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.calibration import stats_file
 from weightsmith.io import provenance
 from weightsmith.io.checkpoint import Checkpoint
@@ -24,7 +24,7 @@ def test_calibrate_of_a_quantized_checkpoint_with_a_bad_manifest_names_the_field
 ) -> None:
     pytest.importorskip("transformers")
     src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY), TINY)
-    quant = quantize(src, sandbox.root / "a16", "nvfp4a16", workers=1).output
+    quant = quantize(QuantizeRequest(src, sandbox.root / "a16", scheme="nvfp4a16", workers=1)).output
     manifest = json.loads((quant / "weightsmith.json").read_text())
     manifest["source"]["fingerprint"] = 7
     (quant / "weightsmith.json").write_text(json.dumps(manifest))

@@ -17,7 +17,7 @@ import pytest
 from calibration.synthetic import write_stats
 from hostile.harness import Result, Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 
 
 def _src(sandbox: Sandbox, name: str = "src", **tensors: np.ndarray) -> Path:
@@ -115,7 +115,7 @@ def _quantized(sandbox: Sandbox, kv: bool) -> Path:
     src = _src(sandbox)
     stats, _ = write_stats(src, sandbox.root / "stats.safetensors")
     extra = {"calibration": stats, "kv_cache": "fp8"} if kv else {}
-    return quantize(src, sandbox.root / "quant", "w4a16", workers=1, **extra).output
+    return quantize(QuantizeRequest(src, sandbox.root / "quant", scheme="w4a16", workers=1, **extra)).output
 
 
 def _calibrate_kv(capsys, monkeypatch, sandbox: Sandbox, *args: object) -> Result:

@@ -39,12 +39,13 @@ from weightsmith.core.files import MAX_JSON_BYTES
 from weightsmith.formats import targets
 from weightsmith.formats.targets import Targets
 from weightsmith.preflight.source import MAX_SOURCE_BYTES
-from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
 
 METADATA = "vllm-0.1.dist-info/METADATA"
 REGISTRY = "vllm/model_executor/models/registry.py"
 SMALL = {**DEMO_CONFIG, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
          "num_key_value_heads": 1, "head_dim": 32}  # fmt: skip
+
 
 @pytest.fixture
 def target(sandbox: Sandbox) -> Path:

@@ -41,7 +41,7 @@ from hostile.harness import (
     tiny_pair,
 )
 from synth import llama_tensors, write_checkpoint
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.bench.config import parse_config
 from weightsmith.bench.report import write_results_file
 from weightsmith.bench.results import RequestRecord, VisitResult
@@ -108,7 +108,7 @@ def test_scan_values_finds_a_nan_in_every_scale_dtype(
 ) -> None:
     """0xFF is NaN in E8M0 (an MX scale, stored as uint8); 0x7F and 0xFF in FP8 E4M3; all ones in F32."""
     src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY_LLAMA), TINY_LLAMA)
-    quant = quantize(src, sandbox.root / "q", scheme, workers=1).output
+    quant = quantize(QuantizeRequest(src, sandbox.root / "q", scheme=scheme, workers=1)).output
     name = "model.layers.0.mlp.down_proj.weight_scale"
     dtype = _fill(quant / "model.safetensors", name, byte)
     sandbox.freeze()

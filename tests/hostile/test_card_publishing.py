@@ -11,8 +11,8 @@ import pytest
 
 from hostile.harness import Sandbox, run_inprocess
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.bench.paths import PathMap, local_paths
-from weightsmith.quantize.cli import run_quantize
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             head_dim=32, vocab_size=64, num_hidden_layers=1)  # fmt: skip
@@ -23,8 +23,7 @@ def quant(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
     orig = write_checkpoint(root / "orig", llama_tensors(TINY), TINY)
     out = root / "quant"
-    run_quantize(orig, out, scheme="w4a16", group_size=32, ignore=[], preset=None, workers=1, force=False,
-                 show_progress=False, hash_sources=False)  # fmt: skip
+    quantize(QuantizeRequest(orig, out, scheme="w4a16", group_size=32, workers=1, hash_sources=False, pre_pass=None))
     return out
 
 

@@ -26,7 +26,7 @@ from weightsmith.bench.runner import new_results
 from weightsmith.card.cite import find_cited
 from weightsmith.core.terminal import shell_line
 from weightsmith.io.serving import serve_command
-from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
 
 #: Names a stranger can give a folder, a config field or a command word.
 HOSTILE = ["$(touch pwned)", "`touch pwned`", "it's", 'say "hi"', "a b;rm -rf c", "*", "~", "", "-x", "a|b&c>d"]

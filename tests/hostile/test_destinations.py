@@ -453,15 +453,17 @@ import os, sys
 from pathlib import Path
 from types import SimpleNamespace
 from weightsmith.engine import gptq
-from weightsmith.quantize import gptq as flow
+from weightsmith.quantization import gptq as flow
+from weightsmith.quantization.request import GptqOptions
 
 def die(root, tokens, targets, work, **kwargs):
     (work / "model.layers.0.mlp.down_proj.npy").write_bytes(b"codes")  # GPTQ's values, hours of them
     os._exit(9)
 
 gptq.run = die
-plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=Path(sys.argv[2])))
-flow.quantize(plan, Path(sys.argv[1]), [], None)
+asked = SimpleNamespace(output=Path(sys.argv[1]), workers=1, request=SimpleNamespace(force=False, hash_sources=False))
+plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=Path(sys.argv[2])), request=asked)
+flow.quantize(plan, GptqOptions(), [], None)
 """
 
 
@@ -488,7 +490,8 @@ def test_a_gptq_scratch_folder_is_locked_while_its_run_lives(monkeypatch, sandbo
 
     from weightsmith.engine import gptq
     from weightsmith.io.outputdir import remove_stale
-    from weightsmith.quantize import gptq as flow
+    from weightsmith.quantization import gptq as flow
+    from weightsmith.quantization.request import GptqOptions
 
     out = sandbox.root / "out"
     seen: dict[str, object] = {}
@@ -502,9 +505,10 @@ def test_a_gptq_scratch_folder_is_locked_while_its_run_lives(monkeypatch, sandbo
         raise KeyboardInterrupt
 
     monkeypatch.setattr(gptq, "run", stopped)
-    plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=sandbox.root / "src"))
+    asked = SimpleNamespace(output=out, workers=1, request=SimpleNamespace(force=False, hash_sources=False))
+    plan = SimpleNamespace(decisions=[], source=SimpleNamespace(root=sandbox.root / "src"), request=asked)
     sandbox.freeze()
     with pytest.raises(KeyboardInterrupt):
-        flow.quantize(plan, out, [], None)
+        flow.quantize(plan, GptqOptions(), [], None)
     assert seen == {"name": f"out.partial-gptq-{os.getpid()}", "lock": True, "stale": [], "kept": True}
     sandbox.assert_untouched()

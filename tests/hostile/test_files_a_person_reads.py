@@ -22,11 +22,11 @@ from markdown_it import MarkdownIt
 
 from hostile.harness import TINY_LLAMA, Sandbox, copies, row_cells, run_inprocess, tiny_pair
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.bench.metrics import OK, SpecWindow
 from weightsmith.bench.results import ArmInfo, BenchResults, PromptInfo, RequestRecord, VisitResult, to_jsonable
 from weightsmith.card.cite import find_cited
-from weightsmith.quantize.cli import run_quantize
-from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
 
 #: What a terminal acts on: a window title (OSC ... BEL), a clear screen (CSI), the one-byte C1 CSI,
 #: and a right-to-left override that makes the rest of a line read backwards.
@@ -70,8 +70,18 @@ def named(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tensors[f"model.extra{ACTS}|x`y.weight"] = np.zeros((4, 64), ml_dtypes.bfloat16)
     src = write_checkpoint(root / "src", tensors, config)
     out = root / "quant"
-    run_quantize(src, out, scheme="w4a16", group_size=32, ignore=[f"re:.*extra{re.escape(ACTS)}"], preset=None,
-                 workers=1, force=False, show_progress=False, hash_sources=False)  # fmt: skip
+    quantize(
+        QuantizeRequest(
+            src,
+            out,
+            scheme="w4a16",
+            group_size=32,
+            ignore=[f"re:.*extra{re.escape(ACTS)}"],
+            workers=1,
+            hash_sources=False,
+            pre_pass=None,
+        )
+    )
     return out
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from hostile.harness import Sandbox, run_inprocess
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.io.manifest import MANIFEST_VERSION
 
 TINY = dict(LLAMA_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
@@ -31,7 +31,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-layer Llama quantized W4A16 g32, for each case to copy into its sandbox."""
     root = tmp_path_factory.mktemp("tiny-manifest")
     src = write_checkpoint(root / "src", llama_tensors(TINY), TINY)
-    return quantize(src, root / "quant", "w4a16", group_size=32, workers=1, hash_sources=False).output
+    return quantize(
+        QuantizeRequest(src, root / "quant", scheme="w4a16", group_size=32, workers=1, hash_sources=False)
+    ).output
 
 
 def quant_copy(sandbox: Sandbox, tiny: Path) -> Path:

@@ -15,7 +15,7 @@ import pytest
 
 from audit.doctor_builders import tiny_moe, write
 from hostile.harness import Sandbox, copies, run_inprocess, tiny_pair
-from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
 
 SMALL = {**DEMO_CONFIG, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
          "num_key_value_heads": 1, "head_dim": 32}  # fmt: skip

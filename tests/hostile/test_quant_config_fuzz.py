@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from weightsmith.audit.verify import verify
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.plan import build_plan
+from weightsmith.quantization.plan import build_plan
 from weightsmith.schemes import make_scheme
 
 FUZZ = settings(

@@ -20,7 +20,7 @@ import pytest
 from audit.doctor_builders import write_shard
 from hostile.harness import TINY_LLAMA, Result, Sandbox, copies, run_inprocess, tiny_pair
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
-from weightsmith.api import quantize
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 
@@ -163,7 +163,7 @@ def test_an_unknown_architecture_says_what_was_not_checked(
 @pytest.mark.parametrize("value", [-1.0, 0.0])
 def test_scan_values_refuses_a_scale_that_is_not_positive(value, capsys, monkeypatch, sandbox: Sandbox) -> None:
     src = write_checkpoint(sandbox.root / "src", llama_tensors(TINY_LLAMA), TINY_LLAMA)
-    quant = quantize(src, sandbox.root / "fp8", "fp8-dynamic", workers=1).output
+    quant = quantize(QuantizeRequest(src, sandbox.root / "fp8", scheme="fp8-dynamic", workers=1)).output
     name = "model.layers.0.mlp.down_proj.weight_scale"
     shard = _edit(quant, name, lambda a: np.where(np.arange(a.size).reshape(a.shape) == 3, value, a).astype(a.dtype))
     result, findings = _verify(capsys, monkeypatch, sandbox, quant)

@@ -27,7 +27,9 @@ CALIBRATION = Provenance(
 def quantized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("manifest")
     src = write_checkpoint(root / "src", llama_tensors(), shards=2)
-    weightsmith.quantize(src, root / "out", "w4a16", group_size=64, scale_search="none", workers=1)  # as version 1 ran
+    weightsmith.quantize(
+        weightsmith.QuantizeRequest(src, root / "out", scheme="w4a16", group_size=64, scale_search="none", workers=1)
+    )  # as version 1 ran
     return root / "out"
 
 
@@ -102,8 +104,8 @@ def test_a_card_is_written_from_a_version_1_manifest(quantized: Path, tmp_path: 
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        (5, "manifest_version 5 is not one this weightsmith reads (1 to 4)"),
-        (0, "manifest_version 0 is not one this weightsmith reads (1 to 4)"),
+        (6, "manifest_version 6 is not one this weightsmith reads (1 to 5)"),
+        (0, "manifest_version 0 is not one this weightsmith reads (1 to 5)"),
         (None, "manifest_version is null, not an integer"),
     ],
 )
@@ -118,8 +120,11 @@ def test_a_version_this_tool_never_wrote_is_refused(quantized: Path, version, me
 def test_quantize_returns_the_typed_manifest(quantized: Path) -> None:
     """The library result holds the same record the file does (the file is that record's JSON)."""
     src = quantized.parent / "src"
-    result = weightsmith.quantize(src, quantized.parent / "again", "w4a16", group_size=64, scale_search="none",
-                                  workers=1)  # fmt: skip
+    result = weightsmith.quantize(
+        weightsmith.QuantizeRequest(
+            src, quantized.parent / "again", scheme="w4a16", group_size=64, scale_search="none", workers=1
+        )
+    )
     assert isinstance(result.manifest, Manifest)
     assert result.manifest == load_manifest(result.output / MANIFEST_FILE)
     first = load_manifest(quantized / MANIFEST_FILE)

@@ -28,7 +28,7 @@ from weightsmith.preflight import checks, code
 from weightsmith.preflight.checks import preflight
 from weightsmith.preflight.report import LOAD, NOTE, SLOW, UNCHECKED, WRONG, Item, Preflight
 from weightsmith.preflight.source import VllmSource
-from weightsmith.quantize.demo import write_demo_checkpoint
+from weightsmith.quantization.demo import write_demo_checkpoint
 
 OLD, NEW = "0.25.1", "0.33.0"
 LAGUNA_DRAFT = ["DFlashLagunaForCausalLM"]

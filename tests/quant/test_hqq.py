@@ -12,6 +12,7 @@ from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.quant import int4, int4_hqq
 from weightsmith.schemes import int4 as int4_scheme
 from weightsmith.schemes import make_scheme
+from weightsmith.searches import SEARCHES
 
 DTYPES = [ml_dtypes.bfloat16, np.float16, np.float32]
 
@@ -157,10 +158,7 @@ def test_encode_writes_the_search_and_reports_a_nan(scheme: str, search: str) ->
     w[5, 200] = np.nan
     assert hqq.encode(w, 0, w.shape) == ([], 5 * 256 + 200)
     scale, zp = np.empty((16, 2), np.float32), np.zeros((16, 2), np.int8)
-    assert (
-        int4_scheme.PARAMETER_SEARCHES[search](w.view(np.uint16), int4.MODE_BF16, 128, False, scale, zp)
-        == 5 * 256 + 200
-    )
+    assert SEARCHES[search].parameters(w.view(np.uint16), int4.MODE_BF16, 128, False, scale, zp) == 5 * 256 + 200
 
 
 def test_real_weights_lower_lp_and_squared_error() -> None:
@@ -189,10 +187,10 @@ def test_real_weights_lower_lp_and_squared_error() -> None:
 
 
 def test_gptq_refuses_it_in_one_line() -> None:
-    from weightsmith.quantize.request import gptq_options
+    from weightsmith.quantization.request import GptqOptions, gptq_options
 
     with pytest.raises(WeightsmithError, match=r"does not take --scale-search hqq \(which sets each group's scale"):
-        gptq_options("gptq", tokens=64, seq_len=32, dampening=0.01, scale_search="hqq")
+        gptq_options("gptq", GptqOptions(tokens=64, seq_len=32, dampening=0.01), "hqq")
 
 
 @pytest.mark.parametrize("search", ["hqq", "qkx2"])
@@ -225,7 +223,7 @@ def test_compiling_the_search_first_leaves_round_to_nearest_unchanged(tmp_path, 
 
 
 def test_a_gptq_recipe_naming_it_is_refused_naming_the_rule(tmp_path) -> None:
-    from weightsmith.quantize.recipe import load_recipe
+    from weightsmith.quantization.recipe import load_recipe
 
     path = tmp_path / "recipe.toml"
     path.write_text("[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16-asym'\nscale_search = 'hqq'\n")

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import int4_search
-from weightsmith.quantize.cli import run_quantize
 from weightsmith.schemes import int4 as int4_scheme
 from weightsmith.schemes import make_scheme
 
@@ -82,24 +82,25 @@ def test_memoryless_checkpoint_is_byte_identical_to_model_free_ptq(tmp_path: Pat
     )
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
     model_free_ptq(str(src), str(tmp_path / "ref"), scheme=scheme, ignore=IGNORE, device="cpu")
-    run_quantize(
-        src, tmp_path / "ours", scheme="w4a16", group_size=128, ignore=IGNORE, preset=None, workers=2,
-        force=False, show_progress=False, scale_search="memoryless_mse",
-    )  # fmt: skip
+    quantize(
+        QuantizeRequest(
+            src,
+            tmp_path / "ours",
+            scheme="w4a16",
+            group_size=128,
+            ignore=IGNORE,
+            workers=2,
+            scale_search="memoryless_mse",
+            pre_pass=None,
+        )
+    )
     for shard in Checkpoint.open(tmp_path / "ref").headers:
         assert (tmp_path / "ours" / shard).read_bytes() == (tmp_path / "ref" / shard).read_bytes(), shard
     plain = tmp_path / "rtn"
-    run_quantize(
-        src,
-        plain,
-        scheme="w4a16",
-        group_size=128,
-        ignore=IGNORE,
-        preset=None,
-        workers=2,
-        force=False,
-        show_progress=False,
-        scale_search="none",
+    quantize(
+        QuantizeRequest(
+            src, plain, scheme="w4a16", group_size=128, ignore=IGNORE, workers=2, scale_search="none", pre_pass=None
+        )
     )
     shard = "model-00001-of-00002.safetensors"
     assert (plain / shard).read_bytes() != (tmp_path / "ours" / shard).read_bytes()  # the search changed something

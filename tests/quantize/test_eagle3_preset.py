@@ -27,8 +27,8 @@ from weightsmith.audit.verify import verify
 from weightsmith.formats.targets import Targets
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.plan import KEEP, QUANTIZE, build_plan
-from weightsmith.quantize.presets import PRESETS
+from weightsmith.quantization.plan import KEEP, QUANTIZE, build_plan
+from weightsmith.quantization.presets import PRESETS
 from weightsmith.schemes import make_scheme
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, VOCAB, DRAFT_VOCAB = 128, 4, 2, 32, 256, 96, 64

@@ -12,25 +12,19 @@ from safetensors.numpy import save_file
 
 from fp8_reference import IGNORE, ct_fp8_scheme, load, same_tensors
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import fp8
-from weightsmith.quantize.cli import run_quantize
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
 
+
 def _ours(src: Path, out: Path) -> Checkpoint:
-    run_quantize(
-        src,
-        out,
-        scheme="w4a16",
-        group_size=128,
-        ignore=IGNORE,
-        preset=None,
-        workers=2,
-        force=False,
-        show_progress=False,
-        scale_search="none",  # plain round-to-nearest: model_free_ptq's
+    quantize(
+        QuantizeRequest(
+            src, out, scheme="w4a16", group_size=128, ignore=IGNORE, workers=2, scale_search="none", pre_pass=None
+        )
     )
     return Checkpoint.open(out)
 

@@ -5,27 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from synth import llama_tensors, write_checkpoint
-from weightsmith.api import plan_quantize
+from weightsmith.api import QuantizeRequest, plan_quantize, quantize
 from weightsmith.core.timesplit import PHASES
-from weightsmith.quantize.cli import run_quantize
-from weightsmith.quantize.pipeline import _first_passes, _FirstPass, _jobs
-from weightsmith.quantize.recipe import Recipe
+from weightsmith.quantization.pipeline import _first_passes, _FirstPass, _jobs
+from weightsmith.quantization.recipe import Recipe
 from weightsmith.schemes import make_scheme
 
 IGNORE = ["lm_head", "model.embed_tokens"]
 
 
 def _quantize(src: Path, out: Path, scheme: str, workers: int) -> object:
-    result, _ = run_quantize(
-        src, out, scheme=scheme, group_size=None, ignore=IGNORE, preset=None, workers=workers, force=False,
-        show_progress=False, hash_sources=False,
-    )  # fmt: skip
+    result = quantize(
+        QuantizeRequest(src, out, scheme=scheme, ignore=IGNORE, workers=workers, hash_sources=False, pre_pass=None)
+    )
     return result
 
 
 def test_each_fused_set_is_observed_whole_before_its_rows_are_encoded(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", llama_tensors())
-    plan = plan_quantize(src, recipe=Recipe.single(make_scheme("nvfp4a16")), ignore=IGNORE)
+    plan = plan_quantize(QuantizeRequest(src, recipe=Recipe.single(make_scheme("nvfp4a16")), ignore=IGNORE))
     jobs = _jobs(plan)
     items = _first_passes(plan, jobs)
     passes = [item for item in items if isinstance(item, _FirstPass)]
@@ -45,7 +43,7 @@ def test_each_fused_set_is_observed_whole_before_its_rows_are_encoded(tmp_path: 
 
 def test_without_a_first_pass_the_jobs_are_the_schedule(tmp_path: Path) -> None:
     src = write_checkpoint(tmp_path / "src", llama_tensors())
-    plan = plan_quantize(src, recipe=Recipe.single(make_scheme("w4a16")), ignore=IGNORE)
+    plan = plan_quantize(QuantizeRequest(src, recipe=Recipe.single(make_scheme("w4a16")), ignore=IGNORE))
     jobs = _jobs(plan)
     assert _first_passes(plan, jobs) == jobs
 

@@ -12,7 +12,7 @@ from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.targets import Targets
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.plan import DECODE, KEEP, QUANTIZE, build_plan
+from weightsmith.quantization.plan import DECODE, KEEP, QUANTIZE, build_plan
 from weightsmith.schemes import make_scheme
 
 

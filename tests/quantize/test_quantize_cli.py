@@ -17,9 +17,10 @@ import pytest
 
 from clirun import one_error_line, run, sigint_default
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest
 from weightsmith.core.errors import OutputError
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize import pipeline
+from weightsmith.quantization import pipeline
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -282,21 +283,11 @@ def test_no_space_is_caught_before_writing(src, tiny_fs, capsys, monkeypatch) ->
 
 
 def test_running_out_of_space_midway_leaves_nothing(src, tiny_fs, monkeypatch) -> None:
-    from weightsmith.quantize.cli import run_quantize
+    from weightsmith.api import quantize
 
     monkeypatch.setattr(pipeline, "check_space", lambda out, needed: None)
     with pytest.raises(OutputError, match="ran out of disk space"):
-        run_quantize(
-            src,
-            tiny_fs / "out",
-            scheme="w4a16",
-            group_size=128,
-            ignore=[],
-            preset=None,
-            workers=2,
-            force=False,
-            show_progress=False,
-        )
+        quantize(QuantizeRequest(src, tiny_fs / "out", scheme="w4a16", group_size=128, workers=2, pre_pass=None))
     assert list(tiny_fs.iterdir()) == []
 
 
@@ -325,7 +316,7 @@ def test_ctrl_c_leaves_nothing_that_looks_finished(tmp_path: Path) -> None:
 
 def test_gptq_dry_run_names_its_calibration_text_alike_in_json_and_words(tmp_path: Path) -> None:
     """`--dry-run` and `--dry-run --json` take the calibration text's name from one place."""
-    from weightsmith.quantize.cli import GptqOptions, _gptq_json, _gptq_line
+    from weightsmith.quantization.cli import GptqOptions, _gptq_json, _gptq_line
 
     for opts, label, words in (
         (GptqOptions(None, None, 512, 128, 0.01), "builtin:code", "the built-in code text"),

@@ -21,8 +21,8 @@ from weightsmith.audit.verify import verify
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.declaration import read_declaration
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.plan import build_plan
-from weightsmith.quantize.recipe import load_recipe
+from weightsmith.quantization.plan import build_plan
+from weightsmith.quantization.recipe import load_recipe
 from weightsmith.schemes import make_scheme
 
 HIDDEN, EXPERTS, MOE_I, DENSE_I, LAYERS = 128, 4, 128, 256, 3
@@ -42,8 +42,11 @@ def laguna_like(seed: int = 0) -> dict[str, np.ndarray]:
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(ml_dtypes.bfloat16)
 
-    t = {"model.embed_tokens.weight": w(256, HIDDEN), "model.norm.weight": np.ones(HIDDEN, ml_dtypes.bfloat16),
-         "lm_head.weight": w(256, HIDDEN)}
+    t = {
+        "model.embed_tokens.weight": w(256, HIDDEN),
+        "model.norm.weight": np.ones(HIDDEN, ml_dtypes.bfloat16),
+        "lm_head.weight": w(256, HIDDEN),
+    }
     for i in range(LAYERS):
         p = f"model.layers.{i}"
         t[f"{p}.input_layernorm.weight"] = np.ones(HIDDEN, ml_dtypes.bfloat16)
@@ -143,8 +146,9 @@ def test_laguna_layout_round_trips(source: Path, tmp_path: Path, capsys, monkeyp
 
 def test_dry_run_predicts_by_rule_and_category(source: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     recipe = _recipe(tmp_path, LAGUNA_RECIPE + '\n[[rule]]\ntargets = ["model.nothing.here"]\nscheme = "w4a16"\n')
-    code, out, err = run(capsys, monkeypatch, "quantize", source, tmp_path / "o", "--recipe", recipe, "--dry-run",
-                         "--json")
+    code, out, err = run(
+        capsys, monkeypatch, "quantize", source, tmp_path / "o", "--recipe", recipe, "--dry-run", "--json"
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert set(doc["predicted"]["rule"]) == {"rule 1: nvfp4a16", "rule 2: fp8-dynamic", "kept"}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.cli import run_quantize
 
 llmcompressor = pytest.importorskip("llmcompressor")
 
@@ -27,17 +27,17 @@ def _reference(src: Path, out: Path, scheme: str) -> None:
 def test_byte_identical_to_model_free_ptq(tmp_path: Path, scheme: str, ref_scheme: str, shards: int) -> None:
     src = write_checkpoint(tmp_path / "src", llama_tensors(), shards=shards)
     _reference(src, tmp_path / "ref", ref_scheme)
-    run_quantize(
-        src,
-        tmp_path / "ours",
-        scheme=scheme,
-        group_size=128,
-        ignore=IGNORE,
-        preset=None,
-        workers=2,
-        force=False,
-        show_progress=False,
-        scale_search="none",  # plain round-to-nearest: model_free_ptq's
+    quantize(
+        QuantizeRequest(
+            src,
+            tmp_path / "ours",
+            scheme=scheme,
+            group_size=128,
+            ignore=IGNORE,
+            workers=2,
+            scale_search="none",
+            pre_pass=None,
+        )
     )
 
     ref, ours = Checkpoint.open(tmp_path / "ref"), Checkpoint.open(tmp_path / "ours")
@@ -65,17 +65,7 @@ def test_config_block_validates_with_compressed_tensors(tmp_path: Path, scheme: 
     from compressed_tensors.quantization import QuantizationConfig
 
     src = write_checkpoint(tmp_path / "src", llama_tensors())
-    run_quantize(
-        src,
-        tmp_path / "out",
-        scheme=scheme,
-        group_size=64,
-        ignore=[],
-        preset=None,
-        workers=1,
-        force=False,
-        show_progress=False,
-    )
+    quantize(QuantizeRequest(src, tmp_path / "out", scheme=scheme, group_size=64, workers=1, pre_pass=None))
     qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
     parsed = QuantizationConfig.model_validate(qc)
     (group,) = parsed.config_groups.values()

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, plan_quantize, quantize
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.declaration import quantized_modules
 from weightsmith.formats.dequantize import dequantize
 from weightsmith.formats.source import TensorReader
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import sinkhorn
-from weightsmith.quantize import sinq
-from weightsmith.quantize.library import plan_quantize, quantize
+from weightsmith.quantization.prepasses import sinq
 
 CONFIG = dict(LLAMA_CONFIG, torch_dtype="float32")
 QWEN2_CONFIG = dict(CONFIG, architectures=["Qwen2ForCausalLM"], model_type="qwen2")
@@ -44,7 +44,7 @@ def _llama(folder: Path, config: dict = CONFIG, seed: int = 0) -> Path:
 
 def _balanced(src: Path) -> dict[str, np.ndarray]:
     """Every tensor of `src` as the pre-pass feeds it on: weights balanced, norms and biases folded."""
-    plan = plan_quantize(src, "w4a16", group_size=64, pre_pass="sinq")
+    plan = plan_quantize(QuantizeRequest(src, scheme="w4a16", group_size=64, pre_pass="sinq"))
     balance = sinq.balance(plan, 2)
     out = {}
     with TensorReader(plan.source) as reader:
@@ -89,7 +89,7 @@ def test_quantized_output_is_the_balanced_model_quantized(tmp_path: Path, scheme
     pytest.importorskip("compressed_tensors")
     src = _llama(tmp_path / "src")
     out = tmp_path / "out"
-    result = quantize(src, out, scheme, group_size=64, pre_pass="sinq", workers=2)
+    result = quantize(QuantizeRequest(src, out, scheme=scheme, group_size=64, pre_pass="sinq", workers=2))
     balanced = _balanced(src)
     ckpt = Checkpoint.open(out)
     fake = {}
@@ -116,7 +116,7 @@ def test_verify_notes_the_changed_norms(tmp_path: Path) -> None:
     from weightsmith.audit.verify import verify
 
     src = _llama(tmp_path / "src")
-    quantize(src, tmp_path / "out", "w4a16", group_size=64, pre_pass="sinq", workers=1)
+    quantize(QuantizeRequest(src, tmp_path / "out", scheme="w4a16", group_size=64, pre_pass="sinq", workers=1))
     report = verify(tmp_path / "out")
     assert report.clean
     notes = [f for f in report.findings if f.check == "manifest.pre-pass"]
@@ -127,7 +127,7 @@ def test_the_card_says_what_the_pre_pass_changed(tmp_path: Path, capsys, monkeyp
     from clirun import run
 
     src = _llama(tmp_path / "src")
-    quantize(src, tmp_path / "out", group_size=64, workers=1)  # the default: balanced
+    quantize(QuantizeRequest(src, tmp_path / "out", group_size=64, workers=1))  # the default: balanced
     assert run(capsys, monkeypatch, "card", tmp_path / "out")[0] == 0
     card = (tmp_path / "out" / "README.md").read_text()
     line = next(x for x in card.splitlines() if x.startswith("- **Pre-pass**"))
@@ -138,8 +138,8 @@ def test_eval_says_the_weight_error_includes_the_balancing(tmp_path: Path) -> No
     from weightsmith.fidelity.evaluate import evaluate
 
     src = _llama(tmp_path / "src")
-    quantize(src, tmp_path / "sinq", "w4a16", group_size=64, pre_pass="sinq", workers=1)
-    quantize(src, tmp_path / "plain", "w4a16", group_size=64, pre_pass="none", workers=1)
+    quantize(QuantizeRequest(src, tmp_path / "sinq", scheme="w4a16", group_size=64, pre_pass="sinq", workers=1))
+    quantize(QuantizeRequest(src, tmp_path / "plain", scheme="w4a16", group_size=64, pre_pass="none", workers=1))
     caveat = evaluate(src, tmp_path / "sinq", logits=False).weights_caveat
     assert caveat is not None and "--pre-pass sinq" in caveat and "compare KL" in caveat
     assert evaluate(src, tmp_path / "plain", logits=False).weights_caveat is None
@@ -148,30 +148,36 @@ def test_eval_says_the_weight_error_includes_the_balancing(tmp_path: Path) -> No
 def test_refusals(tmp_path: Path) -> None:
     src = _llama(tmp_path / "src")
     with pytest.raises(WeightsmithError, match="--pre-pass 'awq'"):
-        plan_quantize(src, "w4a16", pre_pass="awq")
+        plan_quantize(QuantizeRequest(src, scheme="w4a16", pre_pass="awq"))
     with pytest.raises(WeightsmithError, match="data-free"):
-        plan_quantize(src, "w4a16", method="gptq", pre_pass="sinq")
+        plan_quantize(QuantizeRequest(src, scheme="w4a16", method="gptq", pre_pass="sinq"))
     with pytest.raises(WeightsmithError, match="must be quantized as w4a16"):
-        plan_quantize(src, "w8a16", pre_pass="sinq")
+        plan_quantize(QuantizeRequest(src, scheme="w8a16", pre_pass="sinq"))
     with pytest.raises(WeightsmithError, match=re.escape("o_proj.weight must be quantized")):
-        plan_quantize(src, "w4a16", group_size=64, ignore=["model.layers.1.self_attn.o_proj"], pre_pass="sinq")
+        plan_quantize(
+            QuantizeRequest(
+                src, scheme="w4a16", group_size=64, ignore=["model.layers.1.self_attn.o_proj"], pre_pass="sinq"
+            )
+        )
     gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), GEMMA_CONFIG)
     with pytest.raises(WeightsmithError, match="architectures\\[0\\] 'GemmaForCausalLM' is not one whose norms"):
-        plan_quantize(gemma, "w4a16", pre_pass="sinq")
+        plan_quantize(QuantizeRequest(gemma, scheme="w4a16", pre_pass="sinq"))
     tensors = llama_tensors(CONFIG, np.float32) | {"model.layers.0.self_attn.q_norm.weight": np.ones(64, np.float32)}
     odd = write_checkpoint(tmp_path / "odd", tensors, CONFIG)
     with pytest.raises(
         WeightsmithError, match=re.escape("tensor model.layers.0.self_attn.q_norm.weight has no known fold")
     ):
-        plan_quantize(odd, "w4a16", pre_pass="sinq")
+        plan_quantize(QuantizeRequest(odd, scheme="w4a16", pre_pass="sinq"))
 
 
 def test_auto_is_the_default_where_sinq_applies(tmp_path: Path) -> None:
     """No scheme and no pre-pass named: asymmetric int4 balanced by SINQ, the same bytes as asking for both."""
     src = _llama(tmp_path / "src")
-    default = quantize(src, tmp_path / "default", group_size=64, workers=1, hash_sources=False)
+    default = quantize(QuantizeRequest(src, tmp_path / "default", group_size=64, workers=1, hash_sources=False))
     asked = quantize(
-        src, tmp_path / "asked", "w4a16-asym", group_size=64, pre_pass="sinq", workers=1, hash_sources=False
+        QuantizeRequest(
+            src, tmp_path / "asked", scheme="w4a16-asym", group_size=64, pre_pass="sinq", workers=1, hash_sources=False
+        )
     )
     assert default.manifest.pre_pass is not None and default.manifest.pre_pass.name == "sinq"
     assert default.pre_pass_skipped is None
@@ -183,16 +189,17 @@ def test_auto_is_the_default_where_sinq_applies(tmp_path: Path) -> None:
 
 def test_auto_says_why_it_did_not_apply(tmp_path: Path) -> None:
     src = _llama(tmp_path / "src")
-    plain = plan_quantize(src, scale_search="none")
+    plain = plan_quantize(QuantizeRequest(src, scale_search="none"))
     assert plain.pre_pass is None and "--scale-search none" in (plain.pre_pass_skipped or "")
-    assert plan_quantize(src, "w8a16").pre_pass_skipped == "tensor model.layers.0.self_attn.q_proj.weight must be " \
-        "quantized as w4a16 or w4a16-asym (is quantized as w8a16)"  # fmt: skip
+    assert plan_quantize(QuantizeRequest(src, scheme="w8a16")).pre_pass_skipped == (
+        "tensor model.layers.0.self_attn.q_proj.weight must be quantized as w4a16 or w4a16-asym (is quantized as w8a16)"
+    )
     gemma = write_checkpoint(tmp_path / "gemma", llama_tensors(CONFIG, np.float32), GEMMA_CONFIG)
-    skipped = plan_quantize(gemma).pre_pass_skipped
+    skipped = plan_quantize(QuantizeRequest(gemma)).pre_pass_skipped
     assert skipped is not None and skipped.startswith("config.json architectures[0] 'GemmaForCausalLM' is not")
-    gptq = plan_quantize(src, method="gptq")
+    gptq = plan_quantize(QuantizeRequest(src, method="gptq"))
     assert gptq.pre_pass is None and gptq.pre_pass_skipped is None  # GPTQ never balances: nothing to explain
-    none = plan_quantize(src, pre_pass="none")
+    none = plan_quantize(QuantizeRequest(src, pre_pass="none"))
     assert none.pre_pass is None and none.pre_pass_skipped is None and none.changed == []
 
 
@@ -202,14 +209,16 @@ def test_the_family_is_the_class_vllm_builds(tmp_path: Path) -> None:
     are checked against is not folded."""
     tensors = llama_tensors(CONFIG, np.float32)
     untyped = {k: v for k, v in CONFIG.items() if k != "model_type"}
-    assert plan_quantize(write_checkpoint(tmp_path / "untyped", tensors, untyped)).pre_pass == "sinq"
+    assert plan_quantize(QuantizeRequest(write_checkpoint(tmp_path / "untyped", tensors, untyped))).pre_pass == "sinq"
     mixed = write_checkpoint(tmp_path / "mixed", tensors, dict(CONFIG, architectures=["GemmaForCausalLM"]))
     for pre_pass in ("auto", "sinq"):
         with pytest.raises(WeightsmithError, match="model_type 'llama' and architectures\\[0\\] 'GemmaForCausalLM'"):
-            plan_quantize(mixed, pre_pass=pre_pass)
-    assert plan_quantize(mixed, pre_pass="none").pre_pass is None
+            plan_quantize(QuantizeRequest(mixed, pre_pass=pre_pass))
+    assert plan_quantize(QuantizeRequest(mixed, pre_pass="none")).pre_pass is None
     sizeless = {k: v for k, v in CONFIG.items() if k != "intermediate_size"}
-    skipped = plan_quantize(write_checkpoint(tmp_path / "sizeless", tensors, sizeless)).pre_pass_skipped
+    skipped = plan_quantize(
+        QuantizeRequest(write_checkpoint(tmp_path / "sizeless", tensors, sizeless))
+    ).pre_pass_skipped
     assert skipped == "config.json has no usable intermediate_size, so the shapes the folds rely on cannot be " \
         "checked against it"  # fmt: skip
 
@@ -220,10 +229,10 @@ def test_auto_leaves_kv_cache_scales_true_and_sinq_refuses_them(tmp_path: Path) 
 
     src = _llama(tmp_path / "src")
     stats, _ = write_stats(src, tmp_path / "stats.safetensors")
-    plan = plan_quantize(src, calibration=stats, kv_cache="fp8")
+    plan = plan_quantize(QuantizeRequest(src, calibration=stats, kv_cache="fp8"))
     assert plan.pre_pass is None and "--kv-cache" in (plan.pre_pass_skipped or "")
     with pytest.raises(WeightsmithError, match="KV-cache scales measured on SRC"):
-        plan_quantize(src, calibration=stats, kv_cache="fp8", pre_pass="sinq")
+        plan_quantize(QuantizeRequest(src, calibration=stats, kv_cache="fp8", pre_pass="sinq"))
 
 
 @pytest.mark.parametrize("module", ["self_attn.o_proj", "mlp.down_proj", "self_attn.k_proj", "mlp.up_proj"])
@@ -235,7 +244,7 @@ def test_a_nan_in_a_weight_is_named_as_the_quantizer_names_it(tmp_path: Path, mo
     tensors[name][3, 5] = np.nan
     src = write_checkpoint(tmp_path / "src", tensors, CONFIG)
     with pytest.raises(WeightsmithError, match=re.escape(f"tensor '{name}': has a NaN or Inf at row 3, column 5")):
-        quantize(src, tmp_path / "out", group_size=64, workers=1)
+        quantize(QuantizeRequest(src, tmp_path / "out", group_size=64, workers=1))
     assert not (tmp_path / "out").exists()
 
 

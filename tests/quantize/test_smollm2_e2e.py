@@ -8,11 +8,12 @@ compressed-tensors' own quantize/dequantize functions.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from weightsmith.quantize.cli import run_quantize
+from weightsmith.api import QuantizeRequest, quantize
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -45,10 +46,11 @@ def _score(logits: torch.Tensor, ref_logits: torch.Tensor, ids: torch.Tensor) ->
 def test_smollm2_quantized_loads_in_transformers_and_matches_fake_quant(base, tmp_path: Path, group: int) -> None:
     path, ids, ref_logits = base
     out = tmp_path / f"smollm2-w4a16-g{group}"
-    result, seconds = run_quantize(
-        path, out, scheme="w4a16", group_size=group, ignore=[], preset=None, workers=2, force=False,
-        show_progress=False, scale_search="none",  # fake_quant is plain round-to-nearest
-    )  # fmt: skip
+    started = time.perf_counter()
+    result = quantize(
+        QuantizeRequest(path, out, scheme="w4a16", group_size=group, workers=2, scale_search="none", pre_pass=None)
+    )
+    seconds = time.perf_counter() - started
     manifest = result.manifest
     quantized = quantized_modules(out)
     ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]

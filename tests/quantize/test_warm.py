@@ -1,4 +1,4 @@
-"""Kernel compiling: every scheme and search ahead of time (`python -m weightsmith.quantize.warm`), or on
+"""Kernel compiling: every scheme and search ahead of time (`python -m weightsmith.quantization.warm`), or on
 first use, said on the first line of the run that compiles and never by one that loads from the cache."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 from numba import njit
 
 from small_demo import SMALL_DEMO
-from weightsmith.quantize import warm
-from weightsmith.quantize.demo import write_demo_checkpoint
+from weightsmith.quantization import warm
+from weightsmith.quantization.demo import write_demo_checkpoint
 from weightsmith.schemes import REGISTRY
 
 SRC = Path(__file__).resolve().parents[2] / "src"

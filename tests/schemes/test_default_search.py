@@ -19,11 +19,12 @@ import weightsmith
 from clirun import one_error_line, run
 from synth import llama_tensors, write_checkpoint
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.quantize.request import gptq_options, rules_for
+from weightsmith.quantization.request import GptqOptions, gptq_options, rules_for
 from weightsmith.safetensors.reader import ShardReader
-from weightsmith.schemes import NONE, REGISTRY, make_scheme
+from weightsmith.schemes import REGISTRY, make_scheme
 from weightsmith.schemes import int4 as int4_scheme
 from weightsmith.schemes.int4 import Int4
+from weightsmith.searches import NONE
 
 INT4 = ("w4a16", "w4a16-asym")
 SHARD = "model.safetensors"
@@ -43,7 +44,9 @@ def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _quantize(src: Path, out: Path, scheme: str, search: str | None) -> Path:
-    weightsmith.quantize(src, out, scheme, scale_search=search, workers=1, hash_sources=False)
+    weightsmith.quantize(
+        weightsmith.QuantizeRequest(src, out, scheme=scheme, scale_search=search, workers=1, hash_sources=False)
+    )
     return out
 
 
@@ -65,7 +68,7 @@ def test_other_schemes_default_to_round_to_nearest_and_take_none(name: str) -> N
 
 
 def test_an_unknown_search_names_none_among_the_choices() -> None:
-    with pytest.raises(WeightsmithError, match=r"choose from none, mse"):
+    with pytest.raises(WeightsmithError, match=r"choose from none, wmse, mse"):
         make_scheme("w4a16", None, "bogus")
 
 
@@ -136,9 +139,9 @@ def test_gptq_starts_from_the_searched_grid(tmp_path: Path) -> None:
     assert plain is not None and plain.shrink is None
     assert rules_for("w4a16", None, "memoryless_mse", None).rules[0].scheme.grid(x) is None
     for search in (None, NONE, "wmse", "mse", "noclip"):
-        assert gptq_options("gptq", tokens=64, seq_len=32, dampening=0.01, scale_search=search) is not None
+        assert gptq_options("gptq", GptqOptions(tokens=64, seq_len=32, dampening=0.01), search) is not None
     with pytest.raises(WeightsmithError, match="does not take --scale-search memoryless_mse"):
-        gptq_options("gptq", tokens=64, seq_len=32, dampening=0.01, scale_search="memoryless_mse")
+        gptq_options("gptq", GptqOptions(tokens=64, seq_len=32, dampening=0.01), "memoryless_mse")
 
 
 def test_gptq_dry_run_plans_the_same_grids(src: Path, tmp_path: Path, capsys, monkeypatch) -> None:

@@ -11,10 +11,10 @@ import pytest
 
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
 from weightsmith import schemes
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressors
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.cli import run_quantize
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("compressed_tensors")
@@ -134,7 +134,7 @@ def test_options_refused_in_one_line(name: str, group: int | None, search: str |
 @pytest.mark.parametrize("name", ["fp8", "nvfp4"])
 def test_calibrated_presets_need_a_statistics_file(tmp_path: Path, name: str) -> None:
     """The calibrated presets are schemes now; planning one without statistics points at `weightsmith calibrate`."""
-    from weightsmith.quantize.plan import build_plan
+    from weightsmith.quantization.plan import build_plan
 
     scheme = schemes.make_scheme(name)
     assert scheme.NEEDS_CALIBRATION
@@ -148,16 +148,10 @@ def test_w8a16_group_size_and_kept_weights(tmp_path: Path) -> None:
     """--group-size 64 is honoured; a weight whose inputs are no multiple of it is kept and ignored."""
     config = dict(LLAMA_CONFIG, intermediate_size=200)
     src = write_checkpoint(tmp_path / "src", llama_tensors(config), config=config)
-    run_quantize(
-        src,
-        tmp_path / "out",
-        scheme="w8a16",
-        group_size=64,
-        ignore=["lm_head"],
-        preset=None,
-        workers=1,
-        force=False,
-        show_progress=False,
+    quantize(
+        QuantizeRequest(
+            src, tmp_path / "out", scheme="w8a16", group_size=64, ignore=["lm_head"], workers=1, pre_pass=None
+        )
     )
     out = Checkpoint.open(tmp_path / "out")
     down = "model.layers.0.mlp.down_proj"
@@ -173,16 +167,6 @@ def test_output_verifies_clean(tmp_path: Path, name: str) -> None:
     from weightsmith.audit.verify import verify
 
     src = write_checkpoint(tmp_path / "src", llama_tensors())
-    run_quantize(
-        src,
-        tmp_path / "out",
-        scheme=name,
-        group_size=None,
-        ignore=["lm_head"],
-        preset=None,
-        workers=1,
-        force=False,
-        show_progress=False,
-    )
+    quantize(QuantizeRequest(src, tmp_path / "out", scheme=name, ignore=["lm_head"], workers=1, pre_pass=None))
     report = verify(tmp_path / "out")
     assert not [f for f in report.findings if f.severity in ("error", "warning")], report.findings

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.compressors.fp4_pack_quantized import E2M1, Nvfp4PackQuantized
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant import nvfp4
-from weightsmith.quantize.cli import run_quantize
 from weightsmith.schemes import make_scheme
 
 torch = pytest.importorskip("torch")
@@ -24,10 +24,7 @@ IGNORE = ["lm_head", "model.embed_tokens"]
 
 
 def _quantize(src: Path, out: Path, search: str | None = None) -> Checkpoint:
-    run_quantize(
-        src, out, scheme="nvfp4a16", group_size=None, ignore=IGNORE, preset=None, workers=2, force=False,
-        show_progress=False, scale_search=search,
-    )  # fmt: skip
+    quantize(QuantizeRequest(src, out, scheme="nvfp4a16", ignore=IGNORE, workers=2, scale_search=search, pre_pass=None))
     return Checkpoint.open(out)
 
 
@@ -152,7 +149,7 @@ def test_fused_partners_share_one_global_scale(tmp_path: Path) -> None:
 def test_scheme_rules() -> None:
     with pytest.raises(WeightsmithError, match="fixed group size"):
         make_scheme("nvfp4a16", 128)
-    with pytest.raises(WeightsmithError, match="memoryless_mse is for int4"):
+    with pytest.raises(WeightsmithError, match="memoryless_mse is for w4a16, w4a16-asym, w4afp8; nvfp4a16 takes mse"):
         make_scheme("nvfp4a16", None, "memoryless_mse")
     assert make_scheme("nvfp4a16").unsupported((8, 24)) is not None
     assert make_scheme("w4a16").group_size == 128

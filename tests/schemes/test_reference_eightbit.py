@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from synth import LLAMA_CONFIG, llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.cli import run_quantize
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
@@ -31,17 +31,7 @@ RAGGED_HIDDEN = dict(LLAMA_CONFIG, hidden_size=200)
 
 
 def _ours(src: Path, out: Path, scheme: str, ignore: list[str] = IGNORE) -> Checkpoint:
-    run_quantize(
-        src,
-        out,
-        scheme=scheme,
-        group_size=None,
-        ignore=ignore,
-        preset=None,
-        workers=2,
-        force=False,
-        show_progress=False,
-    )
+    quantize(QuantizeRequest(src, out, scheme=scheme, ignore=ignore, workers=2, pre_pass=None))
     return Checkpoint.open(out)
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from synth import llama_tensors, write_checkpoint
+from weightsmith.api import QuantizeRequest, quantize
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quantize.cli import run_quantize
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("llmcompressor")
@@ -51,10 +51,7 @@ def awkward_tensors() -> dict[str, np.ndarray]:
 
 
 def _ours(src: Path, out: Path, scheme: str) -> Checkpoint:
-    run_quantize(
-        src, out, scheme=scheme, group_size=None, ignore=IGNORE, preset=None, workers=2, force=False,
-        show_progress=False,
-    )  # fmt: skip
+    quantize(QuantizeRequest(src, out, scheme=scheme, ignore=IGNORE, workers=2, pre_pass=None))
     return Checkpoint.open(out)
 
 

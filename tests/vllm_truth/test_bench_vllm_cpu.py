@@ -47,9 +47,13 @@ def _quantized_draft(target: Path, out: Path) -> tuple[str, str, str, str]:
     """(arm name, dtype it is served in, kernel and scheme vLLM logs for its layers): W4A16 where this machine's
     vLLM CPU has its kernel, in BF16 (`cpu_gemm_wna16` is "not implemented for 'Float'"), else W8A8."""
     if "cpu_gemm_wna16" in vllm_cpu.native_ops():
-        weightsmith.quantize(target, out, scheme="w4a16", group_size=64, scale_search="none", hash_sources=False)
+        weightsmith.quantize(
+            weightsmith.QuantizeRequest(
+                target, out, scheme="w4a16", group_size=64, scale_search="none", hash_sources=False
+            )
+        )
         return "w4a16-draft", "bfloat16", "CPUWNA16LinearKernel", "CompressedTensorsWNA16"
-    weightsmith.quantize(target, out, scheme="w8a8", hash_sources=False)
+    weightsmith.quantize(weightsmith.QuantizeRequest(target, out, scheme="w8a8", hash_sources=False))
     return "w8a8-draft", "float32", "CPUInt8ScaledMMLinearKernel", "CompressedTensorsW8A8Int8"
 
 

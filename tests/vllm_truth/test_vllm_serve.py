@@ -83,7 +83,11 @@ def src() -> Path:
 
 
 def _quantize(src: Path, out: Path, scheme: str, group_size: int | None, pre_pass: str | None = None) -> Path:
-    weightsmith.quantize(src, out, scheme=scheme, group_size=group_size, pre_pass=pre_pass, hash_sources=False)
+    weightsmith.quantize(
+        weightsmith.QuantizeRequest(
+            src, out, scheme=scheme, group_size=group_size, pre_pass=pre_pass, hash_sources=False
+        )
+    )
     return out
 
 

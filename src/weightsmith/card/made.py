@@ -12,20 +12,13 @@ from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
 from weightsmith.io.serving import named_target
-from weightsmith.quantize.presets import PRESETS
+from weightsmith.quantization.prepasses import PRE_PASSES
+from weightsmith.quantization.presets import PRESETS
 from weightsmith.schemes import REGISTRY
+from weightsmith.searches import SEARCHES
 
 M, C, INS = MANIFEST_FILE, CONFIG_FILE, INSPECT_FILE
 
-_SEARCH = {
-    "mse": "each group's range is clipped to the value that lowers its squared error",
-    "memoryless_mse": "llm-compressor's memoryless MSE search over each group's range",
-    "hqq": "each group's integer zero point and scale are solved by half-quadratic quantization (HQQ) "
-    "for the lowest lp error",
-    "qkx2": "each group's scale and integer zero point are fitted by llama.cpp's weighted k-quant search",
-    "noclip": "each group's scale puts its largest weight on the end of the int4 grid",
-    "wmse": "each group's range is clipped to the value that lowers its magnitude-weighted squared error",
-}
 #: Why tensors of a category are never a quantization target (the plan's rules, by category).
 _NOT_TARGETED = {
     "embeddings": "a lookup table, not a Linear layer",
@@ -134,7 +127,7 @@ def how_made(src: CardSources, c: Citations) -> list[str]:
     recipe = m.recipe
     search = recipe.scale_search
     search_line = (
-        f"{c.text(search, M, 'recipe.scale_search')}: {_SEARCH.get(search, 'as named')}"
+        f"{c.text(search, M, 'recipe.scale_search')}: {SEARCHES[search].CARD if search in SEARCHES else 'as named'}"
         if search
         else "none: plain round-to-nearest from each group's absolute maximum"
     )
@@ -245,14 +238,11 @@ def _pre_pass_lines(m: Manifest, c: Citations) -> list[str]:
     p = m.pre_pass
     if p is None:
         return []
-    return [
-        f"- **Pre-pass**: {c.text(p.name, M, 'pre_pass.name')}: each projection's input columns balanced by SINQ's "
-        f"Sinkhorn column scales (at most {c.num(str(p.iterations), M, 'pre_pass.iterations')} steps per group, "
-        "from the weights alone) before quantizing, the scales folded into the layer norms and the v_proj/up_proj "
-        "rows so that the unquantized model computes the same function; the norm weights (and biases) listed in "
-        "the manifest's pre_pass.changed differ from the source's by design, so adapters (LoRA) trained on the "
-        "source's weights do not fit this checkpoint."
-    ]
+    pre_pass = PRE_PASSES.get(p.name)
+    words = "as named" if pre_pass is None else pre_pass.CARD.format(
+        iterations=c.num(str(p.iterations), M, "pre_pass.iterations")
+    )
+    return [f"- **Pre-pass**: {c.text(p.name, M, 'pre_pass.name')}: {words}"]
 
 
 def _method_line(m: Manifest, c: Citations) -> str:

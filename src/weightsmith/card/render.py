@@ -54,11 +54,19 @@ def _provenance(src: CardSources, c: Citations, base: str | None, license_id: st
         )
     if license_id:
         lines.append(f"- License: {markdown_code(license_id)}, as the base model's.")
-    # the source folder as quantize was given it; an absolute path names this machine, so only its name is shown
-    path = file_name(m.source.path) if is_local_absolute(m.source.path) else m.source.path
+    # the source as quantize was given it: a Hub repository at a commit, or a folder; an absolute path names
+    # this machine, so only its name is shown
+    hub = m.source.hub
+    if hub is not None:
+        where = (
+            f"Hub repository {c.text(hub.repo_id, made.M, 'source.hub.repo_id')} at commit "
+            f"{c.text(hub.commit, made.M, 'source.hub.commit')}"
+        )
+    else:
+        path = file_name(m.source.path) if is_local_absolute(m.source.path) else m.source.path
+        where = c.text(path, made.M, "source.path")
     lines.append(
         f"- Derived from the {c.text(m.recipe.source_format, made.M, 'recipe.source_format')} checkpoint at "
-        f"{c.text(path, made.M, 'source.path')} by "
-        f"weightsmith {c.text(m.tool.version, made.M, 'tool.version')} (`weightsmith quantize`)."
+        f"{where} by weightsmith {c.text(m.tool.version, made.M, 'tool.version')} (`weightsmith quantize`)."
     )
     return lines

@@ -17,7 +17,7 @@ one Hessian and are quantized as one matrix: GPTQ treats rows independently, so 
 result for a third of the column loops.
 
 What comes out is the integer values per Linear (`Chosen`), which the quantize flow
-(`quantize/gptq.py`) stores with the scheme's own encoding; the scales it stores are the
+(`quantization/gptq.py`) stores with the scheme's own encoding; the scales it stores are the
 same grid's. This module is the runtime and the solver only: it knows nothing of plans or outputs.
 
 Where the time goes is arithmetic, so each product runs where it is fastest on a CPU: the layer's
@@ -186,7 +186,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def compile_kernel() -> None:
-    """Compile the column kernel into numba's cache (`quantize/warm.py`), with the argument types
+    """Compile the column kernel into numba's cache (`quantization/warm.py`), with the argument types
     `quantize_weight` passes: values and codes are row slices of the whole matrix's."""
     values, codes = np.ones((8, 2), np.float32), np.zeros((8, 2), np.int8)
     _columns(values[4:], np.empty((4, 2), np.float32), codes[4:], np.eye(4, dtype=np.float32),

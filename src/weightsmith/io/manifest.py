@@ -34,7 +34,7 @@ from weightsmith.io.checkpoint import Checkpoint, read_json
 from weightsmith.io.provenance import ACTIVATIONS, Provenance
 
 MANIFEST_FILE = "weightsmith.json"
-MANIFEST_VERSION = 4  # 2: recipe.rules and recipe.recipe_file; 3: method; 4: pre_pass
+MANIFEST_VERSION = 5  # 2: recipe.rules and recipe.recipe_file; 3: method; 4: pre_pass; 5: source.hub
 #: Where calibration statistics came from (model fingerprint, tokens, text): the `calibrate` record.
 CalibrationRecord = Provenance
 
@@ -105,12 +105,24 @@ class SourceFile:
 
 
 @dataclass(kw_only=True)
+class HubRecord:
+    """Where on the Hub the source came from, when SRC was a Hub id: the repository, the revision asked
+    for (None: the default branch) and the commit it resolved to, which names the files exactly."""
+
+    repo_id: str
+    revision: str | None = None
+    commit: str
+
+
+@dataclass(kw_only=True)
 class SourceRecord:
     path: str
     files: dict[str, SourceFile]
     #: `calibration.fingerprint` of the source: how `calibrate` on this checkpoint names the model it
     #: was quantized from, so `quantize` of that model accepts the statistics. Written only when set.
     fingerprint: str | None = None
+    #: The Hub repository and commit SRC named (`path` is then the snapshot in the Hub cache). Written only when set.
+    hub: HubRecord | None = None
 
 
 @dataclass(kw_only=True)
@@ -184,8 +196,9 @@ class Manifest:
         for key in ("calibration", "kv_calibration", "method", "pre_pass", "skipped_files", "copied_files"):
             if not out[key]:
                 del out[key]
-        if out["source"]["fingerprint"] is None:  # manifests written before sources were fingerprinted
-            del out["source"]["fingerprint"]
+        for key in ("fingerprint", "hub"):  # a source not fingerprinted (older manifests), not from the Hub
+            if out["source"][key] is None:
+                del out["source"][key]
         return out
 
     @classmethod

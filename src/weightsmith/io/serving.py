@@ -22,15 +22,13 @@ CARD_FILE = "README.md"
 TARGET_VARIABLE = "$TARGET"
 
 
-_INSTALL = "pip install 'weightsmith[card]'"
-
-
 def hub() -> Any:
     try:
         import huggingface_hub
     except ImportError:
         raise WeightsmithError(
-            f"the card's front matter is read with huggingface_hub, which is not installed ({_INSTALL})",
+            "the card's front matter is read with huggingface_hub, a dependency of weightsmith that is not installed "
+            "(pip install huggingface_hub)",
             code="card.no-huggingface-hub",
         ) from None
     return huggingface_hub

@@ -36,7 +36,6 @@ from numba import njit
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, array_helper, round_to
 from weightsmith.quant.int4 import group_params, group_range, load_group
 
-SEARCHES = ("mse", "memoryless_mse", "noclip", "wmse")
 #: objectives of the clipping search: |e|^2.5 (`mse`), |w| e^2 (`wmse`)
 POWER25, MAGNITUDE = 0, 1
 COARSE = np.array([1.0 - 0.05 * k for k in range(8)], np.float32)
@@ -278,4 +277,4 @@ def memoryless_choice(masks: np.ndarray, improved: np.ndarray) -> np.ndarray:
     return (1.0 - best_step / MEMORYLESS["grid"]).astype(np.float32)
 
 
-__all__ = ["MAGNITUDE", "POWER25", "SEARCHES", "memoryless_choice", "memoryless_steps", "search_mse", "search_noclip"]
+__all__ = ["MAGNITUDE", "POWER25", "memoryless_choice", "memoryless_steps", "search_mse", "search_noclip"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from weightsmith.schemes.base import NONE, REGISTRY, Alloc, Scheme, Write, fresh, make_scheme
+from weightsmith.schemes.base import REGISTRY, Alloc, Scheme, Write, fresh, make_scheme
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
@@ -18,4 +18,4 @@ for _module in pkgutil.iter_modules(__path__):
 #: Every command-line scheme name, in registration order.
 SCHEME_NAMES = tuple(REGISTRY)
 
-__all__ = ["NONE", "REGISTRY", "SCHEME_NAMES", "Alloc", "Scheme", "Write", "fresh", "make_scheme"]
+__all__ = ["REGISTRY", "SCHEME_NAMES", "Alloc", "Scheme", "Write", "fresh", "make_scheme"]

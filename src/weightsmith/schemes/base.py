@@ -27,6 +27,7 @@ from weightsmith.formats import compressors, layouts
 from weightsmith.formats.layouts import Layout
 from weightsmith.io import names
 from weightsmith.safetensors.writer import TensorSpec
+from weightsmith.searches import NONE, SEARCHES, ScaleSearch
 
 #: One write: (parameter name, data, byte offset within that tensor).
 Write = tuple[str, np.ndarray, int]
@@ -35,8 +36,6 @@ Alloc = Callable[[str, tuple[int, ...], type], np.ndarray]
 
 #: `Scheme.first_pass` values: what must be seen of whole tensors before any row is encoded.
 TENSOR, FUSED = "tensor", "fused"
-#: The scale search a user names for plain round-to-nearest (a scheme's `scale_search` None).
-NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -81,13 +80,11 @@ class Scheme(ABC):
     group_size: int
     symmetric: bool = True
     num_bits: int = 4
-    #: None (plain round-to-nearest) or a scale search the scheme offers (`SEARCHES`).
+    #: None (plain round-to-nearest) or the name of a scale search that applies to it (`weightsmith.searches`).
     scale_search: str | None = None
 
     #: The command-line names this class serves, in help order.
     NAMES: ClassVar[tuple[str, ...]] = ()
-    #: The scale searches `--scale-search` may name for this scheme (`make` says why another is refused).
-    SEARCHES: ClassVar[tuple[str, ...]] = ()
     #: The scale search used when none is named (None: plain round-to-nearest). `make_scheme` applies
     #: it; `--scale-search none` asks for round-to-nearest whatever the default.
     DEFAULT_SEARCH: ClassVar[str | None] = None
@@ -119,6 +116,11 @@ class Scheme(ABC):
         and `conclude` sees them all, so that fused partners can share a parameter.
         """
         return None
+
+    @property
+    def search(self) -> ScaleSearch | None:
+        """The scale search's class, None for round-to-nearest."""
+        return None if self.scale_search is None else SEARCHES[self.scale_search]
 
     # --- what it takes and what it writes ---
 
@@ -247,19 +249,23 @@ def register(cls: type[Scheme]) -> type[Scheme]:
 def make_scheme(name: str, group_size: int | None = None, scale_search: str | None = None) -> Scheme:
     """The scheme a user named, or a one-line usage error.
 
-    `scale_search` None means the scheme's `DEFAULT_SEARCH` and `"none"` plain round-to-nearest.
+    `scale_search` None means the scheme's `DEFAULT_SEARCH` and `"none"` plain round-to-nearest. The
+    scheme checks its own options first, then the search says whether it applies to the scheme made.
     """
     cls = REGISTRY.get(name)
     if cls is None:
         raise WeightsmithError(f"unknown scheme {echo(name)} (choose from {', '.join(REGISTRY)})", code="usage")
-    searches = dict.fromkeys((NONE, *(s for c in REGISTRY.values() for s in c.SEARCHES)))
-    if scale_search is not None and scale_search not in searches:
+    if scale_search is not None and scale_search != NONE and scale_search not in SEARCHES:
         raise WeightsmithError(
-            f"unknown scale search {echo(scale_search)} (choose from {', '.join(searches)})", code="usage"
+            f"unknown scale search {echo(scale_search)} (choose from {', '.join((NONE, *SEARCHES))})", code="usage"
         )
     if scale_search is None:
         scale_search = cls.DEFAULT_SEARCH
-    return cls.make(name, group_size, None if scale_search == NONE else scale_search)
+    scheme = cls.make(name, group_size, None if scale_search == NONE else scale_search)
+    refused = None if scheme.search is None else scheme.search.refusal(scheme)
+    if refused is not None:
+        raise WeightsmithError(refused, code="usage")
+    return scheme
 
 
 def fused_members(module: str, present: dict[str, Any]) -> list[str]:

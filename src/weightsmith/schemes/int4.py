@@ -1,12 +1,11 @@
 """W4A16 and W4A16_ASYM: int4 group-wise round-to-nearest, compressed-tensors `pack-quantized`.
 
-The formula is compressed-tensors' (see quant/int4.py); `--scale-search mse`, `wmse` and `noclip`
-scale each group's range by a factor our fused kernels choose (quant/int4_search.py),
-`memoryless_mse` by llm-compressor's observer of that name, which decides its early stop over the
-whole tensor (a first pass per tensor). The parameter searches (`PARAMETER_SEARCHES`: `hqq`,
-quant/int4_hqq.py; `qkx2`, llama.cpp's weighted searches, quant/int4_qkx2.py) choose each group's
-scale and integer zero point themselves, which the kernel then rounds to (`int4.quantize_given`):
-the same format, parameters no range clip reaches. The default is `wmse`: on the two real models of
+The formula is compressed-tensors' (see quant/int4.py). A scale search (`weightsmith.searches`) changes
+the grid's values, never the format: a clip search scales each group's range by a factor it chooses
+from the rows, a tensor search (llm-compressor's `memoryless_mse`) decides its factors over the whole
+tensor (a first pass per tensor), and a parameter search (`hqq`, `qkx2`) chooses each group's scale and
+integer zero point itself, which the kernel then rounds to (`int4.quantize_given`): parameters no
+range clip reaches. The default is `wmse`: on the two real models of
 docs/scale-search-study.md it lowers KL and perplexity and raises top-1 against plain
 round-to-nearest of the same symmetry; `--scale-search none` is plain round-to-nearest,
 byte-identical to llm-compressor's `model_free_ptq`.
@@ -14,7 +13,6 @@ byte-identical to llm-compressor's `model_free_ptq`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,23 +22,17 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io import names
-from weightsmith.quant import int4, int4_hqq, int4_qkx2, int4_search
+from weightsmith.quant import int4
 from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
+from weightsmith.searches import SEARCHES, ClipSearch, ParameterSearch, TensorSearch
 
 DEFAULT_GROUP = 128
-#: Searches that set each group's scale (float32, exact in the weight dtype) and int8 zero point in
-#: [-8, 7] themselves rather than a clip factor of its range: name -> `search(x, mode, group,
-#: symmetric, scale, zero_point)`, returning the flat index of a NaN/Inf or -1 (x as
-#: `int4.kernel_input` gives it). GPTQ does not start from them (quantize/recipe.py): its grid
-#: carries clip factors only.
-PARAMETER_SEARCHES: dict[str, Callable[..., int]] = {"hqq": int4_hqq.search_hqq, "qkx2": int4_qkx2.search_qkx2}
 
 
 @register
 @dataclass(frozen=True)
 class Int4(Scheme):
     NAMES: ClassVar[tuple[str, ...]] = ("w4a16", "w4a16-asym")
-    SEARCHES: ClassVar[tuple[str, ...]] = (*int4_search.SEARCHES, *PARAMETER_SEARCHES)
     DEFAULT_SEARCH: ClassVar[str | None] = "wmse"
     FORMAT: ClassVar[str] = ct.PACK_QUANTIZED
     ROW_MULTIPLE: ClassVar[int] = int4.PACK
@@ -53,23 +45,11 @@ class Int4(Scheme):
             raise WeightsmithError(
                 f"--group-size {group_size} must be a positive multiple of {int4.PACK}", code="usage"
             )
-        symmetric = name == "w4a16"
-        if scale_search == "memoryless_mse" and not symmetric:
-            raise WeightsmithError(
-                f"--scale-search memoryless_mse reproduces llm-compressor's symmetric observer; with {name} use mse",
-                code="usage",
-            )
-        if scale_search == "noclip" and not symmetric:
-            raise WeightsmithError(
-                f"--scale-search noclip sets a symmetric scale; {name}'s range already ends on the grid's ends",
-                code="usage",
-            )
-        return cls(name, group_size, symmetric=symmetric, scale_search=scale_search)
+        return cls(name, group_size, symmetric=name == "w4a16", scale_search=scale_search)
 
     @property
     def first_pass(self) -> str | None:
-        # llm-compressor's observer decides its early stop over the whole tensor
-        return TENSOR if self.scale_search == "memoryless_mse" else None
+        return TENSOR if isinstance(self.search, TensorSearch) else None
 
     @property
     def config_group_name(self) -> str:
@@ -80,31 +60,28 @@ class Int4(Scheme):
 
     def weight_args(self) -> dict[str, Any]:
         args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)
-        if self.scale_search == "memoryless_mse":
-            args["observer"] = "memoryless_mse"
-            args["observer_kwargs"] = dict(int4_search.MEMORYLESS)
-        return args
+        return args if self.search is None else args | self.search.weight_args()
 
     def observe(self, x: np.ndarray, r0: int, shape: tuple[int, int], state: Any) -> tuple[Any, int]:
-        """memoryless_mse: mark each group's improving steps, over every row block of the tensor."""
-        rows, cols = shape
+        """A tensor search's first pass, over every row block of the tensor."""
+        search = self.search
+        assert isinstance(search, TensorSearch), "only a tensor search has a first pass"
         if state is None:
-            steps = int(int4_search.MEMORYLESS["maxshrink"] * int4_search.MEMORYLESS["grid"])
-            state = (np.zeros((rows, cols // self.group_size), np.uint32), np.zeros(steps, np.bool_))
-        masks, improved = state
+            state = search.start(shape, self.group_size)
         xin, mode = int4.kernel_input(x), int4.mode_of(x.dtype)
-        bad = int4_search.memoryless_steps(xin, mode, self.group_size, masks[r0 : r0 + len(x)], improved)
-        return state, bad
+        return state, search.observe(xin, mode, self.group_size, r0, state)
 
     def conclude(self, states: dict[str, Any]) -> dict[str, Any]:
-        """memoryless_mse: each group's clipping factor, once the whole tensor was seen."""
-        return {module: int4_search.memoryless_choice(*state) for module, state in states.items()}
+        """A tensor search's factors for each module, once the whole tensor was seen."""
+        search = self.search
+        assert isinstance(search, TensorSearch), "only a tensor search has a first pass"
+        return {module: search.conclude(state) for module, state in states.items()}
 
     def grid(self, x: np.ndarray) -> Grid | None:
         """Round-to-nearest's grid, on the clip factors this scheme's search chooses from the weight
-        alone (none for memoryless_mse, whose factors need a first pass over the whole tensor, nor
+        alone (none for a tensor search, whose factors need a first pass over the whole tensor, nor
         for a parameter search, whose scales no clip factor makes again)."""
-        if self.scale_search == "memoryless_mse" or self.scale_search in PARAMETER_SEARCHES:
+        if self.search is not None and not isinstance(self.search, ClipSearch):
             return None
         n, cols = x.shape
         mode, g = int4.mode_of(x.dtype), self.group_size
@@ -123,12 +100,9 @@ class Int4(Scheme):
         return Grid(int4.scale_storage(scale, mode), zero_point, g, int4.Q_MIN, int4.Q_MAX, searched)
 
     def _search(self, xin: np.ndarray, mode: int, shrink: np.ndarray) -> int:
-        """Fill `shrink` with the data-free search's factor per group (left at 1 without one): a NaN/Inf index or -1."""
-        if self.scale_search in ("mse", "wmse"):
-            objective = int4_search.MAGNITUDE if self.scale_search == "wmse" else int4_search.POWER25
-            return int4_search.search_mse(xin, mode, self.group_size, shrink, self.symmetric, objective)
-        if self.scale_search == "noclip":
-            return int4_search.search_noclip(xin, mode, self.group_size, shrink)
+        """Fill `shrink` with the clip search's factor per group (left at 1 without one): a NaN/Inf index or -1."""
+        if isinstance(self.search, ClipSearch):
+            return self.search.fill(xin, mode, self.group_size, self.symmetric, shrink)
         return -1
 
     def quantize_into(
@@ -143,15 +117,15 @@ class Int4(Scheme):
         g = self.group_size
         scale = alloc("scale", (n, cols // g), np.float32)
         zp = alloc("zp", (n, cols // g), np.int8)
-        search = PARAMETER_SEARCHES.get(self.scale_search or "")
-        if search is not None:  # (never with `Chosen`: GPTQ does not start from these)
-            bad = search(xin, mode, g, self.symmetric, scale, zp)
+        search = self.search
+        if isinstance(search, ParameterSearch):  # (never with `Chosen`: GPTQ does not start from these)
+            bad = search.parameters(xin, mode, g, self.symmetric, scale, zp)
             if bad < 0:
                 bad = int4.quantize_given(xin, mode, g, self.symmetric, scale, zp, packed)
             return int4.scale_storage(scale, mode), zp, bad
         if isinstance(tensor_param, Chosen) and tensor_param.shrink is not None:  # GPTQ on a searched grid
             shrink = tensor_param.shrink[r0 : r0 + n]
-        elif isinstance(tensor_param, np.ndarray):  # memoryless_mse's factors for the whole tensor
+        elif isinstance(tensor_param, np.ndarray):  # a tensor search's factors for the whole tensor
             shrink = tensor_param[r0 : r0 + n]
         else:
             shrink = alloc("shrink", (n, cols // g), np.float32)
@@ -207,7 +181,7 @@ def quantize(
     """Quantize a whole 2-D weight (bf16, fp16 or fp32). Raises ValueError on NaN/Inf.
 
     `shrink` (float32 [rows, cols/group]) clips each group's range, as a scale search chooses;
-    `search`, one of `PARAMETER_SEARCHES`, sets each group's scale and zero point instead.
+    `search`, the name of a parameter search (`hqq`, `qkx2`), sets each group's scale and zero point instead.
     """
     mode = int4.mode_of(w.dtype)
     rows, cols = w.shape
@@ -221,7 +195,9 @@ def quantize(
         shrink = np.ones((rows, cols // group), np.float32)
     x = int4.kernel_input(np.ascontiguousarray(w))
     if search is not None:
-        bad = PARAMETER_SEARCHES[search](x, mode, group, symmetric, scale, zp)
+        parameter_search = SEARCHES[search]
+        assert isinstance(parameter_search, ParameterSearch), f"{search} is not a parameter search"
+        bad = parameter_search.parameters(x, mode, group, symmetric, scale, zp)
         if bad < 0:
             bad = int4.quantize_given(x, mode, group, symmetric, scale, zp, packed)
     else:

@@ -24,7 +24,6 @@ from weightsmith.schemes.base import FUSED, Alloc, Scheme, Write, fresh, fused_m
 @dataclass(frozen=True)
 class Nvfp4(Scheme):
     NAMES: ClassVar[tuple[str, ...]] = ("nvfp4a16",)
-    SEARCHES: ClassVar[tuple[str, ...]] = ("mse",)
     FORMAT: ClassVar[str] = ct.NVFP4_PACK_QUANTIZED
     COMPILE_SECONDS: ClassVar[int] = 5  # with its scale search
 
@@ -32,8 +31,6 @@ class Nvfp4(Scheme):
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
         if group_size not in (None, nvfp4.GROUP):
             raise WeightsmithError(f"{name} has a fixed group size of {nvfp4.GROUP}", code="usage")
-        if scale_search == "memoryless_mse":
-            raise WeightsmithError(f"--scale-search memoryless_mse is for int4 schemes; {name} takes mse", code="usage")
         return cls(name, nvfp4.GROUP, scale_search=scale_search)
 
     @property
@@ -72,7 +69,7 @@ class Nvfp4(Scheme):
         packed = alloc("packed", (n, cols // 2), np.uint8)
         codes = alloc("codes", (n, cols // g), np.uint8)
         gs = np.float32(tensor_param)
-        bad = nvfp4.quantize_rows(xin, mode, gs, self.scale_search == "mse", packed, codes)
+        bad = nvfp4.quantize_rows(xin, mode, gs, self.search is not None, packed, codes)
         writes: list[Write] = [
             (names.WEIGHT_PACKED, packed, r0 * (cols // 2)),
             (names.WEIGHT_SCALE, codes, r0 * (cols // g)),

@@ -18,46 +18,38 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
-from pathlib import Path
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import Say
 from weightsmith.core.timesplit import adding
 from weightsmith.engine.distributed import World
-from weightsmith.engine.gptq_defaults import GPTQ_DAMPENING
 from weightsmith.io.manifest import MethodRecord
 from weightsmith.io.outputdir import check_destination, remove_stale, scratch
 from weightsmith.io.provenance import Provenance, fingerprint
-from weightsmith.quantize.pipeline import QuantizeResult, execute, kernel_dtype
-from weightsmith.quantize.plan import QUANTIZE, Plan
-from weightsmith.quantize.request import GptqOptions
+from weightsmith.quantization.pipeline import QuantizeResult, execute, kernel_dtype
+from weightsmith.quantization.plan import QUANTIZE, Plan
+from weightsmith.quantization.request import GptqOptions
 
 
 def run(
-    plan: Plan,
-    out: Path,
-    opts: GptqOptions,
-    *,
-    workers: int,
-    force: bool,
-    hash_sources: bool,
-    progress: Say | None = None,
-    warn: Say | None = None,
-    world: World = World(),
+    plan: Plan, opts: GptqOptions, *, layer: Say | None = None, warn: Say | None = None, world: World = World()
 ) -> QuantizeResult | None:
-    """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run.
+    """Tokens, a warning when they are too few for the Hessians, then the streamed GPTQ run of `plan`
+    (made for a request whose method is "gptq", with these `opts`).
 
-    `progress` gets a line per decoder layer; `warn` each warning (too few tokens; each module left to
+    `layer` gets a line per decoder layer; `warn` each warning (too few tokens; each module left to
     round-to-nearest, also recorded in the manifest's `method.rtn_fallback`). In a `world` of several
     ranks only rank 0 returns the result; the others return None once it is written."""
+    assert plan.request is not None, "a plan made for a request"
+    out = plan.request.output
     stale: list[str] = []
     if world.leader:
         # now, not after the hours the values take; what a killed run left goes first (a killed GPTQ run's
         # scratch folder frees its disk, a previous OUT it had set aside is back before OUT is judged)
         stale = remove_stale(out, keep=[plan.source.root])
-        check_destination(plan.source.root, out, force)
+        check_destination(plan.source.root, out, plan.request.request.force)
     else:
-        progress = warn = None
+        layer = warn = None
     seconds: dict[str, float] = {}  # where the time goes before the engine's run: `gptq.PHASES`
     with adding(seconds, "libraries"):
         from weightsmith.calibration.measure import calibration_tokens
@@ -99,20 +91,7 @@ def run(
     provenance = Provenance.of_run(
         fingerprint(plan.source), sequences, read.label, read.sha256, activations, text_chunks=read.chunks
     )
-    result = quantize(
-        plan,
-        out,
-        sequences,
-        provenance,
-        dampening=opts.dampening,
-        actorder=opts.actorder,
-        workers=workers,
-        force=force,
-        hash_sources=hash_sources,
-        trust_remote_code=opts.trust_remote_code,
-        progress=progress,
-        world=world,
-    )
+    result = quantize(plan, opts, sequences, provenance, layer=layer, world=world)
     if result is None:
         return None
     result.engine = {**seconds, **result.engine}
@@ -126,25 +105,22 @@ def run(
 
 def quantize(
     plan: Plan,
-    out: Path,
+    opts: GptqOptions,
     token_ids: list[list[int]],
     provenance: Provenance,
     *,
-    dampening: float = GPTQ_DAMPENING,
-    actorder: str = "static",
-    workers: int = 1,
-    force: bool = False,
-    hash_sources: bool = True,
-    trust_remote_code: bool = False,
-    progress: Say | None = None,
+    layer: Say | None = None,
     world: World = World(),
 ) -> QuantizeResult | None:
-    """`plan` written to `out` with GPTQ's values for every quantized Linear the engine runs.
+    """`plan` written to its request's output with GPTQ's values (`opts`) for every quantized Linear the
+    engine runs.
 
-    The values wait in a scratch folder beside `out` (`outputdir.scratch`), removed however the run
-    ends, and by the next run for `out` if this one is killed. Ranks other than 0 keep no values and
-    return None when rank 0 has written `out`.
+    The values wait in a scratch folder beside the output (`outputdir.scratch`), removed however the run
+    ends, and by the next run for it if this one is killed. Ranks other than 0 keep no values and
+    return None when rank 0 has written the output.
     """
+    assert plan.request is not None, "a plan made for a request"
+    out, workers, request = plan.request.output, plan.request.workers, plan.request.request
     from weightsmith.engine import gptq as engine  # the module, not its `run`: tests stand in for it
 
     targets = {
@@ -159,21 +135,21 @@ def quantize(
             token_ids,
             targets,
             work,
-            dampening=dampening,
-            actorder=actorder,
-            trust_remote_code=trust_remote_code,
+            dampening=opts.dampening,
+            actorder=opts.actorder,
+            trust_remote_code=opts.trust_remote_code,
             workers=workers,
             world=world,
-            progress=progress,
+            progress=layer,
         )
         if not world.leader:
             world.barrier()  # rank 0 has written OUT
             return None
         method = MethodRecord(
             name="gptq",
-            dampening=dampening,
+            dampening=opts.dampening,
             block_size=engine.BLOCK_SIZE,
-            actorder=actorder,
+            actorder=opts.actorder,
             tokens=provenance.tokens,
             rtn_fallback=dict(sorted(found.rtn.items())),
         )
@@ -181,8 +157,8 @@ def quantize(
             plan,
             out,
             workers=workers,
-            force=force,
-            hash_sources=hash_sources,
+            force=request.force,
+            hash_sources=request.hash_sources,
             chosen=found.chosen,
             method=method,
             calibrated_from=provenance,

@@ -39,7 +39,7 @@ from weightsmith.engine.gptq_defaults import LLM_COMPRESSOR_DAMPENING as LLM_COM
 from weightsmith.formats.targets import LINEAR, Targets
 from weightsmith.io import names
 from weightsmith.schemes import REGISTRY, Scheme, make_scheme
-from weightsmith.schemes.int4 import PARAMETER_SEARCHES
+from weightsmith.searches import SEARCHES
 
 CATEGORY = "category:"
 #: Categories a rule may target: those that hold Linear-like weights.
@@ -103,12 +103,6 @@ class Recipe:
         return next((r for r in self.rules if r.matches(module)), None)
 
 
-#: The scale searches GPTQ cannot start from, and why: GPTQ fixes its grid from each weight alone
-#: before its first column, and carries clip factors only.
-GPTQ_REFUSED_SEARCHES = {
-    "memoryless_mse": "whose factors need the whole tensor first",
-    **dict.fromkeys(PARAMETER_SEARCHES, "which sets each group's scale and zero point itself, not a clip factor"),
-}
 #: Why, said alike for `--scale-search` and a recipe's `scale_search`.
 GPTQ_GRID_ONLY = "--method gptq fixes its grid from each weight before its first column"
 
@@ -116,8 +110,8 @@ GPTQ_GRID_ONLY = "--method gptq fixes its grid from each weight before its first
 def load_recipe(path: Path, *, gptq: bool = False) -> Recipe:
     """Read and check a recipe file: one line naming the file and the key for anything wrong.
 
-    `gptq`: a rule naming a search of `GPTQ_REFUSED_SEARCHES` is refused: its modules would have no
-    grid GPTQ can start from."""
+    `gptq`: a rule naming a search GPTQ cannot start from (`gptq_refusal`) is refused: its modules would
+    have no grid GPTQ can start from."""
     raw = _read(path)
     try:
         doc = tomllib.loads(raw)
@@ -188,7 +182,7 @@ def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
     search = doc.get("scale_search")
     if search is not None and not isinstance(search, str):
         raise WeightsmithError(f"{where}: scale_search must be a string", file=path, code="recipe.invalid")
-    if gptq and search in GPTQ_REFUSED_SEARCHES:
+    if gptq and gptq_refusal(search) is not None:
         raise WeightsmithError(
             f"{where}: {GPTQ_GRID_ONLY}; it does not take scale_search = {search!r} (use another or leave it out)",
             file=path,
@@ -201,3 +195,9 @@ def _rule(doc: object, index: int, path: Path, gptq: bool) -> Rule:
         message = exc.message.replace("--group-size", "group_size").replace("--scale-search", "scale_search")
         raise WeightsmithError(f"{where}: {message}", file=path, code="recipe.invalid") from None
     return Rule(tuple(targets), scheme)
+
+
+def gptq_refusal(search: str | None) -> str | None:
+    """Why `--method gptq` cannot start from the scale search named `search` (None: it can, or no such search)."""
+    found = SEARCHES.get(search or "")
+    return None if found is None else found.GPTQ_REFUSAL

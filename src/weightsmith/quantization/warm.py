@@ -7,7 +7,7 @@ quantizes on a tiny block (`encode_block`), and `on_compile` tells the command l
 compile rather than a load, so that a first run says why it takes longer ("compiling the w4a16
 kernels once ..."), and a later one says nothing.
 
-`python -m weightsmith.quantize.warm` compiles every kernel of every scheme and scale search for each input
+`python -m weightsmith.quantization.warm` compiles every kernel of every scheme and scale search for each input
 dtype up front, for a machine that should never compile on first use (the tests and the benchmarks,
 a shared install or an image). It is not part of `make demo`: a user runs one scheme on one dtype,
 and compiling the rest took most of the demo's time. It also compiles the package's bytecode: an
@@ -30,7 +30,8 @@ import numpy as np
 from numba.core import event
 
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.schemes import NONE, REGISTRY, Scheme, make_scheme
+from weightsmith.schemes import REGISTRY, Scheme, make_scheme
+from weightsmith.searches import NONE, searches_for
 
 #: The dtypes a source weight reaches the kernels in (FP8 sources arrive decoded to BF16).
 INPUT_DTYPES = (ml_dtypes.bfloat16, np.float16, np.float32)
@@ -75,8 +76,8 @@ def on_compile(callback: Callable[[], None]) -> Iterator[None]:
 
 def _variants() -> list[Scheme]:
     out: list[Scheme] = []
-    for name, cls in REGISTRY.items():
-        for search in (NONE, *cls.SEARCHES):
+    for name in REGISTRY:
+        for search in (NONE, *searches_for(name)):
             try:
                 out.append(make_scheme(name, None, search))
             except WeightsmithError:  # a search this scheme refuses (each scheme says why): nothing to compile

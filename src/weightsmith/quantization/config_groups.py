@@ -24,7 +24,7 @@ from typing import Any
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.targets import Targets
 from weightsmith.io import names
-from weightsmith.quantize.recipe import Recipe, Rule
+from weightsmith.quantization.recipe import Recipe, Rule
 
 #: The top-level format of a config whose groups use different formats (compressed-tensors').
 MIXED_PRECISION = "mixed-precision"

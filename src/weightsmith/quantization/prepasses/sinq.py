@@ -51,9 +51,10 @@ from weightsmith.formats.source import OriginalWeights
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.quant import sinkhorn
-from weightsmith.quantize.plan import QUANTIZE, Plan, shape_refusal
+from weightsmith.quantization.plan import QUANTIZE, Plan, shape_refusal
+from weightsmith.quantization.prepasses.base import PrePass, register
+from weightsmith.schemes.base import Scheme
 
-PRE_PASSES = ("sinq",)
 #: The classes (`architectures[0]`, what vLLM builds) whose decoder layers are pre-norm Llama blocks
 #: with norms that multiply by their weight.
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -62,8 +63,6 @@ CONTRADICTION = "config.contradiction"
 #: What `--pre-pass auto` refuses rather than skips: where the pre-pass would fold, a config that
 #: contradicts itself or a weight whose shape config.json contradicts (`plan.shape_refusal`).
 REFUSED_UNDER_AUTO = (CONTRADICTION, SHAPE)
-#: The schemes whose grid is a per-group scale over the balanced weight.
-SCHEMES = ("w4a16", "w4a16-asym")
 _KNOWN = {f"{m}.{names.WEIGHT}" for m in PROJECTIONS + NORMS} | {f"{m}.{names.BIAS}" for m in PROJECTIONS}
 
 
@@ -149,13 +148,32 @@ def _checked(plan: Plan) -> tuple[list[str], Heads]:
                 raise refusal(f"layer {layer}", f"has no {part}, so its scales have nowhere to go")
         for module in PROJECTIONS:
             d = decisions[f"{layer}.{module}.{names.WEIGHT}"]
-            if d.action != QUANTIZE or d.rule is None or d.rule.scheme.name not in SCHEMES:
+            if d.action != QUANTIZE or d.rule is None or not takes(d.rule.scheme):
                 why = d.reason if d.action != QUANTIZE else f"is quantized as {d.rule.scheme.name if d.rule else '?'}"
-                raise refusal(f"tensor {d.name}", f"must be quantized as {' or '.join(SCHEMES)} ({why})")
+                raise refusal(f"tensor {d.name}", f"must be quantized as {' or '.join(_schemes())} ({why})")
             wrong = shape_refusal(plan.source, arch, d)  # (the plan has checked the norms and biases)
             if wrong is not None:
                 raise wrong
     return sorted(layers, key=lambda p: int(p.rsplit(".", 1)[1])), heads
+
+
+def takes(scheme: Scheme) -> bool:
+    """A weight-only 4-bit integer scheme with a scale per group: its grid is what the balancing evens out
+    (the studies measured it there; quantized activations would see the folded norms' new range)."""
+    args = scheme.weight_args()
+    return (
+        scheme.input_args() is None
+        and scheme.num_bits == 4
+        and args.get("type") == "int"
+        and args.get("strategy") == "group"
+    )
+
+
+def _schemes() -> list[str]:
+    """The registered scheme names `takes` accepts, as the refusal lists them."""
+    from weightsmith.schemes import REGISTRY, make_scheme
+
+    return [name for name in REGISTRY if takes(make_scheme(name, None, "none"))]
 
 
 def skipped(plan: Plan) -> str | None:
@@ -317,3 +335,43 @@ def balance(plan: Plan, workers: int) -> Balance:
                 code="values.non-finite",
             )
     return total
+
+
+@register
+class Sinq(PrePass):
+    NAME = "sinq"
+    AUTO = True
+    HELP = (
+        "balance each weight's columns first (SINQ's Sinkhorn column scales, found from the weights alone) and "
+        "fold the scales into the norms and the v/up_proj rows, so the model computes the same function and "
+        "the checkpoint keeps the usual format. Llama, Mistral and Qwen2 under w4a16[-asym], --method rtn only"
+    )
+    SUMMARY = (
+        "weights balanced, column scales folded into {changed} norms and biases and the v/up_proj rows "
+        "(same function; --pre-pass none keeps the source's)"
+    )
+    CARD = (
+        "each projection's input columns balanced by SINQ's Sinkhorn column scales (at most {iterations} steps "
+        "per group, from the weights alone) before quantizing, the scales folded into the layer norms and the "
+        "v_proj/up_proj rows so that the unquantized model computes the same function; the norm weights (and "
+        "biases) listed in the manifest's pre_pass.changed differ from the source's by design, so adapters "
+        "(LoRA) trained on the source's weights do not fit this checkpoint."
+    )
+
+    def takes(self, scheme: Scheme) -> bool:
+        return takes(scheme)
+
+    def check(self, plan: Plan) -> list[str]:
+        return check(plan)
+
+    def skipped(self, plan: Plan) -> str | None:
+        return skipped(plan)
+
+    def changed_tensors(self, plan: Plan, parts: list[str]) -> list[str]:
+        return changed_tensors(plan, parts)
+
+    def transforms(self, name: str) -> bool:
+        return folds(name)
+
+    def run(self, plan: Plan, workers: int) -> Balance:
+        return balance(plan, workers)

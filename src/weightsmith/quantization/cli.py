@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import stat
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +25,28 @@ from weightsmith.core.files import read_regular
 from weightsmith.core.interrupt import terminate_as_interrupt
 from weightsmith.core.terminal import markup_safe
 from weightsmith.engine import distributed, launch
+from weightsmith.io.hub import resolve_source
 from weightsmith.io.outputdir import check_destination
 from weightsmith.io.texts import TEXT_HELP
-from weightsmith.quantize.demo import DEMO_CONFIG, write_demo_checkpoint
-from weightsmith.quantize.library import write
-from weightsmith.quantize.pipeline import MAX_WORKERS, QuantizeResult, default_workers, work_bytes
-from weightsmith.quantize.plan import Plan
-from weightsmith.quantize.presets import PRESETS
-from weightsmith.quantize.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING, MAX_GROUP_SIZE, Recipe
-from weightsmith.quantize.request import (
+from weightsmith.quantization import library
+from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
+from weightsmith.quantization.library import Hooks, write
+from weightsmith.quantization.pipeline import MAX_WORKERS, QuantizeResult, work_bytes
+from weightsmith.quantization.plan import Plan
+from weightsmith.quantization.prepasses import PRE_PASSES
+from weightsmith.quantization.presets import PRESETS
+from weightsmith.quantization.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING, MAX_GROUP_SIZE
+from weightsmith.quantization.request import (
     AUTO,
     DEFAULT_SCHEME,
     GPTQ_SEQ_LEN,
     GPTQ_TOKENS,
     GptqOptions,
-    open_plan,
-    plan_warnings,
-    pre_pass_option,
+    QuantizeRequest,
     resolve,
-    rules_for,
 )
 from weightsmith.schemes import REGISTRY, SCHEME_NAMES, Scheme
+from weightsmith.searches import SEARCHES
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -80,15 +84,10 @@ def plan_table(plan: Plan) -> Table:
     return table
 
 
-def _warn_plan(plan: Plan) -> None:
-    """Recipe targets that match nothing, a statistics file measured on too few tokens (`plan_warnings`)."""
-    for message in plan_warnings(plan):
-        err.print(f"[yellow]warning:[/] {markup_safe(message)}", soft_wrap=True)  # one line, as errors are
-
-
 def plan_json(plan: Plan) -> dict[str, Any]:
     return {
         "source": str(plan.source.root),
+        "hub": None if plan.hub is None else asdict(plan.hub) | {"path": str(plan.hub.path)},
         "scheme": plan.scheme.name,
         "group_size": plan.scheme.group_size,
         "preset": plan.preset,
@@ -139,10 +138,8 @@ def _summary(result: QuantizeResult, seconds: float) -> None:
     )
     console.print(f"  ignore    {markup_safe(', '.join(m.recipe.ignore) or '(none)')}")
     if m.pre_pass is not None:
-        console.print(
-            f"  pre-pass  {m.pre_pass.name}: weights balanced, column scales folded into {len(m.pre_pass.changed)} "
-            "norms and biases and the v/up_proj rows (same function; --pre-pass none keeps the source's)"
-        )
+        done = PRE_PASSES[m.pre_pass.name].SUMMARY.format(changed=len(m.pre_pass.changed))
+        console.print(f"  pre-pass  {m.pre_pass.name}: {done}")
     elif result.pre_pass_skipped is not None:
         console.print(f"  pre-pass  none: {markup_safe(result.pre_pass_skipped)}")
     if m.calibration is not None:
@@ -184,7 +181,7 @@ def compile_notice(scheme: Scheme, dtype: np.dtype) -> None:
 
     The pipeline calls it at most once per scheme and dtype, and only for a compile: a run whose
     kernels are cached says nothing. Without it a first run is slower than later ones for no stated
-    reason (it compiles only what it uses, once; `python -m weightsmith.quantize.warm` compiles everything).
+    reason (it compiles only what it uses, once; `python -m weightsmith.quantization.warm` compiles everything).
     """
     search = f" ({scheme.scale_search} search)" if scheme.scale_search else ""
     err.print(
@@ -195,58 +192,16 @@ def compile_notice(scheme: Scheme, dtype: np.dtype) -> None:
 
 
 @paused_gc()  # the run loads numba's kernels: long-lived objects; reference counting frees the rest
-def run_quantize(
-    src: Path,
-    out: Path,
-    *,
-    scheme: str | None,
-    group_size: int | None,
-    ignore: list[str],
-    preset: str | None,
-    workers: int,
-    force: bool,
-    show_progress: bool,
-    hash_sources: bool = True,
-    scale_search: str | None = None,
-    recipe: Path | Recipe | None = None,
-    calibration: Path | None = None,
-    kv_cache: str | None = None,
-    gptq: GptqOptions | None = None,
-    pre_pass: str | None = None,
-    world: distributed.World = distributed.World(),
-) -> tuple[QuantizeResult | None, float]:
-    """Open, plan and execute; returns the result (None on a rank other than 0 of a `world`) and wall
-    seconds. `recipe` a file, or the rules `request.resolve` gave (then `scheme`, `group_size` and
-    `scale_search` are None)."""
-    started = time.perf_counter()
-    plan = open_plan(
-        src,
-        rules_for(scheme, group_size, scale_search, recipe, gptq=gptq is not None),
-        ignore=ignore,
-        preset=preset,
-        calibration=calibration,
-        kv_cache=kv_cache,
-        pre_pass=pre_pass,
-    )
-    if world.leader:
-        _warn_plan(plan)
+def _write(plan: Plan, *, show_progress: bool, world: distributed.World = distributed.World()) -> QuantizeResult | None:
+    """`library.write` with the command's progress: a bar over the input bytes for a data-free run on a
+    terminal, a line per decoder layer for GPTQ; an interrupt leaves nothing behind and says so."""
+    out = plan.request.output if plan.request is not None else None
+    layers = (lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if err.is_terminal else None
+    hooks = Hooks(layer=layers, warn=_warn, compiling=compile_notice)
     with terminate_as_interrupt():  # the partial output is removed either way
         try:
-            if gptq is not None or not show_progress or world.size > 1:
-                layers = (lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if err.is_terminal else None
-                result = write(
-                    plan,
-                    out,
-                    gptq,
-                    workers=workers,
-                    force=force,
-                    hash_sources=hash_sources,
-                    gptq_progress=layers,
-                    warn=_warn,
-                    on_compile=compile_notice,
-                    world=world,
-                )
-                return result, time.perf_counter() - started
+            if plan.request is None or plan.request.gptq is not None or not show_progress or world.size > 1:
+                return write(plan, hooks, world)
             # imported here: a run without a bar (--json, no terminal) starts without them
             from rich.progress import (
                 BarColumn,
@@ -257,26 +212,11 @@ def run_quantize(
                 TransferSpeedColumn,
             )
 
-            columns = (
-                TextColumn("quantizing"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-            )
+            columns = (TextColumn("quantizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       TimeRemainingColumn())  # fmt: skip
             with Progress(*columns, console=err, transient=True) as bar:
                 task = bar.add_task("quantize", total=work_bytes(plan))
-                result = write(
-                    plan,
-                    out,
-                    None,
-                    workers=workers,
-                    force=force,
-                    hash_sources=hash_sources,
-                    progress=lambda n: bar.advance(task, n),
-                    on_compile=compile_notice,
-                )
-            return result, time.perf_counter() - started
+                return write(plan, replace(hooks, progress=lambda n: bar.advance(task, n)), world)
         except KeyboardInterrupt:
             err.print(
                 f"[bold red]interrupted[/]: {markup_safe(out)} was not written and no partial output was left behind"
@@ -319,179 +259,156 @@ def _default_searches() -> str:
     return "; ".join(f"{search} for {', '.join(names)}" for search, names in by_search.items())
 
 
-def quantize(
-    src: Path = typer.Argument(
-        ..., help="Checkpoint folder: config.json plus model.safetensors or shards with an index."
-    ),
-    out: Path = typer.Argument(..., help="Output folder (must not exist unless --force)."),
-    scheme: str | None = typer.Option(None, help=f"One of: {', '.join(SCHEME_NAMES)} (default {DEFAULT_SCHEME})."),
-    recipe: Path | None = typer.Option(
-        None,
-        "--recipe",
+def _search_help() -> str:
+    """`--scale-search`'s help, from the registered searches' own words."""
+    searches = ", ".join(f"{name} ({search.HELP})" for name, search in SEARCHES.items())
+    return (
+        "How each group's scale is chosen: none (plain RTN, byte-identical to llm-compressor model_free_ptq), "
+        f"{searches}. Default: {_default_searches()}; none for the other schemes."
+    )
+
+
+def _pre_pass_help() -> str:
+    """`--pre-pass`'s help, from the registered pre-passes' own words."""
+    passes = " ".join(f"{name}: {p.HELP}." for name, p in PRE_PASSES.items())
+    auto = ", ".join(name for name, p in PRE_PASSES.items() if p.AUTO)
+    return (
+        f"{passes} auto (the default): {auto} where it applies, unless --scale-search none or --kv-cache is "
+        "given; the summary says which. none: the weights as the source stores them."
+    )
+
+
+#: The command's arguments and options, in help order: parameter name -> (type, typer's declaration).
+#: The names are `QuantizeRequest`'s and `GptqOptions`' fields where they are one of them (`src`, `out`
+#: and `no_hash` are mapped in `_request`), so the command holds no argument list of its own.
+_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "src": (str, typer.Argument(
+        ..., help="Checkpoint folder (config.json plus model.safetensors or shards with an index), "
+        "or a Hub id org/name, or org/name@revision, from the local Hub cache (downloaded when the network allows).",
+    )),
+    "out": (Path, typer.Argument(..., help="Output folder (must not exist unless --force).")),
+    "scheme": (str | None, typer.Option(
+        None, help=f"One of: {', '.join(SCHEME_NAMES)} (default {DEFAULT_SCHEME})."
+    )),
+    "recipe": (Path | None, typer.Option(
+        None, "--recipe",
         help="TOML file of ordered rules (targets -> scheme), several schemes in one checkpoint; see the README.",
-    ),
-    group_size: int | None = typer.Option(
-        None,
-        "--group-size",
-        min=1,
-        max=MAX_GROUP_SIZE,
+    )),
+    "group_size": (int | None, typer.Option(
+        None, "--group-size", min=1, max=MAX_GROUP_SIZE,
         help="Input columns per scale (default 128; nvfp4a16 is fixed at 16).",
-    ),
-    scale_search: str | None = typer.Option(
-        None,
-        "--scale-search",
-        help="How each group's scale is chosen: none (plain RTN, byte-identical to llm-compressor model_free_ptq), "
-        "wmse (clipping or widening by magnitude-weighted error: lower KL than RTN on two real models, "
-        "docs/scale-search-study.md), mse (the same, unweighted), noclip (symmetric: largest weight on the grid's "
-        "end), memoryless_mse (llm-compressor's symmetric observer, exactly), hqq (half-quadratic quantization: "
-        "each group's integer zero point and scale for the lowest lp error) or qkx2 (llama.cpp's k-quant "
-        f"weighted scale and offset search, integer zero points). Default: {_default_searches()}; "
-        "none for the other schemes.",
-    ),
-    ignore: list[str] = typer.Option(
+    )),
+    "scale_search": (str | None, typer.Option(None, "--scale-search", help=_search_help())),
+    "ignore": (list[str], typer.Option(
         [], "--ignore", help="Module to keep unquantized: exact name or re:REGEX (vLLM matching). Repeatable."
-    ),
-    preset: str | None = typer.Option(None, help=f"Known case: {', '.join(PRESETS)}."),
-    calibration: Path | None = typer.Option(
-        None,
-        "--calibration",
+    )),
+    "preset": (str | None, typer.Option(None, help=f"Known case: {', '.join(PRESETS)}.")),
+    "calibration": (Path | None, typer.Option(
+        None, "--calibration",
         help="Statistics file of `weightsmith calibrate` on SRC: needed by nvfp4 and fp8 (static activation "
         "scales) and by --kv-cache.",
-    ),
-    kv_cache: str | None = typer.Option(
+    )),
+    "kv_cache": (str | None, typer.Option(
         None, "--kv-cache", help="Declare an FP8 KV cache with k_scale/v_scale measured on --calibration: fp8."
-    ),
-    pre_pass: str = typer.Option(
-        AUTO,
-        "--pre-pass",
-        help="sinq: balance each weight's columns first (SINQ's Sinkhorn column scales, found from the weights "
-        "alone) and fold the scales into the norms and the v/up_proj rows, so the model computes the same "
-        "function and the checkpoint keeps the usual format. Llama, Mistral and Qwen2 under w4a16[-asym], "
-        "--method rtn only. auto (the default): sinq where it applies, unless --scale-search none or "
-        "--kv-cache is given; the summary says which. none: the weights as the source stores them.",
-    ),
-    method: str = typer.Option(
-        "rtn",
-        "--method",
+    )),
+    "pre_pass": (str, typer.Option(AUTO, "--pre-pass", help=_pre_pass_help())),
+    "method": (str, typer.Option(
+        "rtn", "--method",
         help="rtn (round-to-nearest, data-free) or gptq (GPTQ on calibration text, one decoder layer at a time).",
-    ),
-    text: Path | None = typer.Option(None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."),
-    builtin: str | None = typer.Option(
+    )),
+    "text": (Path | None, typer.Option(
+        None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."
+    )),
+    "builtin": (str | None, typer.Option(
         None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
-    ),
-    tokens: int = typer.Option(
-        GPTQ_TOKENS,
-        "--tokens",
-        parser=tokens_option(),
+    )),
+    "tokens": (int, typer.Option(
+        GPTQ_TOKENS, "--tokens", parser=tokens_option(),
         help=f"--method gptq: calibration tokens, at most (at most {MAX_TOKENS:,}).",
-    ),
-    seq_len: int = typer.Option(
+    )),
+    "seq_len": (int, typer.Option(
         GPTQ_SEQ_LEN, "--seq-len", min=1, max=MAX_TOKENS, help="--method gptq: tokens per sequence."
-    ),
-    dampening: float = typer.Option(
-        GPTQ_DAMPENING,
-        "--dampening",
+    )),
+    "dampening": (float, typer.Option(
+        GPTQ_DAMPENING, "--dampening",
         help="--method gptq: fraction of the Hessian's mean diagonal added to its diagonal, "
         f"0 to under 1 (llm-compressor's: {LLM_COMPRESSOR_DAMPENING}).",
-    ),
-    actorder: str = typer.Option(
-        "static",
-        "--actorder",
+    )),
+    "actorder": (str, typer.Option(
+        "static", "--actorder",
         help="--method gptq: static (columns in order of decreasing Hessian diagonal, each on its own group's "
         "grid; llm-compressor's default, same stored format) or none (columns in stored order).",
-    ),
-    trust_remote_code: bool = typer.Option(
+    )),
+    "trust_remote_code": (bool, typer.Option(
         False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."
-    ),
-    workers: int = typer.Option(0, min=0, max=MAX_WORKERS, help="Worker threads (0: one per core)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
-    force: bool = typer.Option(False, help="Replace an existing output folder."),
-    no_hash: bool = typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest."),
-    processes: int = typer.Option(
-        1,
-        "--processes",
-        min=1,
-        max=1024,
+    )),
+    "workers": (int, typer.Option(0, min=0, max=MAX_WORKERS, help="Worker threads (0: one per core).")),
+    "dry_run": (bool, typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing.")),
+    "json_out": (bool, typer.Option(False, "--json", help="Machine-readable output on stdout.")),
+    "force": (bool, typer.Option(False, help="Replace an existing output folder.")),
+    "no_hash": (bool, typer.Option(False, "--no-hash", help="Skip sha256 of the source shards in the manifest.")),
+    "processes": (int, typer.Option(
+        1, "--processes", min=1, max=1024,
         help="--method gptq: run as this many ranks on this machine, each on its turns of the calibration "
         "batches and its share of the solves (under torchrun: leave out).",
-    ),
-    peer_timeout: float = typer.Option(
-        distributed.DEFAULT_TIMEOUT,
-        "--peer-timeout",
-        min=1,
-        max=7 * 24 * 3600,
+    )),
+    "peer_timeout": (float, typer.Option(
+        distributed.DEFAULT_TIMEOUT, "--peer-timeout", min=1, max=7 * 24 * 3600,
         help="--method gptq across ranks: seconds a rank waits for the others before the run ends.",
-    ),
-) -> None:
-    """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
-    rules, gptq = resolve(
-        scheme=scheme,
-        group_size=group_size,
-        scale_search=scale_search,
-        recipe=recipe,
-        method=method,
-        text=text,
-        builtin=builtin,
-        tokens=tokens,
-        seq_len=seq_len,
-        dampening=dampening,
-        actorder=actorder,
-        trust_remote_code=trust_remote_code,
+    )),
+}  # fmt: skip
+_GPTQ_FIELDS = tuple(f.name for f in fields(GptqOptions))
+
+
+def _request(options: dict[str, Any]) -> QuantizeRequest:
+    """The request the command line's options make (the same object `weightsmith.quantize` takes)."""
+    asked = {f.name: options[f.name] for f in fields(QuantizeRequest) if f.name in options and f.name != "workers"}
+    return QuantizeRequest(
+        **asked,
+        source=options["src"],
+        output=options["out"],
+        gptq=GptqOptions(**{name: options[name] for name in _GPTQ_FIELDS}),
+        workers=options["workers"] or None,
+        hash_sources=not options["no_hash"],
     )
-    pre_pass_choice = pre_pass_option(pre_pass, gptq=gptq is not None)
-    if dry_run:
-        plan = open_plan(
-            src, rules, ignore=ignore, preset=preset, calibration=calibration, kv_cache=kv_cache,
-            pre_pass=pre_pass_choice,
-        )  # fmt: skip
-        _warn_plan(plan)
-        if json_out:
-            print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
-        else:
-            console.print(plan_table(plan))
-            for table in _breakdown_tables(plan):
-                console.print(table)
-            console.print(
-                f"predicted: {_mib(plan.bytes_in)} -> {_mib(plan.bytes_out)}; "
-                f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
-                f"ignore: {markup_safe(', '.join(plan.ignore) or '(none)')}"
-            )
-            if plan.pre_pass is not None:
-                console.print(f"pre-pass: {plan.pre_pass}, folding into {len(plan.changed)} norms and biases")
-            elif plan.pre_pass_skipped is not None:
-                console.print(f"pre-pass: none ({markup_safe(plan.pre_pass_skipped)})")
-            if gptq is not None:
-                console.print(markup_safe(_gptq_line(gptq)), soft_wrap=True)
+
+
+def _with_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command(**options)` given the signature typer reads its arguments and options from (`_OPTIONS`)."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(name, keyword, default=declared, annotation=tp) for name, (tp, declared) in _OPTIONS.items()]
+    )
+    command.__annotations__ = {name: tp for name, (tp, _) in _OPTIONS.items()}
+    return command
+
+
+@_with_options
+def quantize(**options: Any) -> None:
+    """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
+    request = _request(options)
+    if options["dry_run"]:
+        _dry_run(library.plan(request, Hooks(warn=_warn, downloads=err.is_terminal)), options["json_out"])
         return
+    processes = options["processes"]
     if launch.launching(processes):
-        if gptq is None:
+        resolved = resolve(request)  # refused here, once, rather than as the same error from every rank
+        if resolved.gptq is None:
             raise WeightsmithError("--processes: only --method gptq runs across ranks", code="usage")
-        check_destination(src, out, force)  # here, once, rather than as the same error from every rank
+        source, _ = resolve_source(request.source, progress=err.is_terminal)  # downloaded once, here
+        check_destination(source, resolved.output, request.force)
         launch.relay(processes)
         return
-    with distributed.joined(peer_timeout, processes, launch.job("quantize", src, out)) as world:
-        result, seconds = run_quantize(
-            src,
-            out,
-            scheme=None,
-            group_size=None,
-            ignore=ignore,
-            preset=preset,
-            workers=workers or distributed.cores_per_rank(world) or default_workers(),
-            force=force,
-            show_progress=not json_out and err.is_terminal,
-            hash_sources=not no_hash,
-            recipe=rules,
-            calibration=calibration,
-            kv_cache=kv_cache,
-            gptq=gptq,
-            pre_pass=pre_pass_choice,
-            world=world,
-        )
+    job = launch.job("quantize", Path(request.source), Path(options["out"]))
+    with distributed.joined(options["peer_timeout"], processes, job) as world:
+        started = time.perf_counter()
+        request = replace(request, workers=request.workers or distributed.cores_per_rank(world) or None)
+        plan = library.plan(request, Hooks(warn=_warn if world.leader else None, downloads=err.is_terminal))
+        result = _write(plan, show_progress=not options["json_out"] and err.is_terminal, world=world)
+        seconds = time.perf_counter() - started
     if result is None:
         return
-    if json_out:
+    if options["json_out"]:
         print(
             json.dumps(
                 {
@@ -508,6 +425,29 @@ def quantize(
         )
     else:
         _summary(result, seconds)
+
+
+def _dry_run(plan: Plan, json_out: bool) -> None:
+    """`--dry-run`: the plan, the predicted sizes and what the method would run; nothing is written."""
+    assert plan.request is not None, "a plan made for a request"
+    gptq = plan.request.gptq
+    if json_out:
+        print(json.dumps(plan_json(plan) | ({"method": _gptq_json(gptq)} if gptq else {}), indent=2))
+        return
+    console.print(plan_table(plan))
+    for table in _breakdown_tables(plan):
+        console.print(table)
+    console.print(
+        f"predicted: {_mib(plan.bytes_in)} -> {_mib(plan.bytes_out)}; "
+        f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
+        f"ignore: {markup_safe(', '.join(plan.ignore) or '(none)')}"
+    )
+    if plan.pre_pass is not None:
+        console.print(f"pre-pass: {plan.pre_pass}, folding into {len(plan.changed)} norms and biases")
+    elif plan.pre_pass_skipped is not None:
+        console.print(f"pre-pass: none ({markup_safe(plan.pre_pass_skipped)})")
+    if gptq is not None:
+        console.print(markup_safe(_gptq_line(gptq)), soft_wrap=True)
 
 
 #: What `write_demo_checkpoint` writes into the demo's draft folder, and nothing else.
@@ -568,7 +508,9 @@ def demo(
             os.rmdir(src)
         (Path(tmp) / "draft").rename(src)
     console.print("[bold]2. plan[/] with preset dflash-draft:")
-    plan = open_plan(src, rules_for("w4a16", None, None, None), preset="dflash-draft")
+    request = QuantizeRequest(src, out, scheme="w4a16", preset="dflash-draft", workers=workers or None, force=True)
+    started = time.perf_counter()
+    plan = library.plan(request, Hooks(warn=_warn))
     kept: dict[str, list[str]] = {}
     for d in plan.decisions:
         if d.action != "quantize" and len(d.shape) == 2:
@@ -578,19 +520,9 @@ def demo(
         console.print(f"   keep {len(tensors)} weights ({leaves}): {reason}")
     console.print(f"   {plan.count('quantize')} Linear weights to quantize, {plan.count('keep')} tensors kept")
     console.print(f"[bold]3. quantizing[/] to {markup_safe(out)}")
-    result, seconds = run_quantize(
-        src,
-        out,
-        scheme="w4a16",
-        group_size=128,
-        ignore=[],
-        preset="dflash-draft",
-        workers=workers or default_workers(),
-        force=True,
-        show_progress=err.is_terminal,
-    )
+    result = _write(plan, show_progress=err.is_terminal)
     assert result is not None, "one process is its own rank 0"
-    _summary(result, seconds)
+    _summary(result, time.perf_counter() - started)
     console.print(
         f"[bold]4. verify[/] (the checks `weightsmith verify` runs, values scanned too) on {markup_safe(out)}"
     )

@@ -32,10 +32,10 @@ from weightsmith.io.manifest import MANIFEST_FILE, Manifest, MethodRecord, hash_
 from weightsmith.io.outputdir import check_destination, check_space, remove_stale, staged
 from weightsmith.io.provenance import Provenance
 from weightsmith.quant import fp8
-from weightsmith.quantize import sinq
-from weightsmith.quantize.manifest import build_manifest
-from weightsmith.quantize.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
-from weightsmith.quantize.warm import encode_block, on_compile
+from weightsmith.quantization.manifest import build_manifest
+from weightsmith.quantization.plan import DECODE, KEEP, QUANTIZE, Decision, Plan
+from weightsmith.quantization.prepasses import PRE_PASSES, Transform
+from weightsmith.quantization.warm import encode_block, on_compile
 from weightsmith.safetensors.header import TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
@@ -193,7 +193,7 @@ class _Runner:
         readers: dict[str, ShardReader],
         writers: dict[str, ShardWriter],
         on_compile: CompileNotice | None = None,
-        balance: sinq.Balance | None = None,
+        balance: Transform | None = None,
     ) -> None:
         self.plan = plan
         #: `--pre-pass`: the factors each weight's rows are read through, and the kept tensors it changed.
@@ -465,7 +465,7 @@ def execute(
     check_space(out, plan.bytes_out + other_bytes + (1 << 20))
     workers = max(1, workers)
     started = time.perf_counter()
-    balance = sinq.balance(plan, workers) if plan.pre_pass is not None else None
+    balance = PRE_PASSES[plan.pre_pass].run(plan, workers) if plan.pre_pass is not None else None
     pre_pass = time.perf_counter() - started if balance is not None else 0.0
     try:
         with staged(out, force) as folder:

@@ -16,6 +16,7 @@ from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.io.manifest import (
     CalibrationRecord,
     CategorySizes,
+    HubRecord,
     Manifest,
     MethodRecord,
     PrePassRecord,
@@ -29,7 +30,7 @@ from weightsmith.io.manifest import (
 )
 from weightsmith.io.provenance import fingerprint
 from weightsmith.quant.sinkhorn import ITERATIONS
-from weightsmith.quantize.plan import Plan
+from weightsmith.quantization.plan import Plan
 
 
 def _by_category(ckpt: Checkpoint) -> dict[str, int]:
@@ -92,6 +93,9 @@ def build_manifest(
         source=SourceRecord(
             path=str(src.root),
             fingerprint=fingerprint(src),
+            hub=None
+            if plan.hub is None
+            else HubRecord(repo_id=plan.hub.repo_id, revision=plan.hub.revision, commit=plan.hub.commit),
             files={
                 shard: SourceFile(bytes=h.file_size, sha256=source_hashes.get(shard))
                 for shard, h in src.headers.items()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,12 +31,16 @@ from weightsmith.formats.targets import LINEAR, Targets
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.quant.fp8 import Block
-from weightsmith.quantize.config_groups import mixed_config
-from weightsmith.quantize.presets import PRESETS
-from weightsmith.quantize.recipe import Recipe, Rule
+from weightsmith.quantization.config_groups import mixed_config
+from weightsmith.quantization.presets import PRESETS
+from weightsmith.quantization.recipe import Recipe, Rule
 from weightsmith.safetensors.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS, from_numpy
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes import Scheme
+
+if TYPE_CHECKING:
+    from weightsmith.io.hub import HubSource
+    from weightsmith.quantization.request import Resolved
 
 QUANTIZE, KEEP, DECODE, DROP = "quantize", "keep", "decode", "drop"
 
@@ -85,12 +89,16 @@ class Plan:
     values: dict[str, np.ndarray] = field(default_factory=dict)
     #: Output shard -> tensors that stand for no source tensor (KV-cache scales).
     added: dict[str, list[TensorSpec]] = field(default_factory=dict)
-    #: `--pre-pass`: the transform applied to the weights before quantizing them (`quantize.sinq`), if any.
+    #: `--pre-pass`: the transform applied to the weights before quantizing them (`quantization.prepasses`), if any.
     pre_pass: str | None = None
     #: Unquantized tensors whose values the pre-pass changes (written, not copied from the source).
     changed: list[str] = field(default_factory=list)
     #: `--pre-pass auto` that did not apply: why, in words (None where it applied or was not asked).
     pre_pass_skipped: str | None = None
+    #: The checked request the plan was made for (`request.open_plan`); what `library.write` carries out.
+    request: Resolved | None = None
+    #: The Hub repository and commit the source was resolved from, when SRC was a Hub id.
+    hub: HubSource | None = None
 
     def non_finite(self, name: str, row: int, column: int) -> CheckpointError:
         """The refusal of weight `name`, which holds a NaN or Inf at (row, column): one line, the same
@@ -311,7 +319,7 @@ def _refuse_contradicted_shapes(ckpt: Checkpoint, decisions: list[Decision]) -> 
     bias and serve another model, and the pre-pass would fold its scales into tensors of the wrong size.
 
     Weights are carried or quantized as they are (`verify` reports a shape config.json contradicts);
-    the pre-pass checks those it folds (`sinq.check`).
+    the pre-pass checks those it folds (`PrePass.check`).
     """
     arch = Architecture.of(ckpt.config)
     if arch is None:
