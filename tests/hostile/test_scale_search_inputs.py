@@ -35,7 +35,7 @@ def _refused(sandbox: Sandbox, capsys, monkeypatch, *extra: object, recipe: str 
 @pytest.mark.parametrize("value", ["bogus", "NONE", "", "none "])
 def test_unknown_search_names_the_choices(sandbox: Sandbox, capsys, monkeypatch, value: str) -> None:
     line = _refused(sandbox, capsys, monkeypatch, "--scale-search", value)
-    assert f"unknown scale search {value!r} (choose from none, mse" in line
+    assert f"unknown scale search {value!r} (choose from none, wmse, mse, noclip, hqq, memoryless_mse, qkx2)" in line
 
 
 def test_none_with_a_recipe_is_refused_naming_the_recipe(sandbox: Sandbox, capsys, monkeypatch) -> None:
