@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tiny_models import FAMILIES, reference_stats, save_tiny
+from engine.tiny_models import FAMILIES, linears, reference_stats, save_tiny
 from weightsmith.calibration import stats_file
 from weightsmith.calibration.measure import calibration_tokens, measure
 from weightsmith.core.errors import CheckpointError
@@ -103,7 +103,7 @@ def test_quantized_checkpoint_runs_dequantized(tiny_llama: Path, tmp_path: Path)
             weight.copy_(weight.to(torch.bfloat16).float())
     ref_inputs: dict[str, float] = {}
     cache = recorders.kv_cache(model.config)
-    with torch.no_grad(), recorders.input_maxima(model.model, "model", ref_inputs):
+    with torch.no_grad(), recorders.input_maxima(linears(model.model, "model"), ref_inputs):
         model(torch.tensor(sequences), past_key_values=cache, use_cache=True)
     assert_same(kv, {f"model.layers.{i}.self_attn": cache.maxima[i] for i in range(2)})
     assert_same(inputs, recorders.share_fused(ref_inputs))

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from weightsmith.engine.gptq import NO_GRID, quantize_weight
+from weightsmith.engine.gptq import NO_GRID, NO_TOKENS, quantize_weight
 from weightsmith.formats import compressors
 from weightsmith.io.manifest import load_manifest
 from weightsmith.quantization.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING
@@ -354,14 +354,21 @@ def test_a_layers_groups_not_of_its_modules_are_one_line_naming_rank_0(told: obj
     "told",
     [
         None,
-        {"valued": True, "shrink": False, "fallback": "\x1b[2Jany text"},  # would be written into the manifest
-        {"valued": 1, "shrink": False, "fallback": None},
-        {"valued": True, "shrink": 0, "fallback": None},
-        {"valued": False, "shrink": False, "fallback": None},
-        {"valued": False, "shrink": True, "fallback": NO_GRID},
-        {"valued": True, "shrink": False, "fallback": None, "codes": "..."},
+        # a reason of the sender's own text would be written into the manifest
+        {"valued": True, "shrink": False, "fallback": "\x1b[2Jany text", "tokens": None},
+        {"valued": 1, "shrink": False, "fallback": None, "tokens": None},
+        {"valued": True, "shrink": 0, "fallback": None, "tokens": None},
+        {"valued": False, "shrink": False, "fallback": None, "tokens": None},
+        {"valued": False, "shrink": True, "fallback": NO_GRID, "tokens": None},
+        {"valued": True, "shrink": False, "fallback": None, "tokens": None, "codes": "..."},
+        {"valued": True, "shrink": False, "fallback": None, "tokens": -1},  # a count is never negative
+        {"valued": True, "shrink": False, "fallback": None, "tokens": 1.5},
+        {"valued": True, "shrink": False, "fallback": None, "tokens": True},
     ],
-    ids=["not-json", "other-reason", "int-flag", "int-shrink", "no-values-no-reason", "no-grid-with-clip", "extra"],
+    ids=[
+        "not-json", "other-reason", "int-flag", "int-shrink", "no-values-no-reason", "no-grid-with-clip", "extra",
+        "negative-tokens", "float-tokens", "bool-tokens",
+    ],
 )
 def test_a_module_outcome_not_as_gptq_gives_it_is_one_line(told: object) -> None:
     """A module's outcome from its owner is one `_quantize_group` gives (values, or the no-grid reason);
@@ -371,8 +378,12 @@ def test_a_module_outcome_not_as_gptq_gives_it_is_one_line(told: object) -> None
     from weightsmith.engine.gptq import SINGULAR, _outcome
 
     message = Message("sharing q", "sent the outcome of q", "a JSON outcome of GPTQ")
-    assert _outcome({"valued": True, "shrink": True, "fallback": SINGULAR}, message, 1, 2) == (True, True, SINGULAR)
-    assert _outcome({"valued": False, "shrink": False, "fallback": NO_GRID}, message, 1, 2) == (False, False, NO_GRID)
+    good = {"valued": True, "shrink": True, "fallback": SINGULAR, "tokens": None}
+    assert _outcome(good, message, 1, 2) == (True, True, SINGULAR, None)
+    good = {"valued": False, "shrink": False, "fallback": NO_GRID, "tokens": 7}
+    assert _outcome(good, message, 1, 2) == (False, False, NO_GRID, 7)
+    good = {"valued": False, "shrink": False, "fallback": NO_TOKENS, "tokens": 0}
+    assert _outcome(good, message, 1, 2) == (False, False, NO_TOKENS, 0)
     with pytest.raises(WeightsmithError, match=r"^rank 1 of 2 sent the outcome of q as something other than a JSON"):
         _outcome(told, message, 1, 2)
 
@@ -389,7 +400,7 @@ def test_clip_factors_not_of_the_grid_s_shape_are_one_line() -> None:
         """Rank 0 of 2, told by rank 1 that module q was searched, then sent factors of another shape."""
 
         def broadcast_json(self, value: object, source: int, message: object) -> object:
-            return {"valued": True, "shrink": True, "fallback": None}
+            return {"valued": True, "shrink": True, "fallback": None, "tokens": None}
 
         def broadcast_array(self, array: object, source: int, message: object, dtype: str, most: int) -> object:
             return np.zeros((4, 8), dtype=np.float32)
@@ -397,3 +408,36 @@ def test_clip_factors_not_of_the_grid_s_shape_are_one_line() -> None:
     with pytest.raises(WeightsmithError) as refused:
         _told(None, "q", 1, (2, 32), 2, Peer(0, 2))
     assert str(refused.value) == "rank 1 of 2 sent the clip factors of q of shape [4, 8], not [2, 16]"
+
+
+def test_an_expert_row_count_below_zero_is_one_line_naming_the_sender() -> None:
+    """An expert group's owner reads each sender's row count before anything of that size is made: a
+    negative count is refused naming the sender; rows fewer than the width are summed with `add_gram`
+    as the sender would have, so a count and its rows give the owner's own product."""
+    from weightsmith.core.errors import WeightsmithError
+    from weightsmith.engine.distributed import World
+    from weightsmith.engine.gptq import _exchange_expert
+    from weightsmith.engine.matmul import add_gram
+
+    rows = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+
+    def peer(count: int) -> World:
+        """Rank 0 of 2, the owner, told by rank 1 `count` and then sent its rows."""
+        told = [torch.tensor([count]), rows]
+
+        class Told(World):
+            def receive(self, source: int, shape: tuple[int, ...], dtype: str = "float32") -> object:
+                return told.pop(0)
+
+        return Told(0, 2)
+
+    with pytest.raises(WeightsmithError) as refused:
+        _exchange_expert("e.gate_proj", 4, {}, {}, {}, 0, [0, 1], peer(-5))
+    assert str(refused.value) == "rank 1 of 2 sent -5 input rows of e.gate_proj (a count is never negative)"
+
+    sums: dict = {}
+    tokens: dict = {}
+    _exchange_expert("e.gate_proj", 4, {}, sums, tokens, 0, [0, 1], peer(3))
+    expected = torch.zeros(4, 4)
+    add_gram(expected, rows, alpha=2.0)
+    assert torch.equal(sums["e.gate_proj"], expected) and tokens == {"e.gate_proj": 3}

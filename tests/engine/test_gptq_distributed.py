@@ -73,3 +73,29 @@ def test_a_killed_rank_ends_the_run_with_one_line_and_no_output(tiny_llama: Path
     assert launcher.returncode == 2
     assert one_error_line(err) == "error: rank 1 of 2 was killed by SIGKILL; the other ranks were stopped"
     assert list(tmp_path.iterdir()) == []  # no output, no partial one, no scratch folder
+
+
+@pytest.mark.parametrize("all_experts", [False, True], ids=["routed", "all-experts"])
+def test_moe_experts_write_the_same_bytes_on_two_ranks(
+    smollm2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    all_experts: bool,
+) -> None:  # fmt: skip
+    """An MoE's experts across ranks: 3 batches of 32 sequences of 64 tokens, rank 0 two of them. Routed as
+    the model routes, an expert's rows in a batch are none (nothing is sent), fewer than its width (the
+    rows go) or more (their product goes), and some expert has fewer in all than its width; the output
+    is one process's, byte for byte, as with every token through every expert (products only)."""
+    from engine.tiny_models import MOE_FAMILIES, save_tiny
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    src = save_tiny(tmp_path / "src", "qwen2_moe", tokenizer=smollm2, shapes=MOE_FAMILIES["qwen2_moe"])
+    args = ("--method", "gptq", "--group-size", "32", "--builtin", "code", "--tokens", "6144", "--seq-len", "64",
+            *(["--all-experts"] if all_experts else []))  # fmt: skip
+    one, two = tmp_path / "1", tmp_path / "2"
+    code, _, err = run(capsys, monkeypatch, "quantize", src, one, *args)
+    assert code == 0, err
+    code, _, err = run(capsys, monkeypatch, "quantize", src, two, *args, "--processes", "2")
+    assert code == 0, err
+    assert (two / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
+    assert _manifest(two) == _manifest(one)
+    method = _manifest(one)["method"]
+    assert method["all_experts"] is all_experts and (method["few_tokens"] == {}) is all_experts

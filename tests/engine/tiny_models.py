@@ -34,20 +34,42 @@ FAMILIES: dict[str, dict] = {
         "shared_expert_intermediate_size": 64,
     },
 }
+#: MoE families as the served model is built: layer 0 dense, then 8 experts with top-2 routing and a
+#: shared expert (where the family has one).
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+MOE_FAMILIES: dict[str, dict] = {
+    "qwen2_moe": {**MOE, "shared_expert_intermediate_size": 64, "mlp_only_layers": [0]},
+    "qwen3_moe": {**MOE, "mlp_only_layers": [0]},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "laguna": {**MOE, "shared_expert_intermediate_size": 64, "mlp_layer_types": ["dense", "sparse", "sparse"],
+               "num_attention_heads_per_layer": [4, 4, 4]},
+}
 
 
-def save_tiny(folder: Path, model_type: str, seed: int = 0) -> Path:
-    """A `model_type` causal LM with random weights, saved by transformers into `folder`."""
+def save_tiny(
+    folder: Path, model_type: str, seed: int = 0, tokenizer: Path | None = None, shapes: dict | None = None
+) -> Path:
+    """A `model_type` causal LM with random weights, saved by transformers into `folder`: `shapes` (its
+    `FAMILIES` entry unless given) over `COMMON`, with the tokenizer files of the checkpoint `tokenizer`,
+    and its vocabulary size, when given."""
+    import json
+    import shutil
+
     import torch
     import transformers
 
-    config = transformers.AutoConfig.for_model(model_type, **{**COMMON, **FAMILIES[model_type]})
+    shapes = {**COMMON, **(FAMILIES[model_type] if shapes is None else shapes)}
+    if tokenizer is not None:
+        shapes["vocab_size"] = json.loads((tokenizer / "config.json").read_text())["vocab_size"]
+    config = transformers.AutoConfig.for_model(model_type, **shapes)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for param in model.parameters():  # larger than the init so activations differ layer to layer
             param.normal_(0, 0.2)
     model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json") if tokenizer is not None else ():
+        shutil.copy(tokenizer / name, folder / name)
     return folder
 
 
@@ -68,7 +90,7 @@ def reference_stats(
         for name, module in model.named_modules()
         if isinstance(getattr(module, "gate_up_proj", None), torch.nn.Parameter)
     ]
-    with torch.no_grad(), recorders.input_maxima(model, "", inputs):
+    with torch.no_grad(), recorders.input_maxima(linears(model), inputs):
         for ids in sequences:
             model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
     for hook in hooks:
@@ -81,6 +103,17 @@ def reference_stats(
             kv.setdefault(name, cache.maxima[index])
     inputs = {k.lstrip("."): v for k, v in inputs.items() if k.lstrip(".") != "lm_head"}
     return kv, recorders.share_fused(inputs)
+
+
+def linears(module, prefix: str = "") -> dict:
+    """Every Linear under `module`, named as `prefix.path`."""
+    import torch
+
+    return {
+        f"{prefix}.{name}" if prefix else name: sub
+        for name, sub in module.named_modules()
+        if isinstance(sub, torch.nn.Linear)
+    }
 
 
 def _experts_reference(path: str, into: dict[str, float]):

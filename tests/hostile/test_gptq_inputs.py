@@ -134,5 +134,6 @@ def test_dry_run_says_what_gptq_would_do(sandbox: Sandbox, capsys, monkeypatch) 
     assert "method: gptq on at most 512 tokens of the built-in code text" in text and "actorder none" in text
     result = run_inprocess(capsys, monkeypatch, *args, "--json")
     assert json.loads(result.out)["method"] == {"name": "gptq", "text": "builtin:code", "tokens_at_most": 512,
-                                                "seq_len": 256, "actorder": "none", "dampening": 0.1}  # fmt: skip
+                                                "seq_len": 256, "actorder": "none", "dampening": 0.1,
+                                                "all_experts": False}  # fmt: skip
     sandbox.assert_untouched()

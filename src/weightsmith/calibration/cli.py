@@ -49,6 +49,14 @@ def calibrate_command(
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")
     ] = False,
+    all_experts: Annotated[
+        bool,
+        typer.Option(
+            "--all-experts",
+            help="On an MoE: each expert's input maxima from every token, not only those routed to it (the outputs "
+            "stay routed as the model routes), so that every expert has one.",
+        ),
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing statistics file.")] = False,
     processes: Annotated[
         int,
@@ -76,7 +84,7 @@ def calibrate_command(
         launch.relay(processes)
         return
     with distributed.joined(peer_timeout, processes, launch.job("calibrate", src, out)) as world:
-        _calibrate(src, out, text, builtin, tokens, seq_len, trust_remote_code, force, world)
+        _calibrate(src, out, text, builtin, tokens, seq_len, trust_remote_code, all_experts, force, world)
 
 
 def _calibrate(
@@ -87,6 +95,7 @@ def _calibrate(
     tokens: int,
     seq_len: int,
     trust_remote_code: bool,
+    all_experts: bool,
     force: bool,
     world: distributed.World,
 ) -> None:
@@ -101,6 +110,7 @@ def _calibrate(
         seq_len=seq_len,
         force=force,
         trust_remote_code=trust_remote_code,
+        all_experts=all_experts,
         progress=(lambda line: err_console.print(f"calibrate: {markup_safe(line)}", end="\r")) if show else None,
         warn=lambda line: err_console.print(f"[yellow]warning:[/] {markup_safe(line)}", soft_wrap=True),
         world=world,

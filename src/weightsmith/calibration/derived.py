@@ -70,7 +70,12 @@ def input_absmax(cal: Calibration, module: str, quantized: set[str]) -> float:
         if m not in cal.stats.inputs:
             raise CheckpointError(
                 f"has no input maximum for {m}, which the scheme quantizes with a static activation scale "
-                "(measured on another architecture, or with that module skipped?)",
+                + (
+                    "(an MoE expert no calibration token was routed to: calibrate --all-experts measures every "
+                    "expert on every token)"
+                    if names.expert_layer(m) is not None
+                    else "(measured on another architecture, or with that module skipped?)"
+                ),
                 file=cal.path,
                 tensor=f"{m}.{stats_file.INPUT_ABSMAX}",
                 code="calibration.missing",

@@ -27,7 +27,7 @@ from weightsmith.calibration import recorders
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import echo
 from weightsmith.engine.distributed import World
-from weightsmith.engine.experts import expert_inputs, expert_table
+from weightsmith.engine.experts import LinearExperts, expert_table
 from weightsmith.engine.loading import opened
 from weightsmith.engine.stream import layer_arguments, run_layers
 from weightsmith.fidelity.logits import first_tokens, load_tokenizer
@@ -56,17 +56,19 @@ def measure(
     *,
     world: World = World(),
     trust_remote_code: bool = False,
+    all_experts: bool = False,
     progress: Progress | None = None,
 ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """(kv maxima per attention module, input maxima per Linear module) for these sequences, layer by layer.
 
     In a world of several ranks this rank runs its `share` of the sequences and every rank returns
-    the maxima over all of them.
+    the maxima over all of them. `all_experts`: every MoE expert's inputs are those of every token
+    (`LinearExperts.routing`), not only of those routed to it.
     """
     if not token_ids or any(len(ids) == 0 for ids in token_ids):
         raise WeightsmithError("no calibration tokens to run", file=ckpt_dir, code="usage")
     mine = [token_ids[s] for s in world.share(len(token_ids))]
-    kv, inputs = _measure(Path(ckpt_dir), mine, trust_remote_code, progress) if mine else ({}, {})
+    kv, inputs = _measure(Path(ckpt_dir), mine, trust_remote_code, all_experts, progress) if mine else ({}, {})
     flat = {f"x {module}": x for module, x in inputs.items()}
     for module, (k, v) in kv.items():
         flat[f"k {module}"], flat[f"v {module}"] = k, v
@@ -96,7 +98,7 @@ def split_maxima(reduced: dict[str, float]) -> tuple[dict[str, tuple[float, floa
 
 
 def _measure(
-    ckpt_dir: Path, token_ids: list[list[int]], trust_remote_code: bool, progress: Progress | None
+    ckpt_dir: Path, token_ids: list[list[int]], trust_remote_code: bool, all_experts: bool, progress: Progress | None
 ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """`measure` of one process: the raw maxima (fused partners not yet shared)."""
     import torch
@@ -112,10 +114,11 @@ def _measure(
         @contextmanager
         def recording(index: int) -> Iterator[None]:
             layer, path = skeleton.layers[index], skeleton.layer_path(index)
+            routed = LinearExperts(layer, path, experts)
             with (
-                recorders.attention_modules(layer, path, cache),
-                recorders.input_maxima(layer, path, inputs),
-                expert_inputs(layer, path, experts, inputs),
+                recorders.attention_modules(layer, path, cache, loader.checkpoint_module),
+                routed.routing(all_experts),
+                recorders.input_maxima(loader.linears(index) | routed.modules, inputs),
             ):
                 yield
 
@@ -126,6 +129,13 @@ def _measure(
         run_layers(loader, hidden, calls, done, recording)
         kv = {module: pair for module, pair in cache.maxima.items() if isinstance(module, str)}
     return kv, inputs
+
+
+def expert_modules(ckpt_dir: Path, trust_remote_code: bool = False) -> list[str]:
+    """The checkpoint modules of every MoE expert the engine runs as a slice of a merged parameter."""
+    with opened(ckpt_dir, trust_remote_code=trust_remote_code) as loader:
+        table = expert_table(loader.merged)
+    return [module for experts in table.values() for names in experts.values() for module in names]
 
 
 def calibration_tokens(

@@ -12,7 +12,7 @@ vLLM loads as one layer with one input scale, are given one value, the max over 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,8 +46,11 @@ def kv_cache(config: Any) -> Any:
 
 
 @contextmanager
-def attention_modules(layer: Any, prefix: str, cache: Any) -> Iterator[None]:
-    """While open, K/V the cache receives are filed under the module that passed them.
+def attention_modules(
+    layer: Any, prefix: str, cache: Any, named: Callable[[str], str] = lambda path: path
+) -> Iterator[None]:
+    """While open, K/V the cache receives are filed under the module that passed them, by the name
+    `named` gives its path (the checkpoint's, where the model's differs).
 
     The candidates are the modules holding an integer `layer_idx` (transformers gives one to
     whatever calls the cache); the one running when `update` is called is the attention module.
@@ -62,7 +65,7 @@ def attention_modules(layer: Any, prefix: str, cache: Any) -> Iterator[None]:
     handles = []
     for name, module in layer.named_modules():
         if isinstance(getattr(module, "layer_idx", None), int):
-            path = f"{prefix}.{name}" if name else prefix
+            path = named(f"{prefix}.{name}" if name else prefix)
             handles += [module.register_forward_pre_hook(enter(path)), module.register_forward_hook(leave)]
     try:
         yield
@@ -72,22 +75,18 @@ def attention_modules(layer: Any, prefix: str, cache: Any) -> Iterator[None]:
 
 
 @contextmanager
-def input_maxima(module: Any, prefix: str, into: dict[str, float]) -> Iterator[None]:
-    """While open, the largest |input| of each Linear under `module` goes into `into[path]`."""
+def input_maxima(linears: Mapping[str, Any], into: dict[str, float]) -> Iterator[None]:
+    """While open, the largest |input| of each Linear in `linears` goes into `into[its name]`."""
     import torch
 
     def hook_for(path: str) -> Any:
         def hook(_module: Any, args: tuple[Any, ...]) -> None:
-            x = float(torch.linalg.vector_norm(args[0].detach(), float("inf")))
+            x = float(torch.linalg.vector_norm(args[0].detach(), float("inf"))) if args[0].numel() else 0.0
             into[path] = max(into.get(path, 0.0), x)
 
         return hook
 
-    handles = [
-        sub.register_forward_pre_hook(hook_for(f"{prefix}.{name}" if name else prefix))
-        for name, sub in module.named_modules()
-        if isinstance(sub, torch.nn.Linear)
-    ]
+    handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in linears.items()]
     try:
         yield
     finally:

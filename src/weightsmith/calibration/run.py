@@ -58,6 +58,7 @@ def calibrate(
     seq_len: int = DEFAULT_SEQ_LEN,
     force: bool = False,
     trust_remote_code: bool = False,
+    all_experts: bool = False,
     progress: Say | None = None,
     warn: Say | None = None,
     world: World = World(),
@@ -69,8 +70,9 @@ def calibrate(
     layer at a time (torch and transformers), so everything that could refuse it (the destination,
     the checkpoint, the model code) is checked first. `text` is a file, `builtin` a built-in text
     ("code" by default); `progress` gets a line per decoder layer; `warn` (else Python's `warnings`) is
-    told when the tokens are too few for a stable maximum. The ranges of `tokens` and `seq_len` are the
-    command line's.
+    told when the tokens are too few for a stable maximum, and of MoE experts no token was routed to (which
+    have no input maximum: `all_experts` sends every token through every expert for the statistics, the
+    outputs still routed as the model routes). The ranges of `tokens` and `seq_len` are the command line's.
 
     In a `world` of several ranks (`engine.distributed.joined`), every rank reads the same checkpoint
     and text and runs its share of the sequences; all end with the same statistics, which rank 0 alone
@@ -91,7 +93,7 @@ def calibrate(
     missing = missing_library()
     if missing is not None:
         raise WeightsmithError(missing, code="engine.libraries")
-    from weightsmith.calibration.measure import calibration_tokens, measure
+    from weightsmith.calibration.measure import calibration_tokens, expert_modules, measure
     from weightsmith.engine.loading import opened
 
     with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
@@ -110,7 +112,16 @@ def calibrate(
         warner(warn, depth=1)(few)
     started = time.perf_counter()
     progress = progress if world.leader else None
-    kv, inputs = measure(src, sequences, world=world, trust_remote_code=trust_remote_code, progress=progress)
+    kv, inputs = measure(
+        src, sequences, world=world, trust_remote_code=trust_remote_code, all_experts=all_experts, progress=progress
+    )
+    unreached = sorted(set(expert_modules(src, trust_remote_code)) - set(inputs))
+    if unreached and world.leader:
+        warner(warn, depth=1)(
+            f"{len(unreached):,} MoE expert modules (the first: {unreached[0]}) were routed no calibration token and "
+            "have no input maximum: a scheme with static activation scales refuses them; --all-experts measures "
+            "every expert on every token"
+        )
     seconds = time.perf_counter() - started
     record = provenance.Provenance.of_run(
         model,

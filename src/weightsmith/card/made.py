@@ -10,7 +10,14 @@ from weightsmith.core.terminal import markdown_code
 from weightsmith.formats.declaration import read_declaration
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
-from weightsmith.io.manifest import MANIFEST_FILE, CalibrationRecord, Manifest, RecipeRecord, RuleRecord
+from weightsmith.io.manifest import (
+    MANIFEST_FILE,
+    CalibrationRecord,
+    Manifest,
+    MethodRecord,
+    RecipeRecord,
+    RuleRecord,
+)
 from weightsmith.io.serving import named_target
 from weightsmith.quantization.prepasses import PRE_PASSES
 from weightsmith.quantization.presets import PRESETS
@@ -260,7 +267,29 @@ def _method_line(m: Manifest, c: Citations) -> str:
         f"{c.num(str(cal.seq_len), M, 'calibration.seq_len')}) of "
         f"{c.text(cal.text, M, 'calibration.text')} (sha256 {c.text(cal.text_sha256, M, 'calibration.text_sha256')}), "
         "each layer fed the outputs of the layers before it as quantized; the scales are round-to-nearest's."
+        + _method_exceptions(method, c)
     )
+
+
+def _method_exceptions(method: MethodRecord, c: Citations) -> str:
+    """What the method did not do as it says for every module: modules left to round-to-nearest, MoE
+    experts whose Hessian had fewer tokens than their width; and whether every expert saw every token."""
+    out = ""
+    if method.all_experts:
+        out += (
+            " Every MoE expert's Hessian was made from every token (`--all-experts`), the outputs routed as the "
+            "model routes."
+        )
+    if method.rtn_fallback:
+        n = c.num(f"{len(method.rtn_fallback):,}", M, "method.rtn_fallback")
+        out += f" {n} modules were left to round-to-nearest (each with its reason in `method.rtn_fallback`)."
+    if method.few_tokens:
+        n = c.num(f"{len(method.few_tokens):,}", M, "method.few_tokens")
+        out += (
+            f" {n} MoE expert modules saw fewer calibration tokens than their input width: their Hessians "
+            "were made invertible by the dampening, not the data."
+        )
+    return out
 
 
 def _coverage(src: CardSources, c: Citations) -> list[str]:

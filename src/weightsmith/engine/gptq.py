@@ -43,6 +43,7 @@ from numba import njit
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.timesplit import adding
 from weightsmith.engine.distributed import Message, World
+from weightsmith.engine.experts import LinearExperts, expert_table
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.engine.lapack import factor_reversed, one_blas_thread
@@ -63,6 +64,10 @@ BATCH_TOKENS = 2048
 PHASES = ("libraries", "tokens", "inputs", "load", "hessians", "quantize", "outputs")
 #: Why a module is left to its scheme's own quantization (`Scheme.grid` is None: nothing to choose points of).
 NO_GRID = "its scheme has no fixed grid GPTQ can choose points of (a float format, or memoryless_mse's scale)"
+#: Why a module is left to round-to-nearest: no calibration token reached it (an expert no token was routed to).
+NO_TOKENS = "no calibration token was routed to it, so it has no Hessian"
+#: Why a target is left to round-to-nearest: the engine runs the decoder layers only.
+OUTSIDE = "not run by the engine (outside the decoder layers)"
 #: Why a module's values come with a note: its Hessian stayed singular (`quantize_weight`'s fallback).
 SINGULAR = "its Hessian is not positive definite after dampening"
 #: Rank 0's groups of a layer's modules, which every rank sizes and assigns its Hessians by (`_structure`).
@@ -90,6 +95,8 @@ class Result:
     rtn: dict[str, str] = field(default_factory=dict)
     #: Wall seconds per phase of `PHASES` (from "inputs" on).
     seconds: dict[str, float] = field(default_factory=dict)
+    #: Each MoE expert module's calibration tokens: the rows its Hessian was made of.
+    tokens: dict[str, int] = field(default_factory=dict)
 
 
 def quantize_weight(
@@ -246,15 +253,21 @@ def run(
     actorder: str = "static",
     trust_remote_code: bool = False,
     workers: int = 1,
+    all_experts: bool = False,
     world: World = World(),
     progress: Progress | None = None,
 ) -> Result:
     """GPTQ values for every module in `targets` (checkpoint module names), layer by layer.
 
     The values are kept in `.npy` files under `workdir` (one byte per weight, memory-mapped), so
-    memory holds one layer, not the model. A target the engine never runs (outside the decoder
-    layers, or named otherwise by transformers) is left to round-to-nearest, with the reason.
-    A layer's groups (one Hessian each) are quantized on `workers` threads at once.
+    memory holds one layer, not the model. A decoder layer's Linears are found under their checkpoint
+    names (`Loader.linears`), and each MoE expert's modules as Linears of its slices of the merged
+    parameters (`experts.LinearExperts`): an expert's Hessian is that of the tokens routed to it. A
+    target the engine never runs (outside the decoder layers) or that no calibration token reached (an
+    expert no token was routed to) is left to round-to-nearest, with the reason.
+    A layer's groups (one Hessian each) are quantized on `workers` threads at once. `all_experts`
+    gives every expert's Hessian every token, the outputs still routed as the model routes
+    (`LinearExperts.routing`); each expert module's tokens are in `Result.tokens`.
 
     In a `world` of several ranks each rank runs its turns of the batches (`_turns`) and solves the
     groups `_owners` gives it; the values are the single process's, byte for byte (`_hessians` says
@@ -269,6 +282,7 @@ def run(
     result = Result()
     with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader, one_blas_thread():
         skeleton = loader.skeleton
+        experts = expert_table(loader.merged)
         seconds = result.seconds
         with adding(seconds, "inputs"):
             sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
@@ -284,17 +298,15 @@ def run(
             layer = skeleton.layers[index]
             try:
                 with torch.no_grad(), onednn_linears(layer):
-                    prefix = skeleton.layer_path(index)
-                    linears = {
-                        f"{prefix}.{name}": module
-                        for name, module in layer.named_modules()
-                        if isinstance(module, torch.nn.Linear) and f"{prefix}.{name}" in targets
-                    }
+                    routed = LinearExperts(layer, skeleton.layer_path(index), experts)
+                    found = loader.linears(index) | routed.modules
+                    linears = {m: module for m, module in found.items() if m in targets}
                     if linears:
                         layer_calls = {b: calls[index][batches[b][0]] for b in mine}
-                        with adding(seconds, "hessians"):
-                            groups, owners = _hessians(layer, linears, hidden, layer_calls, len(sequences),
-                                                       len(batches), world)  # fmt: skip
+                        fixed = [kept for group in routed.slices if (kept := [m for m in group if m in linears])]
+                        with adding(seconds, "hessians"), routed.routing(all_experts):
+                            groups, owners, tokens = _hessians(layer, linears, fixed, hidden, layer_calls,
+                                                               len(sequences), len(batches), world)  # fmt: skip
                         quantize_group = partial(
                             _quantize_group, linears=linears, targets=targets, dampening=dampening,
                             block_size=block_size, actorder=actorder,
@@ -302,6 +314,10 @@ def run(
                         with adding(seconds, "quantize"):
                             solved = _in_parallel(quantize_group, [g for g in groups if owners[g[0][0]] == world.rank],
                                                   workers)  # fmt: skip
+                            for members, _ in groups:
+                                for name in members:
+                                    if members[0] in tokens and name in solved:
+                                        solved[name].tokens = tokens[members[0]]
                             _share(solved, groups, owners, linears, targets, world)
                             if world.leader:
                                 _keep(solved, workdir, result)
@@ -315,7 +331,7 @@ def run(
                 progress(f"layer {index + 1}/{count}")
     for module in targets:
         if module not in result.chosen and module not in result.rtn and world.leader:
-            result.rtn[module] = "not run by the engine (outside the decoder layers)"
+            result.rtn[module] = OUTSIDE
     return result
 
 
@@ -345,33 +361,41 @@ Group = tuple[list[str], Any]  # (modules sharing one input, in the layer's orde
 
 
 def _hessians(
-    layer: Any, linears: dict[str, Any], hidden: dict[int, Any], calls: dict[int, Any], n: int, batches: int,
-    world: World,
-) -> tuple[list[Group], dict[str, int]]:  # fmt: skip
+    layer: Any, linears: dict[str, Any], fixed: list[list[str]], hidden: dict[int, Any], calls: dict[int, Any], n: int,
+    batches: int, world: World,
+) -> tuple[list[Group], dict[str, int], dict[str, int]]:  # fmt: skip
     """Run this rank's batches through `layer`: every group of modules sharing one input (q/k/v,
-    gate/up), its Hessian 2/n sum X^T X on the rank that owns its solve (an empty tensor elsewhere),
-    and the owners (by the group's first module).
+    gate/up), its Hessian 2/n sum X^T X on the rank that owns its solve (an empty tensor elsewhere; None
+    where no token reached it), the owners (by the group's first module), and the rows each `fixed`
+    group's Hessian was made of (on its owner).
 
     `n` is the number of sequences, as llm-compressor counts its samples. Modules called with the
-    very tensor the previous one was share its Hessian. A batch stops as soon as every Linear has
-    received its input: what the layer computes after (the last Linear itself, the residual) is not
-    needed, and the layer runs again anyway, quantized.
+    very tensor the previous one was share its Hessian; the `fixed` groups (an MoE expert's slices:
+    gate and up, down) are known beforehand, since an expert sees only the tokens routed to it and may
+    see none in a batch. A batch stops as soon as every Linear has received its input: what the layer
+    computes after (the last Linear itself, the residual) is not needed, and the layer runs again
+    anyway, quantized.
 
     A Hessian is the float32 sum, batch after batch in order, of each batch's `2 X^T X` (upper
     triangle): `add_gram` adds each product to the running sum as it is made, so one process's sum
     is `(((0 + P0) + P1) + P2) ...`. Several ranks make the same products (the same batches, the same
     arithmetic) and the owner adds them in the same order: in step `t` every rank makes the product of
-    its batch `t * size + rank` and sends it to the owner, which adds them in rank order. The sum is
-    the single process's to the bit whatever the world size, and no rank holds more than one batch's
-    products beside the Hessians it owns.
+    its batch `t * size + rank` and sends it to the owner, which adds them in rank order. An expert's
+    group goes as its input rows instead when it has fewer rows than its width (`_send_expert`), and
+    as nothing when it has none, where one process adds nothing either: the owner makes the product
+    with the same `add_gram`. The sum is the single process's to the bit whatever the world size, and
+    no rank holds more than one batch's products beside the Hessians it owns.
     """
     import torch
 
-    owner: dict[str, str] = {}
+    owner: dict[str, str] = {m: group[0] for group in fixed for m in group}
+    expert_keys = {group[0] for group in fixed}
     last: list[Any] = [None, None]  # (the tensor last accumulated, its module): held, so never reused
     seen: set[str] = set()
     alone = world.size == 1
     products: dict[str, Any] = {}  # this step's, keyed by the group's first module (alone: the sums themselves)
+    rows: dict[str, Any] = {}  # this step's inputs of each expert group reached (not alone)
+    tokens: dict[str, int] = {}  # rows of each fixed group's Hessian, on its owner
 
     def hook_for(path: str) -> Any:
         def hook(_module: Any, args: tuple[Any, ...]) -> None:
@@ -379,17 +403,29 @@ def _hessians(
             if path not in owner:
                 owner[path] = last[1] if last[0] is x else path
             if owner[path] == path:
-                if path not in products:
-                    products[path] = torch.zeros((x.shape[-1], x.shape[-1]), dtype=torch.float32)
-                elif not alone:
-                    products[path].zero_()
-                add_gram(products[path], x.reshape(-1, x.shape[-1]).to(torch.float32), alpha=2.0)  # upper triangle
+                flat = x.reshape(-1, x.shape[-1]).to(torch.float32)
+                if not alone and path in expert_keys:
+                    rows[path] = flat
+                else:
+                    if path in expert_keys:
+                        tokens[path] = tokens.get(path, 0) + int(flat.shape[0])
+                    if path not in products:
+                        products[path] = torch.zeros((x.shape[-1], x.shape[-1]), dtype=torch.float32)
+                    elif not alone:
+                        products[path].zero_()
+                    add_gram(products[path], flat, alpha=2.0)  # upper triangle
                 last[0], last[1] = x, path
             seen.add(path)
             if len(seen) == len(linears):
                 raise _AllSeen
 
         return hook
+
+    def grouped(keys: Any) -> list[tuple[list[str], int]]:
+        """The groups of the modules first reached in this step, then the fixed ones, with their widths."""
+        found = [([m for m in linears if owner.get(m) == key], int(linears[key].weight.shape[1])) for key in keys]
+        known = [(group, int(linears[group[0]].weight.shape[1])) for group in fixed]
+        return [g for g in found if g[0][0] not in expert_keys] + known
 
     handles = [module.register_forward_pre_hook(hook_for(path)) for path, module in linears.items()]
     structure: list[tuple[list[str], int]] = []  # (members, input width) per group: rank 0's, told to all
@@ -398,6 +434,7 @@ def _hessians(
     try:
         for step in range(-(-batches // world.size)):
             b = step * world.size + world.rank
+            rows.clear()
             if b < batches:
                 with suppress(_AllSeen):
                     calls[b](layer, hidden[b])
@@ -406,13 +443,15 @@ def _hessians(
             if alone:
                 continue
             if step == 0:
-                mine = [([m for m in linears if owner.get(m) == key], int(p.shape[0])) for key, p in products.items()]
+                mine = grouped(products)
                 structure = _structure(world.broadcast_json(mine if world.leader else None, 0, GROUPS), linears, world)
                 owners = _owners(structure, linears, world.size)
             senders = [r for r in range(world.size) if step * world.size + r < batches]
             for members, width in structure:
                 key, to = members[0], owners[members[0]]
-                if to == world.rank:
+                if key in expert_keys:
+                    _exchange_expert(key, width, rows, sums, tokens, to, senders, world)
+                elif to == world.rank:
                     total = sums.setdefault(key, torch.zeros((width, width), dtype=torch.float32))
                     for r in senders:
                         total.add_(products[key] if r == world.rank else world.receive(r, (width, width)))
@@ -423,13 +462,60 @@ def _hessians(
             handle.remove()
     if alone:
         sums = products
-        structure = [([m for m in linears if owner.get(m) == key], int(p.shape[0])) for key, p in products.items()]
+        structure = grouped([key for key in products if key not in expert_keys])
         owners = {members[0]: 0 for members, _ in structure}
     empty = torch.empty(0)
     groups = [
-        (members, symmetrize(sums[members[0]]).div_(n) if members[0] in sums else empty) for members, _ in structure
+        (
+            members,
+            symmetrize(sums[members[0]]).div_(n)
+            if members[0] in sums
+            else (None if owners[members[0]] == world.rank else empty),
+        )
+        for members, _ in structure
     ]
-    return groups, owners
+    return groups, owners, {key: tokens.get(key, 0) for key in expert_keys if owners.get(key) == world.rank}
+
+
+def _exchange_expert(
+    key: str, width: int, rows: dict[str, Any], sums: dict[str, Any], tokens: dict[str, int], to: int,
+    senders: list[int], world: World,
+) -> None:  # fmt: skip
+    """One step of an expert group's Hessian across ranks: each sender tells the owner `to` how many
+    input rows it has (an int64), then sends them when fewer than the width, their `2 X^T X` otherwise,
+    nothing when none; the owner adds each in rank order (making a product from rows with the
+    `add_gram` the sender would have used) and counts the rows. A negative count is refused."""
+    import torch
+
+    mine = rows.get(key)
+    if world.rank != to:
+        if world.rank not in senders:
+            return
+        count = 0 if mine is None else int(mine.shape[0])
+        world.send(torch.tensor([count], dtype=torch.int64), to)
+        if mine is not None and count >= width:
+            product = torch.zeros((width, width), dtype=torch.float32)
+            add_gram(product, mine, alpha=2.0)
+            world.send(product, to)
+        elif mine is not None and count:
+            world.send(mine.contiguous(), to)
+        return
+    for r in senders:
+        part, count = mine, 0 if mine is None else int(mine.shape[0])
+        if r != world.rank:
+            count = int(world.receive(r, (1,), "int64").item())
+            if count < 0:
+                raise Message(f"summing {key}", f"sent {count} input rows of {key}").refusal(
+                    r, world.size, "(a count is never negative)"
+                )
+            part = None if count == 0 else world.receive(r, (width, width) if count >= width else (count, width))
+            if count >= width:
+                sums.setdefault(key, torch.zeros((width, width), dtype=torch.float32)).add_(part)
+                tokens[key] = tokens.get(key, 0) + count
+                continue
+        if part is not None and count:
+            add_gram(sums.setdefault(key, torch.zeros((width, width), dtype=torch.float32)), part, alpha=2.0)
+            tokens[key] = tokens.get(key, 0) + count
 
 
 def _structure(told: object, linears: dict[str, Any], world: World) -> list[tuple[list[str], int]]:
@@ -476,6 +562,8 @@ class _Solved:
     codes: npt.NDArray[np.int8] | None = None
     shrink: npt.NDArray[np.float32] | None = None
     fallback: str | None = None
+    #: an expert module's calibration tokens (None for any other module)
+    tokens: int | None = None
 
 
 def _in_parallel(
@@ -488,7 +576,7 @@ def _in_parallel(
     barrier, as two torch threads on one matrix would on a shared machine. A layer's groups are
     uneven (down_proj's Hessian is 2.7x wider than the rest), so the widest goes first.
     """
-    costliest = sorted(groups, key=lambda g: g[1].shape[0], reverse=True)  # the widest Hessian first
+    costliest = sorted(groups, key=lambda g: 0 if g[1] is None else g[1].shape[0], reverse=True)  # widest first
     solved: dict[str, _Solved] = {}
     with _one_thread():
         pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gptq")
@@ -532,9 +620,11 @@ def _told(mine: _Solved | None, m: str, source: int, shape: tuple[int, ...], gro
 
     message = Message(f"sharing {m}", f"sent the outcome of {m}", "a JSON outcome of GPTQ")
     told = None if mine is None else {"valued": mine.codes is not None, "shrink": mine.shrink is not None,
-                                      "fallback": mine.fallback}  # fmt: skip
-    valued, searched, fallback = _outcome(world.broadcast_json(told, source, message), message, source, world.size)
-    out = mine if mine is not None else _Solved(fallback=fallback)
+                                      "fallback": mine.fallback, "tokens": mine.tokens}  # fmt: skip
+    valued, searched, fallback, tokens = _outcome(
+        world.broadcast_json(told, source, message), message, source, world.size
+    )
+    out = mine if mine is not None else _Solved(fallback=fallback, tokens=tokens)
     if searched:
         grid = (int(shape[0]), int(shape[1]) // group)
         clip = Message(f"sharing {m}", f"sent the clip factors of {m}")
@@ -551,17 +641,20 @@ def _told(mine: _Solved | None, m: str, source: int, shape: tuple[int, ...], gro
     return out
 
 
-def _outcome(told: object, message: Message, source: int, size: int) -> tuple[bool, bool, str | None]:
-    """(valued, searched, fallback) of a module as its owner told it, once it is an outcome
+def _outcome(told: object, message: Message, source: int, size: int) -> tuple[bool, bool, str | None, int | None]:
+    """(valued, searched, fallback, tokens) of a module as its owner told it, once it is an outcome
     `_quantize_group` gives: values (clip factors or not; no reason or `SINGULAR`), or none for a
-    scheme without a grid (`NO_GRID`). The reason is written into the manifest, so no other text is
+    scheme without a grid (`NO_GRID`) or a group no token reached (`NO_TOKENS`); an expert's tokens (a
+    count, or None for another module). The reason is written into the manifest, so no other text is
     taken."""
-    if isinstance(told, dict) and set(told) == {"valued", "shrink", "fallback"}:
-        valued, searched, fallback = told["valued"], told["shrink"], told["fallback"]
+    if isinstance(told, dict) and set(told) == {"valued", "shrink", "fallback", "tokens"}:
+        valued, searched, fallback, tokens = told["valued"], told["shrink"], told["fallback"], told["tokens"]
+        if not (tokens is None or (type(tokens) is int and tokens >= 0)):
+            raise message.malformed(source, size)
         if valued is True and isinstance(searched, bool) and fallback in (None, SINGULAR):
-            return True, searched, None if fallback is None else SINGULAR
-        if valued is False and searched is False and fallback == NO_GRID:
-            return False, False, NO_GRID
+            return True, searched, None if fallback is None else SINGULAR, tokens
+        if valued is False and searched is False and fallback in (NO_GRID, NO_TOKENS):
+            return False, False, NO_GRID if fallback == NO_GRID else NO_TOKENS, tokens
     raise message.malformed(source, size)
 
 
@@ -575,6 +668,8 @@ def _keep(solved: dict[str, _Solved], workdir: Path | None, result: Result) -> N
             result.chosen[m] = Chosen(np.load(path, mmap_mode="r"), one.shrink)
         if one.fallback is not None:
             result.rtn[m] = one.fallback
+        if one.tokens is not None:
+            result.tokens[m] = one.tokens
 
 
 class _AllSeen(Exception):
@@ -595,6 +690,8 @@ def _quantize_group(
     and integer values."""
     import torch
 
+    if hessian is None:
+        return {m: _Solved(fallback=NO_TOKENS) for m in members}
     weights = [linears[m].weight.detach() for m in members]
     grids = [targets[m].scheme.grid(w.numpy().astype(targets[m].dtype)) for m, w in zip(members, weights, strict=True)]
     if len({None if g is None else (g.group, g.q_min, g.q_max, g.zero_point is None) for g in grids}) > 1:

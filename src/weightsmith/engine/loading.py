@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +44,31 @@ class Loader:
         layer = re.compile(re.escape(skeleton.layers_path) + r"\.(\d+)\.")
         self.units: dict[int, list[str]] = {}
         self.target_of: dict[str, str] = {}
-        #: parameter -> the checkpoint tensors a converter merges into it (MoE experts), in order
+        #: parameter -> the checkpoint tensors a converter merges into it (MoE experts), in the order of
+        #: the converter's source patterns (gate before up: the order their rows are concatenated in)
         self.merged: dict[str, list[str]] = {}
+        #: a parameter's path in the model -> the checkpoint tensor loaded into it as it is (no converter)
+        self.checkpoint_of: dict[str, str] = {}
         targets: dict[str, str] = {}
+        rank: dict[str, int] = {}  # a merged source -> the index of the source pattern it matched
         for name in source.names:
-            target, converter = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
+            target, pattern = rename_source_key(name, renamings, converters, model.base_model_prefix, expected)
             if target not in expected:
                 continue  # a tensor the model has no place for (transformers ignores it too)
-            if converter is None and name in source.ckpt.tensors and name not in source.quantized:
+            if pattern is None and name in source.ckpt.tensors and name not in source.quantized:
                 _check_shape(source, name, tuple(expected[target].shape), skeleton.architecture)
-            if converter is not None:
+            if pattern is not None:
                 self.merged.setdefault(target, []).append(name)
+                order = (c.source_patterns.index(pattern) for c in converters if pattern in c.source_patterns)
+                rank[name] = next(order, 0)
+            else:
+                self.checkpoint_of.setdefault(target, name)
             self.target_of[name] = target
             match = layer.match(target)
             self.units.setdefault(int(match.group(1)) if match else TOP, []).append(name)
             targets.setdefault(target, name)
+        for sources in self.merged.values():
+            sources.sort(key=rank.__getitem__)  # stable: the checkpoint's order within one pattern
         missing = [k for k in expected if k not in targets and k not in self.tied and k not in non_persistent]
         if missing:
             raise CheckpointError(
@@ -67,6 +78,36 @@ class Loader:
                 tensor=missing[0],
                 code="engine.missing-tensor",
             )
+
+    def checkpoint_module(self, path: str) -> str:
+        """The checkpoint's name of the module at `path` in the model (transformers renames some:
+        Laguna's `shared_experts` is the checkpoint's and vLLM's `shared_expert`); `path` itself for a
+        module whose tensors are loaded under their own names, merged, or not at all."""
+        return self._module_names.get(path, path)
+
+    def linears(self, unit: int) -> dict[str, Any]:
+        """Every `torch.nn.Linear` of decoder layer `unit`, under its checkpoint name."""
+        import torch
+
+        prefix = self.skeleton.layer_path(unit)
+        return {
+            self.checkpoint_module(f"{prefix}.{name}"): module
+            for name, module in self.skeleton.layers[unit].named_modules()
+            if isinstance(module, torch.nn.Linear)
+        }
+
+    @cached_property
+    def _module_names(self) -> dict[str, str]:
+        """Model module path -> checkpoint module name, for every module above a tensor loaded as it is:
+        the two names less the trailing components they share."""
+        out: dict[str, str] = {}
+        for target, source in self.checkpoint_of.items():
+            t, s = target.split("."), source.split(".")
+            k = 1
+            while k < min(len(t), len(s)) and t[-k] == s[-k]:
+                out.setdefault(".".join(t[:-k]), ".".join(s[:-k]))
+                k += 1
+        return out
 
     def load(self, unit: int, *, head: bool = True) -> None:
         """Make the unit's parameters real (float32, CPU), through transformers' loader.

@@ -84,6 +84,11 @@ class MethodRecord:
     tokens: int  # calibration tokens the Hessians were accumulated over
     #: Modules written with round-to-nearest instead (a Hessian singular after dampening, ...) and why.
     rtn_fallback: dict[str, str] = field(default_factory=dict)
+    #: Whether each MoE expert's Hessian came from every token (`--all-experts`) or its routed ones.
+    all_experts: bool = False
+    #: MoE expert modules whose Hessian came from fewer tokens than their input width, with the count: the
+    #: dampening, not the data, makes those Hessians invertible.
+    few_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -233,6 +233,7 @@ def _gptq_json(opts: GptqOptions) -> dict[str, object]:
         "seq_len": opts.seq_len,
         "actorder": opts.actorder,
         "dampening": opts.dampening,
+        "all_experts": opts.all_experts,
     }
 
 
@@ -241,7 +242,8 @@ def _gptq_line(opts: GptqOptions) -> str:
     text = opts.calibration_source()[1]
     return (
         f"method: gptq on at most {opts.tokens:,} tokens of {text} in sequences of {opts.seq_len}, one decoder "
-        f"layer at a time (actorder {opts.actorder}, dampening {opts.dampening} of each Hessian's mean diagonal); "
+        f"layer at a time (actorder {opts.actorder}, dampening {opts.dampening} of each Hessian's mean diagonal"
+        f"{'; every token through every MoE expert' if opts.all_experts else ''}); "
         "the grid and the files are the plan's, only the integer values differ"
     )
 
@@ -338,6 +340,11 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
         "static", "--actorder",
         help="--method gptq: static (columns in order of decreasing Hessian diagonal, each on its own group's "
         "grid; llm-compressor's default, same stored format) or none (columns in stored order).",
+    )),
+    "all_experts": (bool, typer.Option(
+        False, "--all-experts",
+        help="--method gptq on an MoE: each expert's Hessian from every calibration token, not only those "
+        "routed to it (the outputs stay routed as the model routes); for experts that see too few tokens.",
     )),
     "trust_remote_code": (bool, typer.Option(
         False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."

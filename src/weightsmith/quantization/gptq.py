@@ -100,7 +100,26 @@ def run(
     for module, why in (method.rtn_fallback if method else {}).items():
         if warn is not None:
             warn(f"{module}: round-to-nearest, {why}")
+    if method is not None and method.few_tokens and warn is not None:
+        warn(few_tokens_line(method.few_tokens))
     return result
+
+
+def few_tokens_line(few: dict[str, int]) -> str:
+    """The run's word on expert modules whose Hessian had fewer rows than its width."""
+    least = min(few.values())
+    return (
+        f"{len(few):,} MoE expert modules saw fewer calibration tokens than their input width "
+        f"(the fewest: {least:,}): their Hessians are made invertible by the dampening, not the data; "
+        "--all-experts gives every expert every token, or pass more --tokens"
+    )
+
+
+def _few_tokens(tokens: dict[str, int], plan: Plan) -> dict[str, int]:
+    """The expert modules whose Hessian had fewer rows than their input width (those no token reached,
+    also in `rtn_fallback`, included)."""
+    widths = {d.module: d.shape[1] for d in plan.decisions if d.action == QUANTIZE and len(d.shape) == 2}
+    return {m: n for m, n in sorted(tokens.items()) if n < widths.get(m, 0)}
 
 
 def quantize(
@@ -139,6 +158,7 @@ def quantize(
             actorder=opts.actorder,
             trust_remote_code=opts.trust_remote_code,
             workers=workers,
+            all_experts=opts.all_experts,
             world=world,
             progress=layer,
         )
@@ -152,6 +172,8 @@ def quantize(
             actorder=opts.actorder,
             tokens=provenance.tokens,
             rtn_fallback=dict(sorted(found.rtn.items())),
+            all_experts=opts.all_experts,
+            few_tokens=_few_tokens(found.tokens, plan),
         )
         written = execute(
             plan,

@@ -47,8 +47,10 @@ class GptqOptions:
 
     `text` (a UTF-8 file) or `builtin` (a built-in text, "code" when neither is given); at most `tokens`
     tokens in sequences of `seq_len`; `dampening` is the fraction of each Hessian's mean diagonal added to
-    its diagonal; `actorder` "static" (llm-compressor's default) or "none"; `trust_remote_code` runs the
-    checkpoint's own model code."""
+    its diagonal; `actorder` "static" (llm-compressor's default) or "none"; `all_experts` gives each MoE
+    expert's Hessian every token rather than those routed to it (the outputs still routed as the model
+    routes: llm-compressor's `calibrate_all_experts`); `trust_remote_code` runs the checkpoint's own
+    model code."""
 
     text: str | os.PathLike[str] | None = None
     builtin: str | None = None
@@ -56,6 +58,7 @@ class GptqOptions:
     seq_len: int = GPTQ_SEQ_LEN
     dampening: float = GPTQ_DAMPENING
     actorder: str = "static"
+    all_experts: bool = False
     trust_remote_code: bool = False
 
     def calibration_source(self) -> tuple[str, str]:
