@@ -18,7 +18,13 @@ which the calibration text does not contain), by `fidelity.logits.compare`. With
 each is measured in turn, and each tool's wall time is fitted as a fixed part plus a part per token:
 the ratio of the per-token parts is where the ratio of whole runs goes as the calibration grows.
 
-    python benchmarks/gptq_speed.py [--model DIR] [--tokens 2048 [N ...]] [--seq-len 256] [--group-size 64]
+With `--moe FAMILY` the model is a small random MoE of that family (`tests/engine/tiny_models.py`'s
+`MOE_FAMILIES` at hidden size 256, 4 layers, 8 experts of 128 with top-2 routing, SmolLM2's tokenizer),
+both tools give every expert every token (ours `--all-experts`, oneshot's `moe_calibrate_all_experts`,
+its default) and neither quantizes the routers (`mlp.gate`, `shared_expert_gate`), as ours never does.
+
+    python benchmarks/gptq_speed.py [--model DIR | --moe qwen2_moe|qwen3_moe|mixtral|laguna] [--tokens 2048 [N ...]]
+                                    [--seq-len 256] [--group-size 64]
                                     [--asym] [--actorder static|none] [--eval-tokens 512]
                                     [--skip-oneshot] [--skip-defaults] [--keep DIR] [--repeat 1]
 """
@@ -50,12 +56,13 @@ from llmcompressor import oneshot
 from llmcompressor.modifiers.gptq import GPTQModifier
 src, seqs_file, out, group, symmetric = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 actorder, dampening = None if sys.argv[6] == "none" else sys.argv[6], float(sys.argv[7])
+ignore = ["lm_head", *json.loads(sys.argv[8])]
 seqs = json.loads(open(seqs_file).read())
 model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype="auto")
 data = Dataset.from_dict({"input_ids": seqs, "attention_mask": [[1] * len(s) for s in seqs]})
 weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group}
 recipe = GPTQModifier(config_groups={"group_0": {"targets": ["Linear"], "weights": weights}},
-                      ignore=["lm_head"], actorder=actorder, dampening_frac=dampening, block_size=128)
+                      ignore=ignore, actorder=actorder, dampening_frac=dampening, block_size=128)
 oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=len(seqs),
         max_seq_length=max(map(len, seqs)), shuffle_calibration_samples=False, output_dir=out)  # our order
 """
@@ -86,6 +93,7 @@ def fidelity(orig: Path, quant: Path, tokens: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="checkpoint folder (default: SmolLM2-135M fp32)")
+    ap.add_argument("--moe", default=None, help="a small random MoE of this family instead (see above)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048],
                     help="calibration tokens; several: each measured, then both tools' times fitted")  # fmt: skip
     ap.add_argument("--seq-len", type=int, default=256)
@@ -100,11 +108,13 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of the loads would fill the output
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    base = args.keep or Path(tempfile.mkdtemp(prefix="gptq-speed-"))
+    if args.moe is not None:
+        args.model = small_moe(args.moe, base / f"{args.moe}-src")
     if args.model is None:
         from models import smollm2_fp32
 
         args.model = smollm2_fp32()
-    base = args.keep or Path(tempfile.mkdtemp(prefix="gptq-speed-"))
     walls = {}  # tokens -> (our median wall, oneshot's)
     for tokens in args.tokens:
         print(f"=== {tokens} calibration tokens", flush=True)
@@ -115,6 +125,33 @@ def main() -> None:
         fit(walls)
 
 
+#: The MoE `--moe` builds: larger than the tests' tiny ones, so that the solves, not the start, take the time.
+MOE_SHAPES = dict(
+    hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+    head_dim=32, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+)  # fmt: skip
+#: Routers, which neither tool should quantize (oneshot's `Linear` target would take them).
+ROUTERS = [r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*block_sparse_moe\.gate$"]
+
+
+def small_moe(family: str, folder: Path) -> Path:
+    """A random MoE of `family` with SmolLM2's tokenizer (`MOE_SHAPES` over the tests' shapes of it)."""
+    from engine.tiny_models import MOE_FAMILIES, save_tiny
+    from models import smollm2_fp32
+
+    shapes = {**MOE_FAMILIES[family], **MOE_SHAPES}
+    if "shared_expert_intermediate_size" not in MOE_FAMILIES[family]:
+        shapes.pop("shared_expert_intermediate_size")
+    if family == "mixtral":
+        shapes["intermediate_size"] = shapes.pop("moe_intermediate_size")
+    if family == "laguna":
+        shapes["mlp_layer_types"] = ["dense"] + ["sparse"] * (shapes["num_hidden_layers"] - 1)
+        shapes["num_attention_heads_per_layer"] = [shapes["num_attention_heads"]] * shapes["num_hidden_layers"]
+    if (folder / "config.json").exists():
+        return folder
+    return save_tiny(folder, family, tokenizer=smollm2_fp32(), shapes=shapes)
+
+
 def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, float] | None:
     """Every run on `tokens` calibration tokens and their fidelity; (our median wall, oneshot's), None
     without oneshot."""
@@ -122,7 +159,7 @@ def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, f
     base.mkdir(parents=True, exist_ok=True)
     common = ["--scheme", scheme, "--group-size", args.group_size, "--no-hash", "--force"]
     calibration = ["--method", "gptq", "--builtin", "code", "--tokens", tokens, "--seq-len", args.seq_len,
-                   "--actorder", args.actorder]  # fmt: skip
+                   "--actorder", args.actorder, *(["--all-experts"] if args.moe else [])]  # fmt: skip
     gptq = [*calibration, "--scale-search", "none", "--dampening", DAMPENING]  # oneshot's grid and dampening
 
     rtn = weightsmith("quantize", args.model, base / "rtn", *common, "--scale-search", "none")
@@ -136,7 +173,8 @@ def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, f
         seqs = base / "tokens.json"
         seqs.write_text(json.dumps(token_ids(args.model, tokens, args.seq_len)))
         oneshot = [sys.executable, "-c", ONESHOT, str(args.model), str(seqs), str(base / "oneshot"),
-                   str(args.group_size), "0" if args.asym else "1", args.actorder, DAMPENING]  # fmt: skip
+                   str(args.group_size), "0" if args.asym else "1", args.actorder, DAMPENING,
+                   json.dumps(ROUTERS if args.moe else [])]  # fmt: skip
         arms["oneshot"] = oneshot
         outputs["llm-compressor GPTQ"] = base / "oneshot"
     labels = {

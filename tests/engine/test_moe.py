@@ -184,6 +184,44 @@ def test_calibration_names_every_expert_and_the_served_recipe_writes(moe: Path, 
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert config["kv_cache_scheme"]["num_bits"] == 8
 
+    # eval scores it as served: every stored activation scale applied, the experts' included
+    from weightsmith.engine.loading import opened
+    from weightsmith.fidelity.activations import input_quantizers, served_layer_inputs
+
+    with opened(out) as loader:
+        quantizers = input_quantizers(loader.source.ckpt)
+        assert _expert_modules(moe) <= set(quantizers)
+        applied = 0
+        for index in range(len(loader.skeleton.layers)):
+            loader.load(index)
+            with served_layer_inputs(loader, index, quantizers) as count:
+                applied += count
+            loader.free(index)
+    assert applied == len(quantizers)
+    report = ws.evaluate(moe, out, tokens=64)
+    assert report.logits.status == "ok" and report.logits.kl > 0, report.logits.reason
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-asym", "nvfp4a16", "fp8-dynamic", "experts-bf16"])
+def test_eval_scores_every_layout(moe: Path, tmp_path: Path, scheme: str) -> None:
+    """eval gives a KL for each scheme's output on each MoE family, and for experts kept BF16 beside
+    quantized attention (transformers' compressed-tensors loader refuses experts under a quantization
+    config, or leaves BF16 ones random; eval loads them through our decompressors), and the in-memory
+    and layer-streamed figures agree."""
+    import weightsmith as ws
+
+    out = tmp_path / scheme
+    if scheme == "experts-bf16":
+        recipe = tmp_path / "attention.toml"
+        recipe.write_text('[[rule]]\ntargets = ["category:attention"]\nscheme = "w4a16"\ngroup_size = 32\n')
+        ws.quantize(ws.QuantizeRequest(source=moe, output=out, recipe=recipe))
+    else:
+        ws.quantize(ws.QuantizeRequest(source=moe, output=out, scheme=scheme))
+    memory = ws.evaluate(moe, out, tokens=64).logits
+    stream = ws.evaluate(moe, out, tokens=64, stream=True).logits
+    assert memory.status == stream.status == "ok", (memory.reason, stream.reason)
+    assert memory.kl > 0 and stream.kl == pytest.approx(memory.kl, rel=1e-3, abs=1e-6)
+
 
 def test_an_expert_no_token_reached_is_named_by_calibrate_and_refused_by_quantize(
     smollm2: Path, tmp_path: Path

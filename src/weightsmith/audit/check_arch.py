@@ -42,12 +42,12 @@ def _actual_shape(
     where the module does not hold it or its stored form does not say."""
     if param == names.WEIGHT:
         held = {names.WEIGHT, names.WEIGHT_PACKED} & module.params.keys()
-        return _logical_shape(module, decl, reads) if held else None
+        return logical_shape(module, decl, reads) if held else None
     ref = module.params.get(param)
     return ref.info.shape if ref is not None else None
 
 
-def _logical_shape(module: Module, decl: QuantDeclaration | None, reads: SmallReads) -> tuple[int, ...] | None:
+def logical_shape(module: Module, decl: QuantDeclaration | None, reads: SmallReads) -> tuple[int, ...] | None:
     """The shape the module's weight has as a model parameter; None where the stored form does not say.
 
     A quantized weight's packing is the quantization family's to check: here only the shape it stands for.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from weightsmith.audit.check_arch import check_architecture
+from weightsmith.audit.check_experts import check_experts
 from weightsmith.audit.check_kv import check_kv_scales
 from weightsmith.audit.check_names import check_runtime_names
 from weightsmith.audit.check_quant import check_quantization
@@ -132,6 +133,13 @@ FAMILIES = (
             ctx.reads,
             len(ctx.survey.unreadable_shards),
         ),
+        frozenset({CONFIG}),
+    ),
+    Family(
+        "experts",
+        "MoE experts against config.json (experts per layer, every projection's shape)",
+        ("moe.",),
+        lambda ctx: check_experts(ctx.survey.config, ctx.declaration, ctx.modules, ctx.reads),
         frozenset({CONFIG}),
     ),
     Family(

@@ -20,8 +20,8 @@ here names a scheme. Dynamic activations (FP8 per token, MX) keep no scale and a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from weightsmith.formats import layouts
 from weightsmith.formats.declaration import quantized_modules
 from weightsmith.formats.source import TensorReader
 from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint
+
+if TYPE_CHECKING:
+    from weightsmith.engine.loading import Loader
 
 #: One module's input fake-quantization: a float32 tensor in, the values the server computes with out.
 Quantizer = Callable[[Any], Any]
@@ -152,6 +155,30 @@ def quantized_inputs(module: Any, quantizers: dict[str, Quantizer], prefix: str 
             handles.append(sub.register_forward_pre_hook(lambda _m, a, q=quantize: (q(a[0]), *a[1:])))
     try:
         yield len(handles)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def served_layer_inputs(loader: Loader, index: int, quantizers: dict[str, Quantizer]) -> Iterator[int]:
+    """While inside, decoder layer `index` of the engine's model (loaded) has every Linear named in
+    `quantizers` by its checkpoint name, MoE experts' included (`LinearExperts`), take its input
+    fake-quantized as the server quantizes it; yields how many modules that is. transformers' names
+    (Laguna's `shared_experts`) and merged experts are no obstacle, as they are to `quantized_inputs`."""
+    from weightsmith.engine.experts import LinearExperts, expert_table
+
+    layer = loader.skeleton.layers[index]
+    experts = LinearExperts(layer, loader.skeleton.layer_path(index), expert_table(loader.merged))
+    handles = []
+    for name, module in (loader.linears(index) | experts.modules).items():
+        quantize = quantizers.get(name)
+        if quantize is not None:
+            handles.append(module.register_forward_pre_hook(lambda _m, a, q=quantize: (q(a[0]), *a[1:])))
+    routed = any(name in quantizers for name in experts.modules)
+    try:
+        with experts.routing() if routed else nullcontext():
+            yield len(handles)
     finally:
         for h in handles:
             h.remove()

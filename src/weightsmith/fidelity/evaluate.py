@@ -40,8 +40,8 @@ def evaluate(
     `text` (a file; default Python's json/encoder.py source, in no built-in calibration text) is what
     the models read, cut to `tokens` tokens. `logits=False` measures the weights only. `stream` runs
     both models one decoder layer at a time, for models larger than memory. A report whose
-    `logits.status` is "failed" means `quant` did not load in transformers (the command exits 1 for
-    it); "unavailable" that this machine cannot run it. When the models ran, `calibration_overlap`
+    `logits.status` is "failed" means `quant` did not load as served (`logits.served_logits`; the
+    command exits 1 for it); "unavailable" that this machine cannot run it. When the models ran, `calibration_overlap`
     says, per calibration record of QUANT's manifest, how much of the text read is in its calibration
     text ("unknown" for a record written before records kept chunk hashes)."""
     orig, quant = Path(orig), Path(quant)

@@ -20,6 +20,7 @@ import importlib
 import math
 import time
 import warnings
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -289,19 +290,12 @@ def compare(
     del model
     gc.collect()
 
-    from weightsmith.fidelity.activations import input_quantizers, quantized_inputs
-
-    quantizers = input_quantizers(Checkpoint.open(quant_dir))  # stored activation scales, applied as served
     try:
-        model = load_model(quant_dir, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # the checkpoint itself is at fault: report it as a finding
-        return finish(FAILED, f"transformers cannot load QUANT through compressed-tensors ({_first_line(exc)})")
-    try:
-        with quantized_inputs(model, quantizers):
-            logits = next_token_logits(model, ids)
+        logits = served_logits(Path(quant_dir), ids, trust_remote_code=trust_remote_code)
+    except _NotLoaded as exc:  # the checkpoint itself is at fault: report it as a finding
+        return finish(FAILED, f"QUANT does not load as served ({_first_line(exc.__cause__ or exc)})")
     except Exception as exc:  # ORIG ran, so the difference lies in QUANT
         return finish(FAILED, f"QUANT loads but cannot run ({_first_line(exc)})")
-    del model
     gc.collect()
     if logits.shape != ref_logits.shape:
         return finish(FAILED, f"QUANT gives logits of shape {list(logits.shape)}, ORIG {list(ref_logits.shape)}")
@@ -311,3 +305,38 @@ def compare(
     report.ppl_orig = perplexity(ref_logits, ids)
     report.ppl_quant = perplexity(logits, ids)
     return finish(OK)
+
+
+class _NotLoaded(Exception):
+    """QUANT's model could not be built or loaded (its cause says why)."""
+
+
+def served_logits(folder: Path, ids: Any, *, trust_remote_code: bool = False) -> Any:
+    """Logits [T, V] of `ids` by the checkpoint in `folder` as a server computes them: its weights decoded
+    by our own decompressors (`formats.compressors`, through the engine's loader: every layout quantize
+    writes, MoE experts merged as transformers merges them), and each Linear's input quantized with its
+    stored activation scale (`activations.served_layer_inputs`: W4A4 experts included). transformers'
+    compressed-tensors loader refuses several of these layouts (MoE experts under a quantization config);
+    tests/fidelity/test_eval_logits.py keeps it as a cross-check where it loads. Raises `_NotLoaded` when
+    the model cannot be built or loaded, a stored activation scale's error when one is bad."""
+    from weightsmith.engine.loading import TOP, opened
+    from weightsmith.fidelity.activations import input_quantizers, served_layer_inputs
+
+    quantizers = input_quantizers(Checkpoint.open(folder))  # a bad stored scale is one line, as before the run
+    entered = False
+    try:
+        with opened(folder, trust_remote_code=trust_remote_code) as loader:
+            entered = True
+            try:
+                for unit in (TOP, *range(len(loader.skeleton.layers))):
+                    loader.load(unit)
+            except Exception as exc:
+                raise _NotLoaded from exc
+            with ExitStack() as stack:
+                for index in range(len(loader.skeleton.layers)):
+                    stack.enter_context(served_layer_inputs(loader, index, quantizers))
+                return next_token_logits(loader.skeleton.model, ids)
+    except Exception as exc:
+        if entered or isinstance(exc, _NotLoaded):
+            raise
+        raise _NotLoaded from exc

@@ -24,7 +24,7 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.loading import TOP, opened
 from weightsmith.engine.stream import LayerProgress, final_logits, layer_arguments, run_layers
 from weightsmith.fidelity import logits as fl
-from weightsmith.fidelity.activations import input_quantizers, quantized_inputs
+from weightsmith.fidelity.activations import input_quantizers, served_layer_inputs
 
 
 def _final_hidden(
@@ -35,10 +35,9 @@ def _final_hidden(
     a static FP8 checkpoint too, whose weights the engine decodes as an FP8 original's)."""
     with opened(folder, trust_remote_code=trust_remote_code) as loader:
         quantizers = input_quantizers(loader.source.ckpt) if served else {}
-        layers = loader.skeleton.layers
 
         def around(index: int) -> AbstractContextManager[int]:
-            return quantized_inputs(layers[index], quantizers, f"{loader.skeleton.layers_path}.{index}")
+            return served_layer_inputs(loader, index, quantizers)
 
         hidden, calls = layer_arguments(loader, [ids])
         return run_layers(loader, hidden, calls, progress, around if quantizers else None)[0]
