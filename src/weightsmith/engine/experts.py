@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 #: merged parameter path -> expert index -> the checkpoint modules merged into that slice, in row order
@@ -45,7 +46,9 @@ def expert_table(merged: dict[str, list[str]]) -> ExpertTable:
     return table
 
 
+@cache
 def _expert_linear_class() -> Any:
+    """The class, made once (torch is imported only when the engine runs)."""
     import torch
 
     class ExpertLinear(torch.nn.Linear):
