@@ -381,7 +381,7 @@ def _hessians(
     is `(((0 + P0) + P1) + P2) ...`. Several ranks make the same products (the same batches, the same
     arithmetic) and the owner adds them in the same order: in step `t` every rank makes the product of
     its batch `t * size + rank` and sends it to the owner, which adds them in rank order. An expert's
-    group goes as its input rows instead when it has fewer rows than its width (`_send_expert`), and
+    group goes as its input rows instead when it has fewer rows than its width (`_exchange_expert`), and
     as nothing when it has none, where one process adds nothing either: the owner makes the product
     with the same `add_gram`. The sum is the single process's to the bit whatever the world size, and
     no rank holds more than one batch's products beside the Hessians it owns.
