@@ -104,3 +104,27 @@ def test_a_family_without_expectations_is_said_to_be_unchecked(families: dict[st
         "for qwen2_moe, qwen3_moe, laguna, mixtral, deepseek_v3)"
     )
     assert found == [("moe.not-checked", None, message)]
+
+
+def test_a_hostile_count_or_index_costs_nothing(families: dict[str, Path], tmp_path: Path) -> None:
+    """A config declaring 10^12 experts is one line listing the first few missing, not a loop over all of
+    them; an expert index of 5,000 digits (beyond what Python parses into an int by default) is no expert,
+    not a traceback."""
+    from weightsmith.engine.experts import expert_table
+
+    bad = shutil.copytree(families["qwen2_moe"], tmp_path / "bad")
+    config = json.loads((bad / "config.json").read_text())
+    config["num_experts"] = 10**12
+    (bad / "config.json").write_text(json.dumps(config))
+    tensors = load_file(bad / "model.safetensors")
+    long = "9" * 5000
+    down = tensors["model.layers.1.mlp.experts.0.down_proj.weight"]
+    tensors[f"model.layers.1.mlp.experts.{long}.down_proj.weight"] = down
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    counts = [m for c, _, m in _experts(bad)[0] if c == "moe.expert-count"]
+    assert counts[0] == (
+        "model.layers.1.mlp.experts holds 8 experts but config.json's num_experts is 1,000,000,000,000: no expert 8, "
+        "9, 10, 11, 12 and 999,999,999,987 more; vLLM builds 1,000,000,000,000"
+    )
+    merged = {"m.experts.gate_up_proj": [f"m.experts.{i}.gate_proj.weight" for i in ("0", "1", long)]}
+    assert expert_table(merged) == {}

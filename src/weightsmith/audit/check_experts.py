@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from weightsmith.audit.check_arch import logical_shape
@@ -70,11 +71,14 @@ MOE_SIZES: dict[str, MoeSizes] = {
         "n_routed_experts", "moe_intermediate_size", (_deepseek_shared, "n_shared_experts x moe_intermediate_size")
     ),
 }
+#: The expert indices a finding lists.
+_SHOWN = 5
 #: An expert's projections: those that read the hidden state (out = intermediate) and the one that
 #: writes it (out = hidden), by the names checkpoints give them (Mixtral's w1/w3/w2).
 READS_HIDDEN, WRITES_HIDDEN = ("gate_proj", "up_proj", "w1", "w3"), ("down_proj", "w2")
 #: `...experts.<e>.<projection>`: the MoE layer, the expert, the projection.
-_ROUTED = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[A-Za-z0-9_]+)$")
+#: An index of more digits is no expert any runtime builds (and a long one no int to parse cheaply).
+_ROUTED = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d{1,9})\.(?P<proj>[A-Za-z0-9_]+)$")
 
 
 def check_experts(
@@ -162,14 +166,16 @@ def _counts(routed: dict[str, Module], count: int, key: str) -> list[Finding]:
         layers.setdefault(match["layer"], {}).setdefault(int(match["expert"]), set()).add(match["proj"])
     found: list[Finding] = []
     for layer, experts in sorted(layers.items()):
-        missing = [e for e in range(count) if e not in experts]
+        # the config's count may be any number: the missing are counted, and only the first few listed
+        absent = count - sum(1 for e in experts if e < count)
+        missing = list(islice((e for e in range(count) if e not in experts), _SHOWN))
         beyond = sorted(e for e in experts if e >= count)
-        if missing or beyond:
+        if absent or beyond:
             what = []
-            if missing:
-                what.append(f"no expert {_listed(missing)}")
+            if absent:
+                what.append(f"no expert {_listed(missing, absent)}")
             if beyond:
-                what.append(f"expert {_listed(beyond)} beyond them")
+                what.append(f"expert {_listed(beyond[:_SHOWN], len(beyond))} beyond them")
             found.append(
                 Finding(
                     "moe.expert-count",
@@ -195,9 +201,9 @@ def _counts(routed: dict[str, Module], count: int, key: str) -> list[Finding]:
     return found
 
 
-def _listed(indices: list[int]) -> str:
-    shown = ", ".join(str(i) for i in indices[:5])
-    return shown + (f" and {len(indices) - 5} more" if len(indices) > 5 else "")
+def _listed(first: list[int], total: int) -> str:
+    """The first indices of `total`, and how many more."""
+    return ", ".join(str(i) for i in first) + (f" and {total - len(first):,} more" if total > len(first) else "")
 
 
 def _shape(

@@ -32,7 +32,7 @@ def expert_table(merged: dict[str, list[str]]) -> ExpertTable:
         if len({len(p) for p in parts}) != 1:
             continue
         numeric = [
-            i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1 and all(p[i].isdigit() for p in parts)
+            i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1 and all(_index(p[i]) for p in parts)
         ]
         if len(numeric) != 1:
             continue
@@ -44,6 +44,11 @@ def expert_table(merged: dict[str, list[str]]) -> ExpertTable:
                 modules.append(module)
         table[target] = per_expert
     return table
+
+
+def _index(part: str) -> bool:
+    """An expert index: at most 9 ASCII digits (a longer one is no expert, nor an int to parse cheaply)."""
+    return part.isascii() and part.isdigit() and len(part) <= 9
 
 
 @cache
