@@ -136,20 +136,12 @@ ROUTERS = [r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*block_sparse_
 
 def small_moe(family: str, folder: Path) -> Path:
     """A random MoE of `family` with SmolLM2's tokenizer (`MOE_SHAPES` over the tests' shapes of it)."""
-    from engine.tiny_models import MOE_FAMILIES, save_tiny
+    from engine.tiny_models import moe_shapes, save_tiny
     from models import smollm2_fp32
 
-    shapes = {**MOE_FAMILIES[family], **MOE_SHAPES}
-    if "shared_expert_intermediate_size" not in MOE_FAMILIES[family]:
-        shapes.pop("shared_expert_intermediate_size")
-    if family == "mixtral":
-        shapes["intermediate_size"] = shapes.pop("moe_intermediate_size")
-    if family == "laguna":
-        shapes["mlp_layer_types"] = ["dense"] + ["sparse"] * (shapes["num_hidden_layers"] - 1)
-        shapes["num_attention_heads_per_layer"] = [shapes["num_attention_heads"]] * shapes["num_hidden_layers"]
     if (folder / "config.json").exists():
         return folder
-    return save_tiny(folder, family, tokenizer=smollm2_fp32(), shapes=shapes)
+    return save_tiny(folder, family, tokenizer=smollm2_fp32(), shapes=moe_shapes(family, **MOE_SHAPES))
 
 
 def measure(args: argparse.Namespace, tokens: int, base: Path) -> tuple[float, float] | None:

@@ -36,9 +36,11 @@ def moe(request: pytest.FixtureRequest, smollm2: Path, tmp_path_factory: pytest.
 
 
 def _expert_modules(folder: Path) -> set[str]:
-    from weightsmith.calibration.measure import expert_modules
+    from weightsmith.engine.experts import expert_modules
+    from weightsmith.engine.loading import opened
 
-    return set(expert_modules(folder))
+    with opened(folder) as loader:
+        return expert_modules(loader.experts)
 
 
 def test_gptq_chooses_every_expert_and_the_shared_expert(moe: Path, tmp_path: Path) -> None:
@@ -101,8 +103,8 @@ def test_experts_no_token_reached_are_named_with_their_reason(moe: Path, tmp_pat
 def test_an_experts_values_are_gptq_on_the_tokens_routed_to_it(smollm2: Path, tmp_path: Path) -> None:
     """The values the engine chooses for layer 1's experts equal `quantize_weight` given each expert's
     Hessian made here from transformers' own whole-model run: the tokens routed to it for gate and up
-    (one Hessian, their rows stacked), and act(gate) * up of those tokens for down. All 36,864 agree
-    on this machine; 0.1 % may differ elsewhere, where the two float32 sums round differently."""
+    (one Hessian, their rows stacked), and act(gate) * up of those tokens for down; 0.1 % may differ,
+    where the two float32 sums round differently."""
     import transformers
 
     from weightsmith.calibration.measure import calibration_tokens
@@ -186,17 +188,18 @@ def test_calibration_names_every_expert_and_the_served_recipe_writes(moe: Path, 
 
     # eval scores it as served: every stored activation scale applied, the experts' included
     from weightsmith.engine.loading import opened
-    from weightsmith.fidelity.activations import input_quantizers, served_layer_inputs
+    from weightsmith.fidelity.activations import input_quantizers, served_inputs
 
     with opened(out) as loader:
         quantizers = input_quantizers(loader.source.ckpt)
         assert _expert_modules(moe) <= set(quantizers)
         applied = 0
-        for index in range(len(loader.skeleton.layers)):
+        for index in range(len(loader.skeleton.layers)):  # a layer at a time, as `eval --stream` runs
             loader.load(index)
-            with served_layer_inputs(loader, index, quantizers) as count:
+            with served_inputs(loader, quantizers, index) as count:
                 applied += count
-            loader.free(index)
+        with served_inputs(loader, quantizers) as count:  # every layer at once, as the in-memory eval runs
+            assert count == len(quantizers)
     assert applied == len(quantizers)
     report = ws.evaluate(moe, out, tokens=64)
     assert report.logits.status == "ok" and report.logits.kl > 0, report.logits.reason

@@ -27,6 +27,7 @@ FAMILIES: dict[str, dict] = {
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
         "tie_word_embeddings": True,
     },
+    # 4 experts: few enough that every one is routed to by the stats tests' few tokens
     "qwen2_moe": {
         "num_experts": 4,
         "num_experts_per_tok": 2,
@@ -34,16 +35,26 @@ FAMILIES: dict[str, dict] = {
         "shared_expert_intermediate_size": 64,
     },
 }
-#: MoE families as the served model is built: layer 0 dense, then 8 experts with top-2 routing and a
-#: shared expert (where the family has one).
+#: MoE families as the served model is built: layer 0 dense (Laguna's default), then 8 experts with
+#: top-2 routing and a shared expert (where the family has one); Mixtral's experts are all its MLPs.
 MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 MOE_FAMILIES: dict[str, dict] = {
     "qwen2_moe": {**MOE, "shared_expert_intermediate_size": 64, "mlp_only_layers": [0]},
     "qwen3_moe": {**MOE, "mlp_only_layers": [0]},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
-    "laguna": {**MOE, "shared_expert_intermediate_size": 64, "mlp_layer_types": ["dense", "sparse", "sparse"],
-               "num_attention_heads_per_layer": [4, 4, 4]},
+    "laguna": {**MOE, "shared_expert_intermediate_size": 64},
 }
+
+
+def moe_shapes(family: str, **sizes: int) -> dict:
+    """`MOE_FAMILIES[family]` with `sizes` over it: `moe_intermediate_size` is the experts' size (Mixtral's
+    `intermediate_size`), and a `shared_expert_intermediate_size` is dropped for a family without one."""
+    shapes = {**MOE_FAMILIES[family], **sizes}
+    if "shared_expert_intermediate_size" not in MOE_FAMILIES[family]:
+        shapes.pop("shared_expert_intermediate_size", None)
+    if family == "mixtral" and "moe_intermediate_size" in shapes:
+        shapes["intermediate_size"] = shapes.pop("moe_intermediate_size")
+    return shapes
 
 
 def save_tiny(

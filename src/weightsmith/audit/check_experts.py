@@ -90,7 +90,12 @@ def check_experts(
     routed = {
         m.name: m for m in modules.values() if m.linear_like and _ROUTED.match(m.name) and names.expert_layer(m.name)
     }
-    shared = {m.name: m for m in modules.values() if m.linear_like and _is_shared(m.name)}
+    # a shared expert's projections (`...shared_expert.gate_proj`; its gate `shared_expert_gate` is a router)
+    shared = {
+        m.name: m
+        for m in modules.values()
+        if m.linear_like and names.category(f"{m.name}.{names.WEIGHT}") == names.SHARED_EXPERT
+    }
     if not routed and not shared:
         return [], "no MoE experts"
     model_type = names.model_type(dict(config))
@@ -143,12 +148,6 @@ def check_experts(
                 )
     layers = len({_ROUTED.match(n).group("layer") for n in routed})  # type: ignore[union-attr]
     return found, f"{layers:,} MoE layers of {count:,} experts ({experts_key}), {len(shared):,} shared projections"
-
-
-def _is_shared(name: str) -> bool:
-    """A shared expert's projection (`...shared_expert.gate_proj`), not its gate (`shared_expert_gate`)."""
-    parent = name.rpartition(".")[0]
-    return parent.rpartition(".")[2] in ("shared_expert", "shared_experts", "shared_mlp")
 
 
 def _want(proj: str, hidden: int, size: int) -> tuple[int, int] | None:

@@ -27,7 +27,7 @@ from weightsmith.calibration import recorders
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import echo
 from weightsmith.engine.distributed import World
-from weightsmith.engine.experts import LinearExperts, expert_table
+from weightsmith.engine.experts import LinearExperts
 from weightsmith.engine.loading import opened
 from weightsmith.engine.stream import layer_arguments, run_layers
 from weightsmith.fidelity.logits import first_tokens, load_tokenizer
@@ -106,7 +106,7 @@ def _measure(
     with opened(ckpt_dir, trust_remote_code=trust_remote_code) as loader:
         skeleton = loader.skeleton
         cache = recorders.kv_cache(skeleton.config)
-        experts = expert_table(loader.merged)
+        experts = loader.experts
         sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
         hidden, calls = layer_arguments(loader, sequences, cache)
         inputs: dict[str, float] = {}
@@ -129,13 +129,6 @@ def _measure(
         run_layers(loader, hidden, calls, done, recording)
         kv = {module: pair for module, pair in cache.maxima.items() if isinstance(module, str)}
     return kv, inputs
-
-
-def expert_modules(ckpt_dir: Path, trust_remote_code: bool = False) -> list[str]:
-    """The checkpoint modules of every MoE expert the engine runs as a slice of a merged parameter."""
-    with opened(ckpt_dir, trust_remote_code=trust_remote_code) as loader:
-        table = expert_table(loader.merged)
-    return [module for experts in table.values() for names in experts.values() for module in names]
 
 
 def calibration_tokens(

@@ -93,11 +93,13 @@ def calibrate(
     missing = missing_library()
     if missing is not None:
         raise WeightsmithError(missing, code="engine.libraries")
-    from weightsmith.calibration.measure import calibration_tokens, expert_modules, measure
+    from weightsmith.calibration.measure import calibration_tokens, measure
+    from weightsmith.engine.experts import expert_modules
     from weightsmith.engine.loading import opened
 
     with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
         activations = loader.source.activations
+        experts = expert_modules(loader.experts)
     model = provenance.fingerprint(ckpt)
     source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -115,7 +117,7 @@ def calibrate(
     kv, inputs = measure(
         src, sequences, world=world, trust_remote_code=trust_remote_code, all_experts=all_experts, progress=progress
     )
-    unreached = sorted(set(expert_modules(src, trust_remote_code)) - set(inputs))
+    unreached = sorted(experts - set(inputs))
     if unreached and world.leader:
         warner(warn, depth=1)(
             f"{len(unreached):,} MoE expert modules (the first: {unreached[0]}) were routed no calibration token and "

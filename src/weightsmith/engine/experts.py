@@ -46,6 +46,11 @@ def expert_table(merged: dict[str, list[str]]) -> ExpertTable:
     return table
 
 
+def expert_modules(table: ExpertTable) -> set[str]:
+    """Every checkpoint module of every expert in `table`."""
+    return {module for experts in table.values() for names in experts.values() for module in names}
+
+
 def _index(part: str) -> bool:
     """An expert index: at most 9 ASCII digits (a longer one is no expert, nor an int to parse cheaply)."""
     return part.isascii() and part.isdigit() and len(part) <= 9

@@ -43,7 +43,7 @@ from numba import njit
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.timesplit import adding
 from weightsmith.engine.distributed import Message, World
-from weightsmith.engine.experts import LinearExperts, expert_table
+from weightsmith.engine.experts import LinearExperts
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.engine.heap import keep_freed_memory
 from weightsmith.engine.lapack import factor_reversed, one_blas_thread
@@ -282,7 +282,6 @@ def run(
     result = Result()
     with opened(Path(ckpt_dir), trust_remote_code=trust_remote_code) as loader, one_blas_thread():
         skeleton = loader.skeleton
-        experts = expert_table(loader.merged)
         seconds = result.seconds
         with adding(seconds, "inputs"):
             sequences = [torch.tensor([ids], dtype=torch.long) for ids in token_ids]
@@ -298,7 +297,7 @@ def run(
             layer = skeleton.layers[index]
             try:
                 with torch.no_grad(), onednn_linears(layer):
-                    routed = LinearExperts(layer, skeleton.layer_path(index), experts)
+                    routed = LinearExperts(layer, skeleton.layer_path(index), loader.experts)
                     found = loader.linears(index) | routed.modules
                     linears = {m: module for m, module in found.items() if m in targets}
                     if linears:
@@ -314,10 +313,9 @@ def run(
                         with adding(seconds, "quantize"):
                             solved = _in_parallel(quantize_group, [g for g in groups if owners[g[0][0]] == world.rank],
                                                   workers)  # fmt: skip
-                            for members, _ in groups:
-                                for name in members:
-                                    if members[0] in tokens and name in solved:
-                                        solved[name].tokens = tokens[members[0]]
+                            for members, _ in groups:  # an expert's tokens, on its owner
+                                for name in members if members[0] in tokens else ():
+                                    solved[name].tokens = tokens[members[0]]
                             _share(solved, groups, owners, linears, targets, world)
                             if world.leader:
                                 _keep(solved, workdir, result)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from weightsmith.core.errors import CheckpointError
+from weightsmith.engine.experts import ExpertTable, expert_table
 from weightsmith.engine.skeleton import Skeleton
 from weightsmith.engine.source import TensorSource
 from weightsmith.io.checkpoint import Checkpoint
@@ -47,8 +48,6 @@ class Loader:
         #: parameter -> the checkpoint tensors a converter merges into it (MoE experts), in the order of
         #: the converter's source patterns (gate before up: the order their rows are concatenated in)
         self.merged: dict[str, list[str]] = {}
-        #: a parameter's path in the model -> the checkpoint tensor loaded into it as it is (no converter)
-        self.checkpoint_of: dict[str, str] = {}
         targets: dict[str, str] = {}
         rank: dict[str, int] = {}  # a merged source -> the index of the source pattern it matched
         for name in source.names:
@@ -61,8 +60,6 @@ class Loader:
                 self.merged.setdefault(target, []).append(name)
                 order = (c.source_patterns.index(pattern) for c in converters if pattern in c.source_patterns)
                 rank[name] = next(order, 0)
-            else:
-                self.checkpoint_of.setdefault(target, name)
             self.target_of[name] = target
             match = layer.match(target)
             self.units.setdefault(int(match.group(1)) if match else TOP, []).append(name)
@@ -97,11 +94,19 @@ class Loader:
         }
 
     @cached_property
+    def experts(self) -> ExpertTable:
+        """The checkpoint modules of each MoE expert slice of the merged parameters (`experts.expert_table`)."""
+        return expert_table(self.merged)
+
+    @cached_property
     def _module_names(self) -> dict[str, str]:
-        """Model module path -> checkpoint module name, for every module above a tensor loaded as it is:
-        the two names less the trailing components they share."""
+        """Model module path -> checkpoint module name, for every module above a tensor loaded as it is
+        (not merged): the two names less the trailing components they share."""
+        merged = {name for sources in self.merged.values() for name in sources}
         out: dict[str, str] = {}
-        for target, source in self.checkpoint_of.items():
+        for source, target in self.target_of.items():
+            if source in merged:
+                continue
             t, s = target.split("."), source.split(".")
             k = 1
             while k < min(len(t), len(s)) and t[-k] == s[-k]:

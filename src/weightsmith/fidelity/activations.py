@@ -19,7 +19,7 @@ here names a scheme. Dynamic activations (FP8 per token, MX) keep no scale and a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -148,37 +148,43 @@ def input_quantizers(ckpt: Checkpoint) -> dict[str, Quantizer]:
 def quantized_inputs(module: Any, quantizers: dict[str, Quantizer], prefix: str = "") -> Iterator[int]:
     """While inside, every submodule of `module` named in `quantizers` (full names: `prefix` is
     `module`'s own) has its first input fake-quantized; yields how many submodules that is."""
-    handles = []
-    for name, sub in module.named_modules(prefix=prefix):
-        quantize = quantizers.get(name)
-        if quantize is not None:
-            handles.append(sub.register_forward_pre_hook(lambda _m, a, q=quantize: (q(a[0]), *a[1:])))
-    try:
-        yield len(handles)
-    finally:
-        for h in handles:
-            h.remove()
+    with _quantizing(module.named_modules(prefix=prefix), quantizers) as count:
+        yield count
 
 
 @contextmanager
-def served_layer_inputs(loader: Loader, index: int, quantizers: dict[str, Quantizer]) -> Iterator[int]:
-    """While inside, decoder layer `index` of the engine's model (loaded) has every Linear named in
-    `quantizers` by its checkpoint name, MoE experts' included (`LinearExperts`), take its input
-    fake-quantized as the server quantizes it; yields how many modules that is. transformers' names
+def served_inputs(loader: Loader, quantizers: dict[str, Quantizer], index: int | None = None) -> Iterator[int]:
+    """While inside, decoder layer `index` of the engine's model (every layer: None; loaded) has every
+    Linear named in `quantizers` by its checkpoint name, MoE experts' included (`LinearExperts`), take its
+    input fake-quantized as the server quantizes it; yields how many modules that is. transformers' names
     (Laguna's `shared_experts`) and merged experts are no obstacle, as they are to `quantized_inputs`."""
-    from weightsmith.engine.experts import LinearExperts, expert_table
+    from weightsmith.engine.experts import LinearExperts
 
-    layer = loader.skeleton.layers[index]
-    experts = LinearExperts(layer, loader.skeleton.layer_path(index), expert_table(loader.merged))
+    skeleton = loader.skeleton
+    if index is None:  # the layers' list as one scope: one routing for them all, not one per layer
+        units, scope, path = range(len(skeleton.layers)), skeleton.layers, skeleton.layers_path
+    else:
+        units, scope, path = range(index, index + 1), skeleton.layers[index], skeleton.layer_path(index)
+    experts = LinearExperts(scope, path, loader.experts)
+    linears = {name: module for unit in units for name, module in loader.linears(unit).items()}
+    with (
+        experts.routing() if any(name in quantizers for name in experts.modules) else nullcontext(),
+        _quantizing((linears | experts.modules).items(), quantizers) as count,
+    ):
+        yield count
+
+
+@contextmanager
+def _quantizing(modules: Iterable[tuple[str, Any]], quantizers: dict[str, Quantizer]) -> Iterator[int]:
+    """While inside, each of the (name, module) pairs named in `quantizers` has its first input
+    fake-quantized; yields how many that is."""
     handles = []
-    for name, module in (loader.linears(index) | experts.modules).items():
+    for name, module in modules:
         quantize = quantizers.get(name)
         if quantize is not None:
             handles.append(module.register_forward_pre_hook(lambda _m, a, q=quantize: (q(a[0]), *a[1:])))
-    routed = any(name in quantizers for name in experts.modules)
     try:
-        with experts.routing() if routed else nullcontext():
-            yield len(handles)
+        yield len(handles)
     finally:
         for h in handles:
             h.remove()

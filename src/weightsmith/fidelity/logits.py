@@ -20,7 +20,6 @@ import importlib
 import math
 import time
 import warnings
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -315,28 +314,19 @@ def served_logits(folder: Path, ids: Any, *, trust_remote_code: bool = False) ->
     """Logits [T, V] of `ids` by the checkpoint in `folder` as a server computes them: its weights decoded
     by our own decompressors (`formats.compressors`, through the engine's loader: every layout quantize
     writes, MoE experts merged as transformers merges them), and each Linear's input quantized with its
-    stored activation scale (`activations.served_layer_inputs`: W4A4 experts included). transformers'
+    stored activation scale (`activations.served_inputs`: W4A4 experts included). transformers'
     compressed-tensors loader refuses several of these layouts (MoE experts under a quantization config);
     tests/fidelity/test_eval_logits.py keeps it as a cross-check where it loads. Raises `_NotLoaded` when
     the model cannot be built or loaded, a stored activation scale's error when one is bad."""
     from weightsmith.engine.loading import TOP, opened
-    from weightsmith.fidelity.activations import input_quantizers, served_layer_inputs
+    from weightsmith.fidelity.activations import input_quantizers, served_inputs
 
-    quantizers = input_quantizers(Checkpoint.open(folder))  # a bad stored scale is one line, as before the run
-    entered = False
     try:
         with opened(folder, trust_remote_code=trust_remote_code) as loader:
-            entered = True
-            try:
-                for unit in (TOP, *range(len(loader.skeleton.layers))):
-                    loader.load(unit)
-            except Exception as exc:
-                raise _NotLoaded from exc
-            with ExitStack() as stack:
-                for index in range(len(loader.skeleton.layers)):
-                    stack.enter_context(served_layer_inputs(loader, index, quantizers))
-                return next_token_logits(loader.skeleton.model, ids)
+            for unit in (TOP, *range(len(loader.skeleton.layers))):
+                loader.load(unit)  # every weight is read here: the source is closed once they are all in
     except Exception as exc:
-        if entered or isinstance(exc, _NotLoaded):
-            raise
         raise _NotLoaded from exc
+    quantizers = input_quantizers(loader.source.ckpt)  # stored activation scales, applied as served
+    with served_inputs(loader, quantizers):
+        return next_token_logits(loader.skeleton.model, ids)

@@ -24,7 +24,7 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.engine.loading import TOP, opened
 from weightsmith.engine.stream import LayerProgress, final_logits, layer_arguments, run_layers
 from weightsmith.fidelity import logits as fl
-from weightsmith.fidelity.activations import input_quantizers, served_layer_inputs
+from weightsmith.fidelity.activations import input_quantizers, served_inputs
 
 
 def _final_hidden(
@@ -37,7 +37,7 @@ def _final_hidden(
         quantizers = input_quantizers(loader.source.ckpt) if served else {}
 
         def around(index: int) -> AbstractContextManager[int]:
-            return served_layer_inputs(loader, index, quantizers)
+            return served_inputs(loader, quantizers, index)
 
         hidden, calls = layer_arguments(loader, [ids])
         return run_layers(loader, hidden, calls, progress, around if quantizers else None)[0]

@@ -265,9 +265,10 @@ def is_router(module: str) -> bool:
 
 
 ROUTED_EXPERTS, KV_SCALES_CATEGORY, QUANT_PARAMS_CATEGORY = "routed experts", "kv scales", "quantization params"
+SHARED_EXPERT = "shared expert"
 CATEGORIES = (
     ROUTED_EXPERTS,
-    "shared expert",
+    SHARED_EXPERT,
     "attention",
     "attention gate",
     "dense mlp",
@@ -297,7 +298,7 @@ def category(name: str) -> str:
     if is_router(module) or "e_score_correction_bias" in param:
         return "router"
     if _SHARED_EXPERT.search(module):
-        return "shared expert"
+        return SHARED_EXPERT
     if _EXPERT.search(module + "."):
         return ROUTED_EXPERTS
     if _ATTN_GATE.search(module):

@@ -101,11 +101,11 @@ def run(
         if warn is not None:
             warn(f"{module}: round-to-nearest, {why}")
     if method is not None and method.few_tokens and warn is not None:
-        warn(few_tokens_line(method.few_tokens))
+        warn(_few_tokens_line(method.few_tokens))
     return result
 
 
-def few_tokens_line(few: dict[str, int]) -> str:
+def _few_tokens_line(few: dict[str, int]) -> str:
     """The run's word on expert modules whose Hessian had fewer rows than its width."""
     least = min(few.values())
     return (
