@@ -81,3 +81,18 @@ def write_checkpoint(folder: Path, tensors: dict[str, np.ndarray], config: dict 
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
     )
     return folder
+
+
+def split_expert_scheme(folder: Path) -> Path:
+    """Give the routed experts' down_proj a config group of its own, equal to theirs but for its observer:
+    a checkpoint as another tool may write it, whose experts' projections resolve to two schemes (no
+    tensor changes; vLLM compares the scheme dicts before it loads any)."""
+    config = json.loads((folder / "config.json").read_text())
+    groups = config["quantization_config"]["config_groups"]
+    ((name, group),) = groups.items()
+    down = json.loads(json.dumps(group))
+    down["targets"] = [r"re:.*mlp\.experts\.\d+\.down_proj$"]
+    down["weights"]["observer"] = "mse"
+    groups[f"{name}_down"] = down
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder

@@ -17,6 +17,7 @@ gets, `native_ops()` what that library registers, both read without importing vL
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -203,3 +204,49 @@ def refusal(model: str | Path, log_dir: Path, extra: Sequence[str] = (), prompt:
     line = error_line((log_dir / "server.log").read_text(errors="replace"))
     assert line is not None, f"no error line in {log_dir / 'server.log'}"
     return line
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What vLLM CPU's offline engine did with a checkpoint (`tests/vllm_load.py`)."""
+
+    served: bool
+    #: Served: one greedy completion per prompt, with each chosen token's logprob.
+    completions: tuple[Completion, ...] = ()
+    #: Refused: `Type: message` of vLLM's exception, and the source line that raised it (`file.py:N`, its text).
+    error: str = ""
+    where: str = ""
+    line: str = ""
+
+
+def load_outcomes(
+    models: Sequence[Path], log: Path, prompts: Sequence[list[int]] = ((1,),), tokens: int = 2,
+    timeout_s: float = START_TIMEOUT_S,
+) -> dict[Path, Outcome]:  # fmt: skip
+    """Load each of `models` with vLLM's own engine, one interpreter for all, and decode `tokens` greedy
+    tokens from each prompt: served, or the exception vLLM raised and where. A refusal at load or at the
+    first request takes seconds this way, a served model a few more; a server start takes a minute (the
+    API server adds its start-up around the same engine). A model that fails at its first request can
+    leave the engine's process state behind it: put it last."""
+    script = Path(__file__).with_name("vllm_load.py")
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(log.parent / "vllm-cache")}
+    request = {"models": [str(m) for m in models], "prompts": [list(p) for p in prompts], "tokens": tokens}
+    done = subprocess.run(
+        [str(require()), str(script)], input=json.dumps(request), capture_output=True, text=True,
+        timeout=timeout_s, env=env,
+    )  # fmt: skip
+    log.write_text(done.stdout + done.stderr)
+    found = {Path(r["model"]): r for r in map(json.loads, (x for x in done.stdout.splitlines() if x.startswith("{")))}
+    if set(found) != {Path(m) for m in models}:
+        raise RuntimeError(
+            f"vLLM's loader answered for {len(found)} of {len(models)} models (exit {done.returncode}); see {log}"
+        )
+    return {m: _outcome(r, prompts) for m, r in found.items()}
+
+
+def _outcome(answer: dict, prompts: Sequence[list[int]]) -> Outcome:
+    done = answer.get("completions") or []
+    pairs = zip(done, prompts, strict=True) if done else ()
+    completions = tuple(Completion(c["ids"], c["logprobs"], len(p)) for c, p in pairs)
+    return Outcome(bool(answer["served"]), completions, answer.get("error", ""), answer.get("where", ""),
+                   answer.get("line") or "")  # fmt: skip

@@ -68,7 +68,8 @@ def _raw(tmp_path: Path, values: dict[str, np.ndarray], meta: dict[str, str]) ->
 
 
 def _meta(**over: str) -> dict[str, str]:
-    base = {k: str(v) for k, v in provenance.Provenance("sha256:x", 1, 1, 1, "t", "h", "original").__dict__.items()}
+    record = provenance.Provenance("sha256:x", 1, 1, 1, "t", "h", "original").__dict__.items()
+    base = {k: str(v) for k, v in record if v is not None}  # as `stats_file.write` leaves absent fields out
     return {"format": stats_file.FORMAT, **base, **over}
 
 

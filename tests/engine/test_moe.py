@@ -12,20 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.tiny_models import MOE_FAMILIES, save_tiny
+from engine.tiny_models import MOE_FAMILIES, SEED3, save_tiny
 
 torch = pytest.importorskip("torch")
-
-#: The served model's layout (docs/moe.md): W4A4 experts, static FP8 attention and shared expert.
-SEED3 = """\
-[[rule]]
-targets = ["category:routed experts"]
-scheme = "nvfp4"
-
-[[rule]]
-targets = ["category:attention", "category:shared expert"]
-scheme = "fp8"
-"""
 
 
 @pytest.fixture(scope="module", params=sorted(MOE_FAMILIES))
@@ -166,15 +155,21 @@ def test_an_experts_values_are_gptq_on_the_tokens_routed_to_it(smollm2: Path, tm
     assert compared > 0 and agree / compared > 0.999, f"{agree} of {compared} values agree"
 
 
-def test_calibration_names_every_expert_and_the_served_recipe_writes(moe: Path, tmp_path: Path) -> None:
+def test_calibration_names_every_expert_and_the_served_recipe_writes(
+    moe: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
     """calibrate writes the input maxima under the checkpoint's names (every expert's, with
-    `all_experts`), and the served model's recipe (NVFP4 W4A4 experts with their activation scales,
-    static FP8 attention and shared expert, `--kv-cache fp8`) writes and verifies on every MoE family."""
+    `all_experts`, which its record says and the quantized checkpoint's manifest and card repeat), and the
+    served model's recipe (NVFP4 W4A4 experts with their activation scales, static FP8 attention and
+    shared expert, `--kv-cache fp8`) writes and verifies on every MoE family."""
     import weightsmith as ws
+    from clirun import run
     from weightsmith.calibration import stats_file
+    from weightsmith.io.manifest import MANIFEST_FILE, load_manifest
 
     stats = tmp_path / "stats.safetensors"
     ws.calibrate(moe, stats, tokens=256, seq_len=64, all_experts=True)
+    assert stats_file.read(stats).provenance.experts == "every token"
     measured = stats_file.read(stats).inputs
     assert _expert_modules(moe) <= set(measured)
     assert not any(".shared_experts." in m for m in measured)  # transformers' name for Laguna's shared_expert
@@ -185,6 +180,11 @@ def test_calibration_names_every_expert_and_the_served_recipe_writes(moe: Path, 
     assert ws.verify(out).clean
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert config["kv_cache_scheme"]["num_bits"] == 8
+    calibration = load_manifest(out / MANIFEST_FILE).calibration
+    assert calibration is not None and calibration.experts == "every token"
+    code, _, err = run(capsys, monkeypatch, "card", out)
+    assert code == 0, err
+    assert "each routed expert's over every token" in (out / "README.md").read_text()
 
     # eval scores it as served: every stored activation scale applied, the experts' included
     from weightsmith.engine.loading import opened
@@ -218,8 +218,9 @@ def test_eval_scores_every_layout(moe: Path, tmp_path: Path, scheme: str) -> Non
         recipe = tmp_path / "attention.toml"
         recipe.write_text('[[rule]]\ntargets = ["category:attention"]\nscheme = "w4a16"\ngroup_size = 32\n')
         ws.quantize(ws.QuantizeRequest(source=moe, output=out, recipe=recipe))
-    else:
-        ws.quantize(ws.QuantizeRequest(source=moe, output=out, scheme=scheme))
+    else:  # groups of 32: the tiny models' widths (64, and the experts' 32) take them, so the experts are quantized
+        group = 32 if scheme == "w4a16-asym" else None
+        ws.quantize(ws.QuantizeRequest(source=moe, output=out, scheme=scheme, group_size=group))
     memory = ws.evaluate(moe, out, tokens=64).logits
     stream = ws.evaluate(moe, out, tokens=64, stream=True).logits
     assert memory.status == stream.status == "ok", (memory.reason, stream.reason)
@@ -232,12 +233,14 @@ def test_an_expert_no_token_reached_is_named_by_calibrate_and_refused_by_quantiz
     """Routed as the model routes, an expert no token reached has no input maximum: calibrate says how
     many and names --all-experts, and quantize's refusal of a static scheme on it says the same."""
     import weightsmith as ws
+    from weightsmith.calibration import stats_file
     from weightsmith.core.errors import WeightsmithError
 
     src = save_tiny(tmp_path / "src", "qwen2_moe", tokenizer=smollm2, shapes=MOE_FAMILIES["qwen2_moe"])
     said: list[str] = []
     stats = tmp_path / "stats.safetensors"
     ws.calibrate(src, stats, tokens=16, seq_len=16, warn=said.append)
+    assert stats_file.read(stats).provenance.experts == "routed"
     unreached = [line for line in said if "were routed no calibration token" in line]
     assert len(unreached) == 1 and "--all-experts" in unreached[0]
     recipe = tmp_path / "seed3.toml"
@@ -246,3 +249,25 @@ def test_an_expert_no_token_reached_is_named_by_calibrate_and_refused_by_quantiz
     with pytest.raises(WeightsmithError, match=refusal):
         ws.quantize(ws.QuantizeRequest(source=src, output=tmp_path / "q", recipe=recipe, calibration=stats))
     assert not (tmp_path / "q").exists()
+
+
+def test_an_expert_projection_left_unquantized_keeps_its_whole_moe_layer(moe: Path) -> None:
+    """Groups of 64 divide the hidden size (gate/up's inputs) but not the experts' 32-wide down_proj: vLLM
+    refuses a FusedMoE whose projections differ in scheme, so every routed expert projection of the layer
+    is kept with the one that had to be, saying why; the other Linears are quantized as asked."""
+    import weightsmith as ws
+    from weightsmith.io import names
+    from weightsmith.quantization.plan import KEEP, QUANTIZE
+
+    plan = ws.plan_quantize(ws.QuantizeRequest(source=moe, output=None, scheme="w4a16", group_size=64))
+    weights = [d for d in plan.decisions if d.param == names.WEIGHT and len(d.shape) == 2]
+    experts = [d for d in weights if names.is_routed_expert(d.module)]
+    narrow = [d for d in experts if d.shape[1] % 64]
+    if not narrow:  # Mixtral's experts are the tiny models' 128-wide MLPs: every projection takes groups of 64
+        assert experts and all(d.action == QUANTIZE for d in experts)
+        return
+    assert all(d.action == KEEP for d in experts)
+    assert all("not a multiple of the group size 64" in d.reason for d in narrow)
+    assert all("one FusedMoE layer" in d.reason for d in experts if d not in narrow)
+    assert any(d.action == QUANTIZE for d in weights if ".self_attn." in d.module)
+    assert set(plan.ignore) >= {d.module for d in experts}

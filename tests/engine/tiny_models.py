@@ -46,6 +46,19 @@ MOE_FAMILIES: dict[str, dict] = {
 }
 
 
+#: The served model's layout (docs/moe.md) as a recipe: W4A4 (NVFP4) experts, static FP8 attention and
+#: shared expert (activation scales from `calibrate --all-experts`), with `--kv-cache fp8` beside it.
+SEED3 = """\
+[[rule]]
+targets = ["category:routed experts"]
+scheme = "nvfp4"
+
+[[rule]]
+targets = ["category:attention", "category:shared expert"]
+scheme = "fp8"
+"""
+
+
 def moe_shapes(family: str, **sizes: int) -> dict:
     """`MOE_FAMILIES[family]` with `sizes` over it: `moe_intermediate_size` is the experts' size (Mixtral's
     `intermediate_size`), and a `shared_expert_intermediate_size` is dropped for a family without one."""

@@ -212,3 +212,15 @@ def test_one_rule_recipe_is_the_scheme(source: Path, tmp_path: Path) -> None:
     assert a.quantization_config() == b.quantization_config()
     assert a.quantization_config()["config_groups"]["W4A16"]["targets"] == ["Linear"]
     assert [(d.name, d.action) for d in a.decisions] == [(d.name, d.action) for d in b.decisions]
+
+
+def test_a_recipe_whose_group_size_fits_no_weight_is_refused(
+    source: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Groups wider than every input keep every targeted Linear: the output would declare quantization and
+    quantize nothing (which eval and vLLM refuse), so quantize says so, naming a kept weight and why."""
+    recipe = _recipe(tmp_path, "[[rule]]\ntargets = ['Linear']\nscheme = 'w4a16'\ngroup_size = 4096\n")
+    code, _, err = run(capsys, monkeypatch, "quantize", source, tmp_path / "o", "--recipe", recipe)
+    line = one_error_line(err)
+    assert code == 2 and "nothing would be quantized" in line and "not a multiple of the group size 4096" in line, line
+    assert not (tmp_path / "o").exists()

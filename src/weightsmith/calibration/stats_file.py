@@ -29,7 +29,7 @@ from weightsmith.core.errors import CheckpointError, OutputError, WeightsmithErr
 from weightsmith.core.files import check_file_name, replace_file
 from weightsmith.core.terminal import short_repr
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.io.provenance import ACTIVATIONS, Provenance, fingerprint
+from weightsmith.io.provenance import ACTIVATIONS, EXPERT_TOKENS, Provenance, fingerprint
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import TensorSpec, layout
@@ -220,6 +220,12 @@ def _provenance(path: Path, meta: dict[str, str]) -> Provenance:
             fields[name] = int(text)
         else:
             fields[name] = text
+    if fields.get("experts") not in (None, *EXPERT_TOKENS):
+        raise CheckpointError(
+            f"metadata 'experts' is {str(fields['experts'])[:40]!r}, expected one of {EXPERT_TOKENS}",
+            file=path,
+            code="calibration.metadata",
+        )
     if fields["activations"] not in ACTIVATIONS:
         raise CheckpointError(
             f"metadata 'activations' is {str(fields['activations'])[:40]!r}, expected one of {ACTIVATIONS}",

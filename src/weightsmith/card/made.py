@@ -236,8 +236,16 @@ def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations, twin:
         f"- **Calibration**: {what} measured by weightsmith (not transplanted from "
         f"another checkpoint) as the largest values on {tokens} tokens ({sequences} sequences of up to {seq_len}) "
         f"of {c.text(cal.text, M, f'{field}.text')} (sha256 {c.text(cal.text_sha256, M, f'{field}.text_sha256')}"
-        f"), on {_SERVED_TWIN if twin else _ACTIVATIONS.get(cal.activations, 'activations as recorded')}."
+        f"), on {_SERVED_TWIN if twin else _ACTIVATIONS.get(cal.activations, 'activations as recorded')}"
+        f"{_EXPERT_WORDS.get(cal.experts or '', '').format(c.text(cal.experts or '', M, f'{field}.experts'))}."
     )
+
+
+#: What `Provenance.experts` says, in the card's words (its value cited).
+_EXPERT_WORDS = {
+    "routed": "; each routed expert's over the tokens the model routed to it ({})",
+    "every token": "; each routed expert's over every token, the outputs still routed as the model routes ({})",
+}
 
 
 def _pre_pass_lines(m: Manifest, c: Citations) -> list[str]:

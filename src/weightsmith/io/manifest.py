@@ -31,7 +31,7 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import open_regular, write_json_new
 from weightsmith.core.jsonable import jsonable
 from weightsmith.io.checkpoint import Checkpoint, read_json
-from weightsmith.io.provenance import ACTIVATIONS, Provenance
+from weightsmith.io.provenance import ACTIVATIONS, EXPERT_TOKENS, Provenance
 
 MANIFEST_FILE = "weightsmith.json"
 MANIFEST_VERSION = 5  # 2: recipe.rules and recipe.recipe_file; 3: method; 4: pre_pass; 5: source.hub
@@ -335,6 +335,8 @@ def _check_values(m: Manifest, file: str | Path) -> None:
     for where, record in (("calibration", m.calibration), ("kv_calibration", m.kv_calibration)):
         if record is not None and record.activations not in ACTIVATIONS:
             raise _error(file, f"{where}.activations must be one of {', '.join(ACTIVATIONS)}")
+        if record is not None and record.experts not in (None, *EXPERT_TOKENS):
+            raise _error(file, f"{where}.experts must be one of {', '.join(EXPERT_TOKENS)}")
 
 
 # --- writing: the record of one run ---

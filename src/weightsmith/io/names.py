@@ -264,6 +264,11 @@ def is_router(module: str) -> bool:
     return bool(_ROUTER.search(module))
 
 
+def is_routed_expert(module: str) -> bool:
+    """A routed expert's projection: vLLM builds these into one FusedMoE per layer, not into Linears."""
+    return not _SHARED_EXPERT.search(module) and bool(_EXPERT.search(module + "."))
+
+
 ROUTED_EXPERTS, KV_SCALES_CATEGORY, QUANT_PARAMS_CATEGORY = "routed experts", "kv scales", "quantization params"
 SHARED_EXPERT = "shared expert"
 CATEGORIES = (
@@ -299,7 +304,7 @@ def category(name: str) -> str:
         return "router"
     if _SHARED_EXPERT.search(module):
         return SHARED_EXPERT
-    if _EXPERT.search(module + "."):
+    if is_routed_expert(module):
         return ROUTED_EXPERTS
     if _ATTN_GATE.search(module):
         return "attention gate"

@@ -15,6 +15,8 @@ from weightsmith.safetensors.reader import ShardReader
 
 #: Where activations were taken: on the original model, or on the quantized model as it is served.
 ACTIVATIONS = ("original", "quantized")
+#: Over which tokens a routed expert's statistics were taken (`Provenance.experts`).
+EXPERT_TOKENS = ("routed", "every token")
 #: Bytes read from each end of each shard's data for the fingerprint (beside its whole header).
 FINGERPRINT_SAMPLE = 1 << 20
 
@@ -38,6 +40,10 @@ class Provenance:
     #: `textchunks.record` of the text the tokens came from: what `eval` compares its own text with, to
     #: tell when a model is scored on text it was calibrated on (None in records written before it).
     text_chunks: str | None = None
+    #: Which tokens each routed expert's input maxima were taken over: one of EXPERT_TOKENS ("routed":
+    #: those the model routed to it; "every token": `--all-experts`). None for a model without routed
+    #: experts, and in records written before it.
+    experts: str | None = None
 
     @classmethod
     def of_run(
@@ -49,6 +55,7 @@ class Provenance:
         activations: str,
         source_fingerprint: str | None = None,
         text_chunks: str | None = None,
+        experts: str | None = None,
     ) -> Provenance:
         """The record of one run over `sequences` (token ids): the counts follow from them."""
         return cls(
@@ -61,6 +68,7 @@ class Provenance:
             activations=activations,
             source_fingerprint=source_fingerprint,
             text_chunks=text_chunks,
+            experts=experts,
         )
 
 

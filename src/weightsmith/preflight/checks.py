@@ -3,7 +3,8 @@
 Each check joins a fact about the checkpoints (read from headers and configs, never loaded) with a
 fact about vLLM's source (`code`). This module runs them all (the draft's code in `draft`, the pair
 in `pair`, linear kernels per platform in `linear_kernel`, the native ops a CPU kernel calls in
-`native_op`; KV scales, W4A4 MoE backends and the compile cache here) and builds the serve line.
+`native_op`, the MoE experts' backends and router in `moe_kernel`; KV scales, W4A4 MoE backends and
+the compile cache here) and builds the serve line.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from weightsmith.audit.values import SmallReads
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import shell_line
 from weightsmith.formats.declaration import MODELOPT, QuantDeclaration
+from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.serving import serve_command
 from weightsmith.preflight import code
 from weightsmith.preflight.draft import check_draft_code
 from weightsmith.preflight.linear_kernel import check_linear_kernels
+from weightsmith.preflight.moe_kernel import check_moe
 from weightsmith.preflight.native_op import check_native_ops, machine_flags
 from weightsmith.preflight.pair import check_pair
 from weightsmith.preflight.quant_layers import check_quant_layers
@@ -58,10 +61,10 @@ def preflight(
     items += _identified(src)
     target_kv = _kv(tgt)
     items += _readable(tgt) + check_quant_layers(tgt) + target_kv + check_linear_kernels(src, tgt)
-    items += check_native_ops(src, tgt, flags)
+    items += check_native_ops(src, tgt, flags) + check_moe(src, tgt, flags)
     if drf is not None:
         items += _readable(drf) + check_quant_layers(drf) + _kv(drf) + check_linear_kernels(src, drf)
-        items += check_native_ops(src, drf, flags)
+        items += check_native_ops(src, drf, flags) + check_moe(src, drf, flags)
     moe_flag = None
     for side in (tgt, drf):
         if side is not None:
@@ -172,7 +175,7 @@ def _w4a4_moe(src: VllmSource, side: Side) -> tuple[list[Item], list[str] | None
     decl = side.decl
     if decl is None:
         return [], None
-    experts = [m for m in side.modules.values() if ".experts." in m.name and m.linear_like and _w4a4(decl, m)]
+    experts = [m for m in side.modules.values() if names.is_routed_expert(m.name) and m.linear_like and _w4a4(decl, m)]
     if not experts:
         return [], None
     backends = code.nvfp4_moe_backends(src)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from weightsmith.audit.modules import Module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.declaration import DeclaredGroup, QuantDeclaration, read_declaration
+from weightsmith.io import names
 from weightsmith.preflight import kernels
 from weightsmith.preflight.code import Evidence, missing
 from weightsmith.preflight.report import LOAD, Item, Side, unread
@@ -202,10 +203,11 @@ def check_linear_kernels(src: VllmSource, side: Side) -> list[Item]:
 
 
 def _covered(decl: QuantDeclaration, side: Side) -> dict[str, list[Module]]:
-    """Config group name -> the Linears it quantizes (ignored ones left out)."""
+    """Config group name -> the Linears it quantizes (ignored ones left out; routed experts too, which
+    vLLM builds as FusedMoE: `moe_kernel` checks those)."""
     covered: dict[str, list[Module]] = {}
     for module in side.modules.values():
-        if not module.linear_like:
+        if not module.linear_like or names.is_routed_expert(module.name):
             continue
         scheme, ignored = decl.resolve(module)
         if scheme is not None and not ignored:

@@ -51,6 +51,12 @@ from weightsmith.searches import SEARCHES
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
+#: `Provenance.experts` in the dry run's caption.
+_EXPERTS_CAPTION = {
+    "routed": "; routed experts over the tokens routed to them",
+    "every token": "; routed experts over every token",
+}
+
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
@@ -75,7 +81,7 @@ def plan_table(plan: Plan) -> Table:
         table.caption = (
             f"static scales from {markup_safe(stats)}: {prov.tokens:,} tokens measured on "
             f"{markup_safe(plan.calibration.measured_on)} "
-            f"({prov.activations} activations)"
+            f"({prov.activations} activations{_EXPERTS_CAPTION.get(prov.experts or '', '')})"
         )
     for shard, specs in plan.added.items():
         for spec in specs:

@@ -336,14 +336,30 @@ _LISTED = 3
 
 
 def _refuse_idle_recipe(plan: Plan) -> None:
-    """Refuse a recipe none of whose targets matches a Linear-like weight of the checkpoint: the output
-    would be a "quantized" checkpoint with nothing quantized. A target that matches nothing beside
-    one that does is a warning (`request.plan_warnings`)."""
-    if plan.count(QUANTIZE):
+    """Refuse a plan that quantizes nothing: the output would be a "quantized" checkpoint with nothing
+    quantized (which `eval` and vLLM then refuse). Either no target of the recipe matches a Linear-like
+    weight, or every weight one matches is kept (a group size that divides none of their input widths,
+    say). A target that matches nothing beside one that does is a warning (`request.plan_warnings`);
+    a plan that decodes FP8 weights or adds KV-cache scales writes something and is not refused here."""
+    if plan.count(QUANTIZE) or plan.count(DECODE) or plan.added:
         return
     unmatched = plan.unmatched_targets()
     if len(unmatched) < sum(len(rule.targets) for rule in plan.recipe.rules):
-        return
+        refused = (  # a Linear weight its rule's scheme cannot take
+            d
+            for d in plan.decisions
+            if d.param == names.WEIGHT
+            and _keep_reason(d.name, d.dtype, d.shape) is None
+            and (rule := plan.recipe.rule_for(d.module)) is not None
+            and rule.scheme.unsupported(d.shape) is not None
+        )
+        first = next(refused, None)
+        example = f" (the first: {first.module}, {first.reason})" if first is not None else ""
+        raise WeightsmithError(
+            f"keeps every Linear-like weight the recipe targets{example}, so nothing would be quantized",
+            file=plan.recipe.file or plan.source.root,
+            code="recipe.nothing-quantized",
+        )
     rules = plan.recipe.rules
     listed = []
     for rule in rules[:_LISTED]:
@@ -556,21 +572,30 @@ class _Keepers:
 
 
 def _enforce_fused_agreement(decisions: list[Decision]) -> None:
-    """Keep every shard of a fused layer if any shard present is kept."""
+    """Keep every shard of a fused layer if any shard present is kept: q/k/v and gate/up, and every
+    projection of a layer's routed experts, which vLLM builds as one FusedMoE layer and refuses to build
+    from projections of two schemes (a down_proj too narrow for the group size, say)."""
     by_module = {d.module: d for d in decisions if d.param == names.WEIGHT}
     groups: dict[str, list[Decision]] = defaultdict(list)
     for module, d in by_module.items():
         fused = names.fused_partners(module)
         if fused is not None:
             groups[fused[0]].append(d)
+        experts = names.expert_layer(module)
+        if experts is not None:
+            groups[experts].append(d)
     for fused_name, members in groups.items():
         kept = [d for d in members if d.action != QUANTIZE]
         if kept and len(kept) < len(members):
-            first = names.leaf(kept[0].module)
+            first = kept[0]
+            if names.expert_layer(fused_name + ".0") == fused_name:
+                why = f"vLLM builds {fused_name} as one FusedMoE layer, every expert's projections under one scheme"
+            else:
+                why = f"vLLM loads {names.leaf(fused_name)} as one layer"
             for d in members:
                 if d.action == QUANTIZE:
-                    d.action = KEEP
-                    d.reason = f"kept with {first} ({kept[0].reason}): vLLM loads {names.leaf(fused_name)} as one layer"
+                    d.action, d.rule = KEEP, None
+                    d.reason = f"kept with {names.leaf(first.module)} ({first.reason}): {why}"
 
 
 def _keep_refused_layers(decisions: list[Decision]) -> None:
