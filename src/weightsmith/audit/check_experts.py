@@ -4,16 +4,15 @@ expert's projection shapes.
 vLLM builds each MoE layer's experts as one FusedMoE layer of `num_experts` experts sized by the
 config (`moe_intermediate_size`, Mixtral's `intermediate_size`), and a shared expert of its own size;
 a checkpoint with an expert short, an expert missing a projection, or projections of another size
-fails to load there, or loads experts never written. The config keys differ by family, so they are
-stated per `model_type` here (`MOE_SIZES`); a family not listed gets one info finding saying its
-experts were not checked. Quantized projections are compared by their logical shape.
+fails to load there, or loads experts never written. The config keys differ by family, so each
+family states them (`weightsmith.families`, `Family.experts`); a family that states none gets one
+info finding saying its experts were not checked. Quantized projections are compared by their logical shape.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from itertools import islice
 from typing import Any
 
@@ -21,61 +20,14 @@ from weightsmith.audit.check_arch import logical_shape
 from weightsmith.audit.findings import ERROR, INFO, Finding
 from weightsmith.audit.modules import Module
 from weightsmith.audit.values import SmallReads
+from weightsmith.families import FAMILIES, Router
 from weightsmith.formats.declaration import QuantDeclaration
 from weightsmith.io import names
 
-#: A size config.json gives, or derives from other fields (None where the config lacks them).
-Size = Callable[[Mapping[str, Any]], Any]
-
-
-def _key(key: str) -> Size:
-    return lambda config: config.get(key)
-
-
-def _deepseek_shared(config: Mapping[str, Any]) -> Any:
-    shared, size = config.get("n_shared_experts"), config.get("moe_intermediate_size")
-    return shared * size if type(shared) is int and type(size) is int else None
-
-
-@dataclass(frozen=True)
-class MoeSizes:
-    """Where a family's config says how many routed experts an MoE layer has, each one's intermediate
-    size, and the shared expert's (None: the family has none), each with the words a finding uses."""
-
-    experts: str
-    expert_size: str
-    shared_size: tuple[Size, str] | None = None
-    #: Other keys transformers writes the expert count under (its config's `attribute_map`).
-    aliases: tuple[str, ...] = ()
-
-    def experts_key(self, config: Mapping[str, Any]) -> str:
-        """The key config.json gives the expert count under: `experts`, else the first alias present."""
-        return next((k for k in (self.experts, *self.aliases) if k in config), self.experts)
-
-
-#: `model_type` -> its MoE sizes.
-MOE_SIZES: dict[str, MoeSizes] = {
-    "qwen2_moe": MoeSizes(
-        "num_experts",
-        "moe_intermediate_size",
-        (_key("shared_expert_intermediate_size"), "shared_expert_intermediate_size"),
-    ),
-    "qwen3_moe": MoeSizes("num_experts", "moe_intermediate_size", aliases=("num_local_experts",)),
-    "laguna": MoeSizes(
-        "num_experts",
-        "moe_intermediate_size",
-        (_key("shared_expert_intermediate_size"), "shared_expert_intermediate_size"),
-    ),
-    "mixtral": MoeSizes("num_local_experts", "intermediate_size"),
-    "deepseek_v3": MoeSizes(
-        "n_routed_experts", "moe_intermediate_size", (_deepseek_shared, "n_shared_experts x moe_intermediate_size")
-    ),
-}
 #: The expert indices a finding lists.
 _SHOWN = 5
-#: An expert's projections: those that read the hidden state (out = intermediate) and the one that
-#: writes it (out = hidden), by the names checkpoints give them (Mixtral's w1/w3/w2).
-READS_HIDDEN, WRITES_HIDDEN = ("gate_proj", "up_proj", "w1", "w3"), ("down_proj", "w2")
+#: A shared expert's projections: those that read the hidden state (out = its size) and the one that writes it.
+SHARED_READS, SHARED_WRITES = ("gate_proj", "up_proj"), "down_proj"
 #: `...experts.<e>.<projection>`: the MoE layer, the expert, the projection.
 #: An index of more digits is no expert any runtime builds (and a long one no int to parse cheaply).
 _ROUTED = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d{1,9})\.(?P<proj>[A-Za-z0-9_]+)$")
@@ -99,21 +51,23 @@ def check_experts(
     if not routed and not shared:
         return [], "no MoE experts"
     model_type = names.model_type(dict(config))
-    sizes = MOE_SIZES.get(model_type or "")
-    if sizes is None:
+    family = FAMILIES.get(model_type or "")
+    sizes = family.experts if family is not None else None
+    if family is None or sizes is None:
+        checked = ", ".join(t for t, f in FAMILIES.items() if f.experts is not None)
         return [
             Finding(
                 "moe.not-checked",
                 INFO,
                 f"model_type {model_type}: no expectations for its experts, so their count and shapes were not "
-                f"checked (checked for {', '.join(MOE_SIZES)})",
+                f"checked (checked for {checked})",
                 "config.json",
             )
         ], f"model_type {model_type}: experts not checked"
-    experts_key = sizes.experts_key(config)
-    hidden, count, size = config.get("hidden_size"), config.get(experts_key), config.get(sizes.expert_size)
+    experts_key = sizes.count_key(config)
+    hidden, count, size = config.get("hidden_size"), config.get(experts_key), config.get(sizes.size)
     found: list[Finding] = []
-    for key, value in (("hidden_size", hidden), (experts_key, count), (sizes.expert_size, size)):
+    for key, value in (("hidden_size", hidden), (experts_key, count), (sizes.size, size)):
         if value is None:  # transformers' default then, which is the class's to know
             note = f"config.json has no {key}, so the experts were not checked against it"
             return [Finding("moe.not-checked", INFO, note, "config.json")], f"no {key}: experts not checked"
@@ -131,29 +85,94 @@ def check_experts(
     assert isinstance(hidden, int) and isinstance(count, int) and isinstance(size, int)
     found += _counts(routed, count, experts_key)
     for name, module in sorted(routed.items()):
-        proj = names.leaf(name)
-        found += _shape(
-            module, _want(proj, hidden, size), f"{sizes.expert_size} {size}, hidden_size {hidden}", decl, reads
-        )
-    if shared and sizes.shared_size is not None:
-        shared_size = sizes.shared_size[0](config)
+        want = _want(names.leaf(name), hidden, size, sizes.reads, sizes.writes)
+        found += _shape(module, want, f"{sizes.size} {size}, hidden_size {hidden}", decl, reads)
+    if shared and sizes.shared is not None:
+        shared_size = sizes.shared[0](config)
         if type(shared_size) is int and shared_size > 0:
             for name, module in sorted(shared.items()):
-                found += _shape(
-                    module,
-                    _want(names.leaf(name), hidden, shared_size),
-                    f"{sizes.shared_size[1]} {shared_size}, hidden_size {hidden}",
-                    decl,
-                    reads,
+                want = _want(names.leaf(name), hidden, shared_size, SHARED_READS, SHARED_WRITES)
+                found += _shape(module, want, f"{sizes.shared[1]} {shared_size}, hidden_size {hidden}", decl, reads)
+    blocks = sorted({_ROUTED.match(n).group("layer").removesuffix(".experts") for n in routed})  # type: ignore[union-attr]
+    router = family.router
+    if router is not None:
+        found += _routing(config, router, count, experts_key)
+        found += _routers(modules, blocks, router, count, hidden, experts_key)
+    routing = f", {router.scoring} scores{', grouped' if router.grouped else ''}" if router is not None else ""
+    return found, (
+        f"{len(blocks):,} MoE layers of {count:,} experts ({experts_key}){routing}, {len(shared):,} shared projections"
+    )
+
+
+def _routing(config: Mapping[str, Any], router: Router, count: int, count_key: str) -> list[Finding]:
+    """The config's top-k (and expert groups) against the expert count: vLLM's top-k picks `top_k` of
+    the layer's experts, and grouped top-k splits them into `n_group` equal groups."""
+    found = []
+    top_k = config.get(router.top_k)
+    if top_k is not None and (type(top_k) is not int or not 0 < top_k <= count):
+        found.append(_config(f"{router.top_k} is {top_k!r}, not a whole number from 1 to {count_key} {count:,}"))
+    if router.grouped:
+        groups, best = config.get("n_group"), config.get("topk_group")
+        if groups is not None and (type(groups) is not int or groups <= 0 or count % groups):
+            found.append(
+                _config(f"n_group is {groups!r}, which does not split {count_key} {count:,} into equal groups")
+            )
+        elif type(groups) is int and best is not None and (type(best) is not int or not 0 < best <= groups):
+            found.append(_config(f"topk_group is {best!r}, not a whole number from 1 to n_group {groups}"))
+    return found
+
+
+def _config(message: str) -> Finding:
+    return Finding("moe.config", ERROR, f"{message}; vLLM routes the experts by it", "config.json")
+
+
+def _routers(
+    modules: dict[str, Module], blocks: list[str], router: Router, count: int, hidden: int, count_key: str
+) -> list[Finding]:
+    """Each MoE layer's router [experts, hidden], its score-correction bias [experts] where it has one,
+    and the shared expert's gate [1, hidden] where the family gates it: vLLM loads each into a parameter
+    of that shape, and refuses a model missing its router."""
+    found = []
+    why = f"{count_key} {count:,}, hidden_size {hidden}"
+    for block in blocks:
+        wanted: list[tuple[str, str, tuple[int, ...], str, bool]] = [
+            (f"{block}.{router.module}", names.WEIGHT, (count, hidden), why, True)
+        ]
+        if router.score_bias is not None:
+            module, _, param = f"{block}.{router.score_bias}".rpartition(".")
+            wanted.append((module, param, (count,), f"{count_key} {count:,}", False))
+        if router.shared_gate and f"{block}.shared_expert.down_proj" in modules:
+            wanted.append((f"{block}.shared_expert_gate", names.WEIGHT, (1, hidden), f"hidden_size {hidden}", True))
+        for module, param, shape, words, required in wanted:
+            located = modules[module].params.get(param) if module in modules else None
+            if located is None and required:
+                found.append(
+                    Finding(
+                        "moe.router",
+                        ERROR,
+                        f"{block} has routed experts but no {module}.{param}: vLLM builds one for every MoE layer "
+                        "and refuses a checkpoint that lacks it",
+                        None,
+                        f"{module}.{param}",
+                    )
                 )
-    layers = len({_ROUTED.match(n).group("layer") for n in routed})  # type: ignore[union-attr]
-    return found, f"{layers:,} MoE layers of {count:,} experts ({experts_key}), {len(shared):,} shared projections"
+            elif located is not None and tuple(located.info.shape) != shape:
+                found.append(
+                    Finding(
+                        "moe.router",
+                        ERROR,
+                        f"is {list(located.info.shape)} but config.json implies {list(shape)} ({words})",
+                        located.shard,
+                        f"{module}.{param}",
+                    )
+                )
+    return found
 
 
-def _want(proj: str, hidden: int, size: int) -> tuple[int, int] | None:
-    if proj in READS_HIDDEN:
+def _want(proj: str, hidden: int, size: int, reading: tuple[str, ...], writing: str) -> tuple[int, int] | None:
+    if proj in reading:
         return (size, hidden)
-    return (hidden, size) if proj in WRITES_HIDDEN else None
+    return (hidden, size) if proj == writing else None
 
 
 def _counts(routed: dict[str, Module], count: int, key: str) -> list[Finding]:

@@ -76,7 +76,8 @@ def calibrate_kv(
     attention = derived.attention_modules(list(target.tensors))
     if not attention:
         raise CheckpointError(
-            "has no attention layer (no k_proj or qkv_proj weight), so there are no KV-cache scales to measure",
+            "has no k_proj or qkv_proj weight (no attention, or another kind: DeepSeek's latent attention "
+            "caches one compressed vector, not K and V), so there are no KV-cache scales to measure",
             file=target.root,
             code="kv.no-attention",
         )

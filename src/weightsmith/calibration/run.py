@@ -19,8 +19,9 @@ from weightsmith.core.errors import OutputError, WeightsmithError
 from weightsmith.core.files import check_file_name
 from weightsmith.core.terminal import Say, short_repr, warner
 from weightsmith.engine.distributed import World
+from weightsmith.families import require_family
 from weightsmith.io import provenance
-from weightsmith.io.checkpoint import Checkpoint
+from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint
 from weightsmith.io.manifest import measured_activations, source_fingerprint
 from weightsmith.io.outputdir import refuse_inside
 
@@ -100,6 +101,7 @@ def calibrate(
     with opened(src, trust_remote_code=trust_remote_code) as loader:  # a model the engine cannot run fails now
         activations = loader.source.activations
         experts = expert_modules(loader.experts)
+    require_family(ckpt.config, "calibrate", src / CONFIG_FILE)
     model = provenance.fingerprint(ckpt)
     source = source_fingerprint(ckpt, model, activations)  # a bad manifest fails now, not after the run
     os.environ.setdefault("TQDM_DISABLE", "1")

@@ -1,7 +1,8 @@
 """What config.json's architecture implies for a checkpoint's tensors: the one statement of it.
 
 vLLM builds the class `architectures[0]` names and loads each tensor into a parameter of it;
-transformers builds the class of `model_type`. For the Llama family (Llama, Mistral, Qwen2, Qwen3)
+transformers builds the class of `model_type`. For the Llama-block families (Llama, Mistral, Qwen2,
+Qwen3: `Family.checked_shapes`, their biases stated by each family's module in `weightsmith.families`)
 every parameter follows from a few config sizes, so the tensors can be checked against the config
 without a model class. `verify` reports each difference as an error finding (`audit.check_arch`),
 `quantize` refuses a norm or bias it contradicts and every weight it would quantize against it
@@ -22,6 +23,8 @@ from functools import cached_property
 from typing import Any
 
 from weightsmith.core.terminal import echo
+from weightsmith.families import Family, by_architecture
+from weightsmith.families.base import ATTENTION, MLP, NORMS
 from weightsmith.io import names
 
 #: A config field the shapes need, and the value it takes when absent (None: required).
@@ -34,10 +37,7 @@ FIELDS: dict[str, Callable[[dict[str, int]], int] | None] = {
     "intermediate_size": None,
     "vocab_size": None,
 }
-ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
-MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 PROJECTIONS = ATTENTION + MLP
-NORMS = ("input_layernorm", "post_attention_layernorm")
 #: A decoder layer's tensor: its layer number, and its name after `model.layers.N.`.
 LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 #: The codes of a shape config.json contradicts and of a bias the architecture does not build, as
@@ -45,58 +45,10 @@ LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 SHAPE, UNEXPECTED_BIAS = "arch.shape", "arch.unexpected-bias"
 
 
-def _set(config: Mapping[str, Any], key: str) -> bool:
-    """`getattr(config, key, False)` as vLLM reads it: any truthy JSON value sets it."""
-    return bool(config.get(key, False))
-
-
-def _llama_biases(config: Mapping[str, Any]) -> dict[str, str]:
-    """vLLM's `LlamaDecoderLayer` (Mistral's too): `attention_bias` (or `bias`) gives o_proj a bias
-    and q/k/v_proj one unless `qkv_bias` says otherwise; `mlp_bias` gives the MLP's three theirs."""
-    attention = _set(config, "attention_bias") or _set(config, "bias")
-    qkv = _set(config, "qkv_bias") if "qkv_bias" in config else attention
-    built = dict.fromkeys(ATTENTION[:3], "qkv_bias" if "qkv_bias" in config else "attention_bias") if qkv else {}
-    if attention:
-        built["self_attn.o_proj"] = "attention_bias"
-    if _set(config, "mlp_bias"):
-        built |= dict.fromkeys(MLP, "mlp_bias")
-    return built
-
-
-def _qwen2_biases(config: Mapping[str, Any]) -> dict[str, str]:
-    """vLLM's `Qwen2Attention`: q/k/v_proj always have a bias, o_proj and the MLP never."""
-    return dict.fromkeys(ATTENTION[:3], "the architecture itself")
-
-
-def _qwen3_biases(config: Mapping[str, Any]) -> dict[str, str]:
-    """vLLM's `Qwen3Attention`: q/k/v_proj have a bias under `attention_bias`; o_proj never (transformers
-    gives it one too, which vLLM then skips)."""
-    return dict.fromkeys(ATTENTION[:3], "attention_bias") if _set(config, "attention_bias") else {}
-
-
-@dataclass(frozen=True)
-class Family:
-    """An architecture whose tensors follow from the config."""
-
-    #: The `model_type` transformers builds this class from.
-    model_type: str
-    #: The projections (`self_attn.q_proj`) that have a bias under a config, each with the config key
-    #: that gives it one.
-    biases: Callable[[Mapping[str, Any]], dict[str, str]]
-    #: Per-layer 1-D tensors beyond the two norms, with the config field that sizes them.
-    layer_vectors: tuple[tuple[str, str], ...] = ()
-
-
-#: `architectures[0]` -> its family. Only classes whose checkpoints are named `model.layers.N...`
-#: with one dense MLP per layer; anything else is not checked (and says so).
-ARCHITECTURES: dict[str, Family] = {
-    "LlamaForCausalLM": Family("llama", _llama_biases),
-    "MistralForCausalLM": Family("mistral", _llama_biases),
-    "Qwen2ForCausalLM": Family("qwen2", _qwen2_biases),
-    "Qwen3ForCausalLM": Family(
-        "qwen3", _qwen3_biases, (("self_attn.q_norm.weight", "head_dim"), ("self_attn.k_norm.weight", "head_dim"))
-    ),
-}
+#: `architectures[0]` -> its family, for the families whose every shape follows from the config
+#: (`Family.checked_shapes`: classes whose checkpoints are named `model.layers.N...` with one dense MLP
+#: per layer); anything else is not checked (and says so).
+ARCHITECTURES: dict[str, type[Family]] = {arch: f for arch, f in by_architecture().items() if f.checked_shapes}
 
 
 def first_architecture(config: Mapping[str, Any] | None) -> str | None:
@@ -116,8 +68,8 @@ def contradiction(config: Mapping[str, Any] | None) -> str | None:
     if not isinstance(model_type, str) or arch is None:
         return None
     family = ARCHITECTURES.get(arch)
-    known = {f.model_type for f in ARCHITECTURES.values()}
-    if (family is not None and model_type != family.model_type) or (
+    known = {t for f in ARCHITECTURES.values() for t in f.model_types}
+    if (family is not None and model_type not in family.model_types) or (
         family is None and model_type in known and arch.endswith("ForCausalLM")
     ):
         return (
@@ -155,7 +107,7 @@ class Architecture:
     """A config of a known family whose sizes are all there: what each tensor of it should be."""
 
     name: str
-    family: Family
+    family: type[Family]
     config: Mapping[str, Any]
     sizes: dict[str, int]
 

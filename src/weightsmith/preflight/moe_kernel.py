@@ -463,7 +463,12 @@ def check_moe_router(src: VllmSource, side: Side) -> list[Item]:
         return []
     routing = model_routing(src, side)
     if routing is None:
-        return []  # no FusedMoE call read for this architecture: the experts check says what it can
+        arch = side.architectures[0] if side.architectures else "(none in config.json)"
+        why = (
+            f"no FusedMoE call read in the model file vLLM's registry names for {arch}, or a routing value it "
+            "passes is neither a constant nor read from the config"
+        )
+        return [unread(ROUTER, "whether vLLM CPU's router takes this model's routing", why)]
     arch, found = routing
     router = _cpu_branch(src, found.values)
     if router is None:

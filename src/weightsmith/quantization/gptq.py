@@ -23,6 +23,8 @@ from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import Say
 from weightsmith.core.timesplit import adding
 from weightsmith.engine.distributed import World
+from weightsmith.families import require_family
+from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.io.manifest import MethodRecord
 from weightsmith.io.outputdir import check_destination, remove_stale, scratch
 from weightsmith.io.provenance import Provenance, fingerprint
@@ -65,6 +67,7 @@ def run(
         with opened(src, trust_remote_code=opts.trust_remote_code) as loader:  # a model it cannot run fails now
             activations = loader.source.activations
             vocab = loader.skeleton.model.get_input_embeddings().num_embeddings
+        require_family(plan.source.config, "quantize --method gptq", src / CONFIG_FILE)
         os.environ.setdefault("TQDM_DISABLE", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         text = str(opts.text) if opts.text else None

@@ -534,7 +534,8 @@ def _kv_scales(
     attention = derived.attention_modules([d.name for d in decisions])
     if not attention:
         raise CheckpointError(
-            "has no attention layer (no k_proj or qkv_proj weight), so --kv-cache has nothing to scale",
+            "has no k_proj or qkv_proj weight (no attention, or another kind: DeepSeek's latent attention "
+            "caches one compressed vector, not K and V), so --kv-cache has nothing to scale",
             file=ckpt.root,
             code="usage",
         )

@@ -36,10 +36,10 @@ import numpy as np
 
 from weightsmith.core.errors import CheckpointError, WeightsmithError
 from weightsmith.core.terminal import echo
+from weightsmith.families.base import NORMS
 from weightsmith.formats.architecture import ARCHITECTURES as FAMILIES
 from weightsmith.formats.architecture import (
     LAYER,
-    NORMS,
     PROJECTIONS,
     SHAPE,
     Architecture,
@@ -56,8 +56,8 @@ from weightsmith.quantization.prepasses.base import PrePass, register
 from weightsmith.schemes.base import Scheme
 
 #: The classes (`architectures[0]`, what vLLM builds) whose decoder layers are pre-norm Llama blocks
-#: with norms that multiply by their weight.
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+#: with norms that multiply by their weight: the families that say the pre-pass may fold into their norms.
+ARCHITECTURES = tuple(arch for arch, family in FAMILIES.items() if family.foldable_norms == NORMS)
 #: The code of the refusal of a config that contradicts itself.
 CONTRADICTION = "config.contradiction"
 #: What `--pre-pass auto` refuses rather than skips: where the pre-pass would fold, a config that
