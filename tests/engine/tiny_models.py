@@ -51,6 +51,7 @@ MOE_FAMILIES: dict[str, dict] = {
         "moe_intermediate_size": 32,
         "n_shared_experts": 1,
         "first_k_dense_replace": 1,
+        "topk_method": "noaux_tc",
         "n_group": 2,
         "topk_group": 1,
         "num_key_value_heads": 4,

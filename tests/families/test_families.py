@@ -106,3 +106,15 @@ def test_gptq_and_calibrate_refuse_a_family_they_do_not_know(
     assert code != 0 and "model_type 'olmoe'" in line and "knows no such architecture family" in line, line
     assert "deepseek_v3" in line and "weightsmith/families/" in line and "config.json" in line
     assert not out.exists()
+
+
+def test_a_score_bias_the_config_does_not_ask_for_is_found(built: dict[str, Path], tmp_path: Path) -> None:
+    """vLLM's DeepSeek layer builds `gate.e_score_correction_bias` only under `topk_method: noaux_tc`; a
+    checkpoint that has the bias under a config without it stops vLLM at load with a KeyError (seen on
+    vLLM CPU 0.32.0), and verify says so beforehand."""
+    bad = Path(shutil.copytree(built["deepseek_v3"], tmp_path / "bad"))
+    config = json.loads((bad / "config.json").read_text())
+    del config["topk_method"]
+    (bad / "config.json").write_text(json.dumps(config))
+    found = [(f.check, f.tensor) for f in verify(bad).findings if f.check.startswith("moe.")]
+    assert found == [("moe.router", "model.layers.1.mlp.gate.e_score_correction_bias")]

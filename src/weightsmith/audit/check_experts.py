@@ -98,6 +98,7 @@ def check_experts(
     if router is not None:
         found += _routing(config, router, count, experts_key)
         found += _routers(modules, blocks, router, count, hidden, experts_key)
+        found += _unasked_bias(config, modules, blocks, router)
     routing = f", {router.scoring} scores{', grouped' if router.grouped else ''}" if router is not None else ""
     return found, (
         f"{len(blocks):,} MoE layers of {count:,} experts ({experts_key}){routing}, {len(shared):,} shared projections"
@@ -120,6 +121,33 @@ def _routing(config: Mapping[str, Any], router: Router, count: int, count_key: s
         elif type(groups) is int and best is not None and (type(best) is not int or not 0 < best <= groups):
             found.append(_config(f"topk_group is {best!r}, not a whole number from 1 to n_group {groups}"))
     return found
+
+
+def _unasked_bias(
+    config: Mapping[str, Any], modules: dict[str, Module], blocks: list[str], router: Router
+) -> list[Finding]:
+    """A score-correction bias in a checkpoint whose config does not ask the runtime to build one: vLLM has
+    no parameter to load it into and stops at the first (a KeyError naming it)."""
+    if router.score_bias is None or router.score_bias_when is None:
+        return []
+    key, value = router.score_bias_when
+    if config.get(key) == value:
+        return []
+    for block in blocks:
+        module, _, param = f"{block}.{router.score_bias}".rpartition(".")
+        located = modules[module].params.get(param) if module in modules else None
+        if located is not None:
+            return [
+                Finding(
+                    "moe.router",
+                    ERROR,
+                    f"is in the checkpoint, but config.json's {key} is {config.get(key)!r}, not {value!r}: vLLM builds "
+                    "no parameter for it and refuses the checkpoint at load (KeyError)",
+                    located.shard,
+                    f"{module}.{param}",
+                )
+            ]
+    return []
 
 
 def _config(message: str) -> Finding:

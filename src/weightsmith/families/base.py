@@ -71,6 +71,9 @@ class Router:
     #: Where a per-expert bias added to the scores before the top-k may be, under the MoE block
     #: (`gate.e_score_correction_bias`); None where the family has none.
     score_bias: str | None = None
+    #: The config value under which vLLM builds that bias (key, value); None: whenever the family has one.
+    #: A bias in a checkpoint whose config does not ask for it has no parameter to load into.
+    score_bias_when: tuple[str, str] | None = None
     #: A sigmoid gate [1, hidden] on the shared expert's output (`shared_expert_gate`).
     shared_gate: bool = False
     #: The router's module under the MLP (`mlp.gate`; Mixtral's `block_sparse_moe.gate`).

@@ -22,4 +22,7 @@ class DeepseekV3(Family):
     experts = Experts(
         "n_routed_experts", "moe_intermediate_size", (_shared, "n_shared_experts x moe_intermediate_size")
     )
-    router = Router("sigmoid", grouped=True, score_bias="gate.e_score_correction_bias")
+    # vLLM's DeepseekV2MoE builds the bias only under `topk_method: noaux_tc` (deepseek_v2.py), as V3's configs say
+    router = Router(
+        "sigmoid", grouped=True, score_bias="gate.e_score_correction_bias", score_bias_when=("topk_method", "noaux_tc")
+    )
