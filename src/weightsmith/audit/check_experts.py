@@ -18,7 +18,7 @@ from typing import Any
 
 from weightsmith.audit.check_arch import logical_shape
 from weightsmith.audit.findings import ERROR, INFO, Finding
-from weightsmith.audit.modules import Module
+from weightsmith.audit.modules import Located, Module
 from weightsmith.audit.values import SmallReads
 from weightsmith.families import FAMILIES, Router
 from weightsmith.formats.declaration import QuantDeclaration
@@ -134,8 +134,8 @@ def _unasked_bias(
     if config.get(key) == value:
         return []
     for block in blocks:
-        module, _, param = f"{block}.{router.score_bias}".rpartition(".")
-        located = modules[module].params.get(param) if module in modules else None
+        name = f"{block}.{router.score_bias}"
+        located = _tensor(modules, name)
         if located is not None:
             return [
                 Finding(
@@ -144,10 +144,16 @@ def _unasked_bias(
                     f"is in the checkpoint, but config.json's {key} is {config.get(key)!r}, not {value!r}: vLLM builds "
                     "no parameter for it and refuses the checkpoint at load (KeyError)",
                     located.shard,
-                    f"{module}.{param}",
+                    name,
                 )
             ]
     return []
+
+
+def _tensor(modules: dict[str, Module], name: str) -> Located | None:
+    """The header entry of tensor `name` among the modules' parameters, or None."""
+    module, _, param = name.rpartition(".")
+    return modules[module].params.get(param) if module in modules else None
 
 
 def _config(message: str) -> Finding:
@@ -163,25 +169,24 @@ def _routers(
     found = []
     why = f"{count_key} {count:,}, hidden_size {hidden}"
     for block in blocks:
-        wanted: list[tuple[str, str, tuple[int, ...], str, bool]] = [
-            (f"{block}.{router.module}", names.WEIGHT, (count, hidden), why, True)
+        wanted: list[tuple[str, tuple[int, ...], str, bool]] = [
+            (f"{block}.{router.module}.{names.WEIGHT}", (count, hidden), why, True)
         ]
         if router.score_bias is not None:
-            module, _, param = f"{block}.{router.score_bias}".rpartition(".")
-            wanted.append((module, param, (count,), f"{count_key} {count:,}", False))
+            wanted.append((f"{block}.{router.score_bias}", (count,), f"{count_key} {count:,}", False))
         if router.shared_gate and f"{block}.shared_expert.down_proj" in modules:
-            wanted.append((f"{block}.shared_expert_gate", names.WEIGHT, (1, hidden), f"hidden_size {hidden}", True))
-        for module, param, shape, words, required in wanted:
-            located = modules[module].params.get(param) if module in modules else None
+            wanted.append((f"{block}.shared_expert_gate.{names.WEIGHT}", (1, hidden), f"hidden_size {hidden}", True))
+        for name, shape, words, required in wanted:
+            located = _tensor(modules, name)
             if located is None and required:
                 found.append(
                     Finding(
                         "moe.router",
                         ERROR,
-                        f"{block} has routed experts but no {module}.{param}: vLLM builds one for every MoE layer "
+                        f"{block} has routed experts but no {name}: vLLM builds one for every MoE layer "
                         "and refuses a checkpoint that lacks it",
                         None,
-                        f"{module}.{param}",
+                        name,
                     )
                 )
             elif located is not None and tuple(located.info.shape) != shape:
@@ -191,7 +196,7 @@ def _routers(
                         ERROR,
                         f"is {list(located.info.shape)} but config.json implies {list(shape)} ({words})",
                         located.shard,
-                        f"{module}.{param}",
+                        name,
                     )
                 )
     return found

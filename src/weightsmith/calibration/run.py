@@ -135,7 +135,7 @@ def calibrate(
         measured_activations(activations, model, source),
         source,
         text_chunks=read.chunks,
-        experts=(provenance.EXPERT_TOKENS[1] if all_experts else provenance.EXPERT_TOKENS[0]) if experts else None,
+        experts=(provenance.EVERY_TOKEN if all_experts else provenance.ROUTED) if experts else None,
     )
     stats = stats_file.CalibrationStats(record, kv, inputs)
     if world.leader:

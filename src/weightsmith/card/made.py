@@ -18,6 +18,7 @@ from weightsmith.io.manifest import (
     RecipeRecord,
     RuleRecord,
 )
+from weightsmith.io.provenance import EVERY_TOKEN, ROUTED
 from weightsmith.io.serving import named_target
 from weightsmith.quantization.prepasses import PRE_PASSES
 from weightsmith.quantization.presets import PRESETS
@@ -243,8 +244,8 @@ def _measured(what: str, cal: CalibrationRecord, field: str, c: Citations, twin:
 
 #: What `Provenance.experts` says, in the card's words (its value cited).
 _EXPERT_WORDS = {
-    "routed": "; each routed expert's over the tokens the model routed to it ({})",
-    "every token": "; each routed expert's over every token, the outputs still routed as the model routes ({})",
+    ROUTED: "; each routed expert's over the tokens the model routed to it ({})",
+    EVERY_TOKEN: "; each routed expert's over every token, the outputs still routed as the model routes ({})",
 }
 
 

@@ -38,6 +38,10 @@ def key(name: str) -> Size:
     return lambda config: config.get(name)
 
 
+#: A shared expert sized by its own config key (Qwen2-MoE, Laguna): the size, in a finding's words.
+SHARED_EXPERT_SIZE: tuple[Size, str] = (key("shared_expert_intermediate_size"), "shared_expert_intermediate_size")
+
+
 @dataclass(frozen=True)
 class Experts:
     """Where a family's config says how many routed experts an MoE layer has, each one's intermediate

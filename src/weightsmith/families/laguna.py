@@ -4,18 +4,12 @@
 
 from __future__ import annotations
 
-from weightsmith.families.base import Experts, Family, Router, key, register
-
-SHARED_SIZE = "shared_expert_intermediate_size"
+from weightsmith.families.base import SHARED_EXPERT_SIZE, Experts, Family, Router, register
 
 
 @register
 class Laguna(Family):
     model_types = ("laguna",)
     architectures = ("LagunaForCausalLM",)
-    experts = Experts(
-        "num_experts",
-        "moe_intermediate_size",
-        (key("shared_expert_intermediate_size"), "shared_expert_intermediate_size"),
-    )
+    experts = Experts("num_experts", "moe_intermediate_size", SHARED_EXPERT_SIZE)
     router = Router("sigmoid", score_bias="experts.e_score_correction_bias")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from weightsmith.families.base import NORMS, Family, register
-from weightsmith.families.llama import llama_biases
+from weightsmith.families.base import register
+from weightsmith.families.llama import Llama
 
 
 @register
-class Mistral(Family):
+class Mistral(Llama):
     model_types = ("mistral",)
     architectures = ("MistralForCausalLM",)
-    checked_shapes = True
-    foldable_norms = NORMS
-    biases = staticmethod(llama_biases)

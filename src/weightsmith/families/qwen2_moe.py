@@ -3,18 +3,12 @@
 
 from __future__ import annotations
 
-from weightsmith.families.base import Experts, Family, Router, key, register
-
-SHARED_SIZE = "shared_expert_intermediate_size"
+from weightsmith.families.base import SHARED_EXPERT_SIZE, Experts, Family, Router, register
 
 
 @register
 class Qwen2Moe(Family):
     model_types = ("qwen2_moe",)
     architectures = ("Qwen2MoeForCausalLM",)
-    experts = Experts(
-        "num_experts",
-        "moe_intermediate_size",
-        (key("shared_expert_intermediate_size"), "shared_expert_intermediate_size"),
-    )
+    experts = Experts("num_experts", "moe_intermediate_size", SHARED_EXPERT_SIZE)
     router = Router("softmax", shared_gate=True)

@@ -16,7 +16,8 @@ from weightsmith.safetensors.reader import ShardReader
 #: Where activations were taken: on the original model, or on the quantized model as it is served.
 ACTIVATIONS = ("original", "quantized")
 #: Over which tokens a routed expert's statistics were taken (`Provenance.experts`).
-EXPERT_TOKENS = ("routed", "every token")
+ROUTED, EVERY_TOKEN = "routed", "every token"
+EXPERT_TOKENS = (ROUTED, EVERY_TOKEN)
 #: Bytes read from each end of each shard's data for the fingerprint (beside its whole header).
 FINGERPRINT_SAMPLE = 1 << 20
 

@@ -131,9 +131,36 @@ def draft_model_file(
         name = arch if prefix is None or arch.startswith(prefix) or arch.endswith(prefix) else prefix + arch
         if name in entries and _MODULE.fullmatch(entries[name][0]):
             module, ev = entries[name]
-            rel = module.replace(".", "/") if module.startswith("vllm.") else f"{MODELS}/{module}"
-            rel = rel + ".py" if src.text(rel + ".py") is not None else rel + "/__init__.py"
-            return name, rel, ev
+            return name, model_file(src, module), ev
+    return None
+
+
+def model_file(src: VllmSource, module: str) -> str:
+    """The file of a module the model registry names (`llama` -> `vllm/model_executor/models/llama.py`);
+    a package's `__init__.py` when there is no such `.py` (which a missing file also reads as)."""
+    dotted = module if module.startswith("vllm.") else f"{MODELS.replace('/', '.')}.{module}"
+    return src.module_file(dotted) or dotted.replace(".", "/") + "/__init__.py"
+
+
+def import_origin(src: VllmSource, rel: str, name: str) -> tuple[str, str] | None:
+    """(file, name there) that `name` in `rel` is imported from: `from vllm.x import y [as name]` or
+    `from .x import y`, at the top of `rel` or inside a function (vLLM imports there too), the first
+    found; None when `rel` imports no such name from a file of this installation."""
+    parsed = src.parsed(rel)
+    if parsed is None:
+        return None
+    for node in ast.walk(parsed[0]):  # breadth first: a module-level import before a function's own
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        alias = next((a for a in node.names if (a.asname or a.name) == name), None)
+        if alias is None:
+            continue
+        module = node.module
+        if node.level:
+            module = f"{rel.rsplit('/', node.level)[0].replace('/', '.')}.{module}"
+        origin = src.module_file(module)
+        if origin is not None:
+            return origin, alias.name
     return None
 
 

@@ -16,6 +16,7 @@ import ast
 import sys
 from dataclasses import dataclass, replace
 
+from weightsmith.preflight.code import import_origin
 from weightsmith.preflight.source import VllmSource
 
 #: How deep calls are followed: vLLM's gates call one or two helpers; a deeper chain is not read.
@@ -68,6 +69,8 @@ class Truth:
 
 
 _UNKNOWN = object()
+#: vLLM's probes of a CPU feature -> the /proc/cpuinfo flag that answers them, and the feature in words.
+_CPU_FLAGS = {"torch.cpu._is_amx_tile_supported": ("amx_tile", "AMX tiles"), "cpu_has_amx_fp8": ("amx_fp8", "AMX-FP8")}
 #: The class vLLM instantiates as `current_platform` on each platform, where its methods are read.
 _PLATFORM_CLASS = {"cpu": ("vllm/platforms/cpu.py", "CpuPlatform")}
 #: Decorators that leave a predicate's value as it is: how a method is bound, a cache.
@@ -105,38 +108,14 @@ class Gates:
 
     # ---- where names live --------------------------------------------------------------------
 
-    def module_file(self, module: str) -> str | None:
-        """`vllm.a.b` -> the file that holds it (`vllm/a/b.py` or its package's `__init__.py`)."""
-        path = module.replace(".", "/")
-        for candidate in (f"{path}.py", f"{path}/__init__.py"):
-            if self.src.text(candidate) is not None:
-                return candidate
-        return None
-
     def resolve(self, rel: str, name: str) -> tuple[str, ast.AST] | None:
-        """The definition (class or function) `name` means in `rel`: its own top level, else where an
-        import anywhere in `rel` (vLLM imports inside functions too) brings it from, one file on."""
-        parsed = self.src.parsed(rel)
-        if parsed is None:
-            return None
-        tree = parsed[0]
-        for stmt in tree.body:
-            if isinstance(stmt, ast.ClassDef | ast.FunctionDef) and stmt.name == name:
-                return rel, stmt
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                alias = next((a for a in node.names if (a.asname or a.name) == name), None)
-                if alias is None:
-                    continue
-                module = node.module
-                if node.level:
-                    base = rel.rsplit("/", node.level)[0].replace("/", ".")
-                    module = f"{base}.{module}"
-                origin = self.module_file(module)
-                found = self._top_level(origin, alias.name) if origin else None
-                if found is not None:
-                    return found
-        return None
+        """The definition (class or function) `name` means in `rel`: its own top level, else what it is
+        imported as (`code.import_origin`), one file on."""
+        found = self._top_level(rel, name)
+        if found is not None:
+            return found
+        origin = import_origin(self.src, rel, name)
+        return self._top_level(*origin) if origin is not None else None
 
     def module_alias(self, rel: str, name: str) -> str | None:
         """The file an `import vllm.x.y as name` (or `from vllm.x import y as name`, y a module) in
@@ -148,11 +127,11 @@ class Gates:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname == name:
-                        return self.module_file(a.name)
+                        return self.src.module_file(a.name)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for a in node.names:
                     if (a.asname or a.name) == name:
-                        found = self.module_file(f"{node.module}.{a.name}")
+                        found = self.src.module_file(f"{node.module}.{a.name}")
                         if found is not None:
                             return found
         return None
@@ -322,9 +301,8 @@ class Gates:
             return self._compare(rel, node, env)
         if isinstance(node, ast.Call):
             return self._call(rel, node, env, depth)
-        if isinstance(node, ast.Name) and isinstance(env.get(node.id), ast.expr):
-            bound = env[node.id]
-            assert isinstance(bound, ast.expr)
+        bound = _bound(node, env)
+        if bound is not None:
             return self.expr(rel, bound, env, depth)
         return Truth(None, unread=f"`{_text(node)}` ({rel}:{getattr(node, 'lineno', '?')})")
 
@@ -344,9 +322,8 @@ class Gates:
 
     def _value(self, node: ast.expr, env: dict[str, object]) -> object:
         """A plain value a gate compares: constants, `sys.platform`, the CPU architecture, the device capability."""
-        if isinstance(node, ast.Name) and isinstance(env.get(node.id), ast.expr):
-            bound = env[node.id]
-            assert isinstance(bound, ast.expr)
+        bound = _bound(node, env)
+        if bound is not None:
             return self._value(bound, env)
         if isinstance(node, ast.Constant):
             return node.value
@@ -366,9 +343,8 @@ class Gates:
         return _UNKNOWN
 
     def _is_platform(self, node: ast.expr, env: dict[str, object]) -> bool:
-        if isinstance(node, ast.Name) and isinstance(env.get(node.id), ast.expr):
-            bound = env[node.id]
-            assert isinstance(bound, ast.expr)
+        bound = _bound(node, env)
+        if bound is not None:
             return self._is_platform(bound, env)
         return _dotted(node) == "current_platform"
 
@@ -383,18 +359,14 @@ class Gates:
             if func.attr in _CAPABILITY and machine.platform == "cpu":
                 return Truth(False, ("a GPU of a given compute capability",))
         name = _dotted(func)
-        if name == "torch.cpu._is_amx_tile_supported":
+        if name in _CPU_FLAGS:
+            flag, words = _CPU_FLAGS[name]
             if machine.flags is None:
-                return Truth(None, unread="whether this CPU has AMX tiles (its flags could not be read)")
-            value = "amx_tile" in machine.flags
-            return Truth(value, () if value else ("AMX tiles (torch.cpu._is_amx_tile_supported())",))
+                return Truth(None, unread=f"whether this CPU has {words} (its flags could not be read)")
+            value = flag in machine.flags
+            return Truth(value, () if value else (f"{words} ({name}())",))
         if name in ("has_zentorch_op", "is_zentorch_moe_supported"):
             return Truth(machine.zentorch, () if machine.zentorch else ("a zentorch package installed beside vLLM",))
-        if name == "cpu_has_amx_fp8":
-            if machine.flags is None:
-                return Truth(None, unread="whether this CPU has AMX-FP8 (its flags could not be read)")
-            value = "amx_fp8" in machine.flags
-            return Truth(value, () if value else ("AMX-FP8 (cpu_has_amx_fp8())",))
         return self._follow(rel, node, env, depth)
 
     def _follow(self, rel: str, node: ast.Call, env: dict[str, object], depth: int) -> Truth:
@@ -445,6 +417,12 @@ class Gates:
             return None
         method = self.method(ref.rel, ref.name, func.attr)
         return (method[0], method[1], ref) if method is not None else None
+
+
+def _bound(node: ast.expr, env: dict[str, object]) -> ast.expr | None:
+    """The expression a local name was assigned (`p = current_platform`), or None."""
+    bound = env.get(node.id) if isinstance(node, ast.Name) else None
+    return bound if isinstance(bound, ast.expr) else None
 
 
 def _returns(body: list[ast.stmt]) -> bool:

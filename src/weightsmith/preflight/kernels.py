@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from weightsmith.preflight.code import QUANTIZATION, Evidence, _evidence
+from weightsmith.preflight.code import QUANTIZATION, Evidence, _evidence, import_origin
 from weightsmith.preflight.source import VllmSource
 
 KERNELS = "vllm/model_executor/kernels/linear/__init__.py"
@@ -95,21 +95,9 @@ def weight_types(src: VllmSource, kernel: str) -> Accepts | None:
 
 
 def _imported_from(src: VllmSource, rel: str, name: str) -> str | None:
-    """The file `name` is imported from in `rel` (`from vllm.x import name`, `from .x import name`)."""
-    parsed = src.parsed(rel)
-    if parsed is None:
-        return None
-    for node in parsed[0].body:
-        if isinstance(node, ast.ImportFrom) and node.module and any(a.name == name for a in node.names):
-            if node.level:
-                base = rel.rsplit("/", node.level)[0]
-                path = f"{base}/{node.module.replace('.', '/')}"
-            else:
-                path = node.module.replace(".", "/")
-            for candidate in (f"{path}.py", f"{path}/__init__.py"):
-                if src.text(candidate) is not None:
-                    return candidate
-    return None
+    """The file `name` is imported from in `rel` (`code.import_origin`)."""
+    found = import_origin(src, rel, name)
+    return found[0] if found is not None else None
 
 
 def _class(src: VllmSource, rel: str, name: str) -> tuple[ast.ClassDef, list[str]] | None:

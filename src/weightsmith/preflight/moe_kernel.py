@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from weightsmith.audit.modules import Module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
-from weightsmith.preflight import code
+from weightsmith.preflight import code, kernels
 from weightsmith.preflight.code import Evidence, _evidence, missing
 from weightsmith.preflight.device_gate import Gates, Machine, Truth
-from weightsmith.preflight.linear_kernel import vllm_scheme
+from weightsmith.preflight.linear_kernel import _modules_words, vllm_scheme
 from weightsmith.preflight.report import LOAD, NOTE, Item, Side, unread
 from weightsmith.preflight.source import VllmSource
 
@@ -37,7 +37,6 @@ MOE_METHOD = (
     "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/compressed_tensors_moe.py"
 )
 CPU_ROUTER = f"{FUSED_MOE}/router/cpu_router.py"
-ROUTER_FACTORY = f"{FUSED_MOE}/router/router_factory.py"
 #: The FusedMoE constructors a model file builds its experts with.
 _MOE_LAYERS = ("FusedMoE", "SharedFusedMoE", "FusedMoEFactory")
 #: What FusedMoE takes when a model passes nothing: softmax over all experts, no custom function.
@@ -71,14 +70,12 @@ _ORACLES = {
 }  # fmt: skip
 UNQUANTIZED = Oracle("UnquantizedFusedMoEMethod", "unquantized", "UnquantizedMoeBackend",
                      "select_unquantized_moe_backend")  # fmt: skip
-_NAMED = 3
 
 
 def machine_here(src: VllmSource, flags: frozenset[str] | None) -> Machine:
     """This machine as vLLM's gates see it: the build's platform, the CPU's flags and architecture, and
     whether a `zentorch` package sits beside vLLM."""
-    zentorch = src._zip is None and (src.where / "zentorch").is_dir()
-    return Machine(src.platform, flags, host.machine().lower(), zentorch)
+    return Machine(src.platform, flags, host.machine().lower(), src.zentorch)
 
 
 # ---- experts ----------------------------------------------------------------------------------------
@@ -246,33 +243,26 @@ def _message(node: ast.Raise) -> str | None:
     return None
 
 
-def _expert_groups(side: Side) -> dict[str | None, list[Module]]:
-    """Routed-expert Linears by the config group that quantizes them (None: unquantized or ignored)."""
-    groups: dict[str | None, list[Module]] = {}
+def _routed(side: Side) -> list[tuple[Module, str | None]]:
+    """Each routed-expert Linear with the config group that quantizes it (None: unquantized or ignored)."""
     decl = side.decl
+    found = []
     for module in side.modules.values():
-        if not names.is_routed_expert(module.name) or not module.linear_like:
-            continue
-        scheme, ignored = decl.resolve(module) if decl is not None else (None, True)
-        groups.setdefault(None if scheme is None or ignored else scheme.name, []).append(module)
-    return groups
+        if names.is_routed_expert(module.name) and module.linear_like:
+            scheme, ignored = decl.resolve(module) if decl is not None else (None, True)
+            found.append((module, None if scheme is None or ignored else scheme.name))
+    return found
 
 
-def check_one_scheme(src: VllmSource, side: Side) -> list[Item]:
+def check_one_scheme(src: VllmSource, side: Side, routed: list[tuple[Module, str | None]]) -> list[Item]:
     """A `will not load` finding for a MoE layer whose first expert's projections resolve to different
     config groups (one quantized, one ignored, say): vLLM fuses them into one FusedMoE and its
     `get_moe_method` refuses to build it."""
-    decl = side.decl
-    if decl is None or decl.method != ct.QUANT_METHOD:
-        return []
     layers: dict[str, dict[str | None, list[Module]]] = {}
-    for module in side.modules.values():
+    for module, group in routed:
         prefix, _, rest = module.name.partition(".experts.")
-        if not names.is_routed_expert(module.name) or not module.linear_like or not rest.startswith("0."):
-            continue
-        scheme, ignored = decl.resolve(module)
-        group = None if scheme is None or ignored else scheme.name
-        layers.setdefault(prefix, {}).setdefault(group, []).append(module)
+        if rest.startswith("0."):
+            layers.setdefault(prefix, {}).setdefault(group, []).append(module)
     mixed = {prefix: groups for prefix, groups in layers.items() if len(groups) > 1}
     if not mixed:
         return []
@@ -305,27 +295,26 @@ def check_one_scheme(src: VllmSource, side: Side) -> list[Item]:
 
 def _first_raise(src: VllmSource) -> tuple[str, Evidence] | None:
     """The first `raise` of compressed-tensors' `get_moe_method`: its refusal of mixed projections."""
-    parsed = src.parsed(MOE_METHOD)
-    if parsed is None:
+    found = kernels._function(src, MOE_METHOD, "get_moe_method")
+    if found is None:
         return None
-    tree, lines = parsed
-    func = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "get_moe_method"), None)
-    raised = next((n for n in ast.walk(func) if isinstance(n, ast.Raise)), None) if func else None
+    func, lines = found
+    raised = next((n for n in ast.walk(func) if isinstance(n, ast.Raise)), None)
     said = _message(raised) if raised is not None else None
     return (said, _evidence(MOE_METHOD, lines, raised)) if raised is not None and said else None
 
 
-def check_moe_experts(src: VllmSource, side: Side, flags: frozenset[str] | None) -> list[Item]:
+def check_moe_experts(
+    src: VllmSource, side: Side, flags: frozenset[str] | None, routed: list[tuple[Module, str | None]]
+) -> list[Item]:
     """On a CPU build, a `will not load` finding for each kind of routed experts no backend of it runs
     on this machine; `could not check` where a fact it needs is not in the source."""
     if src.platform != "cpu":  # which backend runs on a GPU depends on the GPU; `moe.w4a4-backend` covers that
         return []
-    groups = _expert_groups(side)
-    if not groups:
-        return []
+    groups: dict[str | None, list[Module]] = {}
+    for module, group in routed:
+        groups.setdefault(group, []).append(module)
     decl = side.decl
-    if decl is not None and decl.method != ct.QUANT_METHOD:
-        return []
     machine = machine_here(src, flags)
     items: list[Item] = []
     for name, modules in groups.items():
@@ -336,7 +325,7 @@ def check_moe_experts(src: VllmSource, side: Side, flags: frozenset[str] | None)
             if choice is None or choice.scheme not in _ORACLES:
                 continue  # a group `get_moe_method` is not mapped for here: nothing said, as for Linears
             oracle = _ORACLES[choice.scheme]
-        what = f"{len(modules)} routed expert Linear(s) ({_names(modules)})"
+        what = f"routed experts, {_modules_words(modules)}"
         if name is not None:
             what += f" of config group {name!r}"
         file, tensor = side.module_file(modules[0]), modules[0].name
@@ -378,11 +367,6 @@ def check_moe_experts(src: VllmSource, side: Side, flags: frozenset[str] | None)
     return items
 
 
-def _names(modules: list[Module]) -> str:
-    names = ", ".join(m.name for m in modules[:_NAMED])
-    return names + (f" and {len(modules) - _NAMED} more" if len(modules) > _NAMED else "")
-
-
 # ---- router -----------------------------------------------------------------------------------------
 
 
@@ -402,9 +386,7 @@ def model_routing(src: VllmSource, side: Side) -> tuple[str, Routing] | None:
     for arch in side.architectures:
         if arch not in entries or not code._MODULE.fullmatch(entries[arch][0]):
             continue
-        module = entries[arch][0]
-        rel = module.replace(".", "/") if module.startswith("vllm.") else f"{code.MODELS}/{module}"
-        rel = rel + ".py" if src.text(rel + ".py") is not None else rel + "/__init__.py"
+        rel = code.model_file(src, entries[arch][0])
         parsed = src.parsed(rel)
         if parsed is None:
             return None
@@ -494,13 +476,10 @@ def check_moe_router(src: VllmSource, side: Side) -> list[Item]:
 def _cpu_branch(src: VllmSource, values: dict[str, object]) -> tuple[Evidence, bool] | None:
     """The `assert self.scoring_func == ...` of `CPURouter._compute_routing` on the branch `values` take,
     and whether it holds; (the method's line, True) when that branch asserts nothing. None: not read."""
-    parsed = src.parsed(CPU_ROUTER)
-    if parsed is None:
+    found = kernels._function(src, CPU_ROUTER, "_compute_routing")
+    if found is None:
         return None
-    tree, lines = parsed
-    func = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_compute_routing"), None)
-    if func is None:
-        return None
+    func, lines = found
     body: list[ast.stmt] = func.body
     while body:
         stmt = next((s for s in body if isinstance(s, ast.If)), None)
@@ -546,5 +525,8 @@ def _router_test(node: ast.expr, values: dict[str, object]) -> bool | None:
 def check_moe(src: VllmSource, side: Side, flags: frozenset[str] | None) -> list[Item]:
     """Every MoE check, in the order vLLM meets them: building each FusedMoE's method (one scheme per
     layer), its backend, then routing the first request."""
-    mixed = check_one_scheme(src, side)
-    return mixed + (check_moe_experts(src, side, flags) if not mixed else []) + check_moe_router(src, side)
+    routed = _routed(side)
+    found: list[Item] = []
+    if routed and (side.decl is None or side.decl.method == ct.QUANT_METHOD):  # compressed-tensors' groups
+        found = check_one_scheme(src, side, routed) or check_moe_experts(src, side, flags, routed)
+    return found + check_moe_router(src, side)

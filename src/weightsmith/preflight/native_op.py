@@ -80,12 +80,11 @@ def chosen_kernel(src: VllmSource, choice: Choice) -> str | None:
     entry = kernels.platform_entry(src, choice.table, "cpu")
     if entry is None:
         return None
-    zentorch = src._zip is None and (src.where / "zentorch").is_dir()
     for kernel in entry.kernels:
         accepts = kernels.weight_types(src, kernel)
         if accepts is None:
             return None
-        if choice.weight_type in accepts.types and (zentorch or not _asks_for_zen(src, kernel)):
+        if choice.weight_type in accepts.types and (src.zentorch or not _asks_for_zen(src, kernel)):
             return kernel
     return None
 

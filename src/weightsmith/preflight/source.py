@@ -237,6 +237,17 @@ class VllmSource:
         base = self.where / folder
         return sorted(str(p.relative_to(self.where)) for p in base.rglob("*.py")) if base.is_dir() else []
 
+    def module_file(self, module: str) -> str | None:
+        """`vllm.a.b` -> the file that holds it (`vllm/a/b.py` or its package's `__init__.py`), or None."""
+        path = module.replace(".", "/")
+        return next((f for f in (f"{path}.py", f"{path}/__init__.py") if self.text(f) is not None), None)
+
+    @property
+    def zentorch(self) -> bool:
+        """A `zentorch` package installed beside vLLM: only then does vLLM CPU register zentorch's ops and
+        pick the Zen CPU platform (a wheel has nothing beside it)."""
+        return self._zip is None and (self.where / "zentorch").is_dir()
+
     @cached_property
     def version(self) -> str:
         """The version its metadata (or `vllm/version.py`) records, or "unknown" (read once: every

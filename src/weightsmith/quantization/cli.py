@@ -27,6 +27,7 @@ from weightsmith.core.terminal import markup_safe
 from weightsmith.engine import distributed, launch
 from weightsmith.io.hub import resolve_source
 from weightsmith.io.outputdir import check_destination
+from weightsmith.io.provenance import EVERY_TOKEN, ROUTED
 from weightsmith.io.texts import TEXT_HELP
 from weightsmith.quantization import library
 from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
@@ -53,8 +54,8 @@ err = Console(stderr=True, highlight=False)
 
 #: `Provenance.experts` in the dry run's caption.
 _EXPERTS_CAPTION = {
-    "routed": "; routed experts over the tokens routed to them",
-    "every token": "; routed experts over every token",
+    ROUTED: "; routed experts over the tokens routed to them",
+    EVERY_TOKEN: "; routed experts over every token",
 }
 
 

@@ -577,22 +577,19 @@ def _enforce_fused_agreement(decisions: list[Decision]) -> None:
     projection of a layer's routed experts, which vLLM builds as one FusedMoE layer and refuses to build
     from projections of two schemes (a down_proj too narrow for the group size, say)."""
     by_module = {d.module: d for d in decisions if d.param == names.WEIGHT}
-    groups: dict[str, list[Decision]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[Decision]] = defaultdict(list)  # (layer, why it is one) -> members
     for module, d in by_module.items():
         fused = names.fused_partners(module)
         if fused is not None:
-            groups[fused[0]].append(d)
+            groups[(fused[0], f"vLLM loads {names.leaf(fused[0])} as one layer")].append(d)
         experts = names.expert_layer(module)
         if experts is not None:
-            groups[experts].append(d)
-    for fused_name, members in groups.items():
+            why = f"vLLM builds {experts} as one FusedMoE layer, every expert's projections under one scheme"
+            groups[(experts, why)].append(d)
+    for (_, why), members in groups.items():
         kept = [d for d in members if d.action != QUANTIZE]
         if kept and len(kept) < len(members):
             first = kept[0]
-            if names.expert_layer(fused_name + ".0") == fused_name:
-                why = f"vLLM builds {fused_name} as one FusedMoE layer, every expert's projections under one scheme"
-            else:
-                why = f"vLLM loads {names.leaf(fused_name)} as one layer"
             for d in members:
                 if d.action == QUANTIZE:
                     d.action, d.rule = KEEP, None
