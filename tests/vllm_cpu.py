@@ -217,12 +217,29 @@ class Outcome:
     error: str = ""
     where: str = ""
     line: str = ""
+    #: Served with a draft: vLLM's speculative-decoding counters over the generation (`vllm_load.SPEC_COUNTERS`,
+    #: and `spec_decode_num_accepted_tokens_per_pos` as a list)
+    spec: dict | None = None
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """A target served with a draft through one of vLLM's speculative methods (`dflash`, `eagle3`, ...)."""
+
+    target: Path
+    draft: Path
+    method: str
+    k: int = 3
+
+    def request(self) -> dict:
+        spec = {"method": self.method, "model": str(self.draft), "num_speculative_tokens": self.k}
+        return {"model": str(self.target), "speculative_config": spec}
 
 
 def load_outcomes(
-    models: Sequence[Path], log: Path, prompts: Sequence[list[int]] = ((1,),), tokens: int = 2,
+    models: Sequence[Path | Drafted], log: Path, prompts: Sequence[list[int]] = ((1,),), tokens: int = 2,
     timeout_s: float = START_TIMEOUT_S,
-) -> dict[Path, Outcome]:  # fmt: skip
+) -> dict[Path | Drafted, Outcome]:  # fmt: skip
     """Load each of `models` with vLLM's own engine, one interpreter for all, and decode `tokens` greedy
     tokens from each prompt: served, or the exception vLLM raised and where. A refusal at load or at the
     first request takes seconds this way, a served model a few more; a server start takes a minute (the
@@ -230,18 +247,21 @@ def load_outcomes(
     leave the engine's process state behind it: put it last."""
     script = Path(__file__).with_name("vllm_load.py")
     env = {**os.environ, "VLLM_CACHE_ROOT": str(log.parent / "vllm-cache")}
-    request = {"models": [str(m) for m in models], "prompts": [list(p) for p in prompts], "tokens": tokens}
+    entries = [m.request() if isinstance(m, Drafted) else str(m) for m in models]
+    request = {"models": entries, "prompts": [list(p) for p in prompts], "tokens": tokens}
     done = subprocess.run(
         [str(require()), str(script)], input=json.dumps(request), capture_output=True, text=True,
         timeout=timeout_s, env=env,
     )  # fmt: skip
     log.write_text(done.stdout + done.stderr)
-    found = {Path(r["model"]): r for r in map(json.loads, (x for x in done.stdout.splitlines() if x.startswith("{")))}
-    if set(found) != {Path(m) for m in models}:
+    answers = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    found = {json.dumps(r["model"], sort_keys=True): r for r in answers}
+    keys = {json.dumps(e, sort_keys=True): m for e, m in zip(entries, models, strict=True)}
+    if set(found) != set(keys):
         raise RuntimeError(
             f"vLLM's loader answered for {len(found)} of {len(models)} models (exit {done.returncode}); see {log}"
         )
-    return {m: _outcome(r, prompts) for m, r in found.items()}
+    return {keys[k]: _outcome(r, prompts) for k, r in found.items()}
 
 
 def _outcome(answer: dict, prompts: Sequence[list[int]]) -> Outcome:
@@ -249,4 +269,4 @@ def _outcome(answer: dict, prompts: Sequence[list[int]]) -> Outcome:
     pairs = zip(done, prompts, strict=True) if done else ()
     completions = tuple(Completion(c["ids"], c["logprobs"], len(p)) for c, p in pairs)
     return Outcome(bool(answer["served"]), completions, answer.get("error", ""), answer.get("where", ""),
-                   answer.get("line") or "")  # fmt: skip
+                   answer.get("line") or "", answer.get("spec"))  # fmt: skip

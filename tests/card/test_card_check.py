@@ -238,8 +238,10 @@ def test_dflash_draft_card_names_its_target_layers_and_the_preset(
     ids = config["dflash_config"]["target_layer_ids"]
     cited = [sources[f"config.json: dflash_config.target_layer_ids[{i}]"] for i in range(len(ids))]
     assert cited == [str(i) for i in ids]
-    # what the preset kept in BF16, with the preset's reason
-    assert "preset dflash-draft: vLLM's DFlash proposer reads qkv_proj.weight directly" in card
+    # what the preset kept in BF16, with the preset's reason: which releases read q/k/v directly, and where
+    assert "preset dflash-draft: vLLM's DFlash drafters read qkv_proj.weight directly" in card
+    assert "unguarded in vLLM 0.25.1 (qwen3_dflash.py:421, laguna_dflash.py:159)" in card
+    assert "only for an unquantized layer in vLLM 0.32.0 (qwen3_dflash.py:537 behind :533)" in card
     code, stdout, _ = run(capsys, monkeypatch, "card", out, "--check")
     assert code == 0, stdout
 

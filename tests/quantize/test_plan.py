@@ -91,6 +91,21 @@ def test_dflash_preset_keeps_qkv_and_gate(tmp_path: Path) -> None:
         _plan(tmp_path / "x", preset="nope")
 
 
+def test_a_dflash_draft_quantized_without_its_preset_is_warned_with_the_releases_it_breaks(tmp_path: Path) -> None:
+    """A draft whose config has `dflash_config`, q/k/v quantized: the plan warns, naming the releases that
+    read `qkv_proj.weight` unguarded; with the preset, or for a model that is no DFlash draft, nothing."""
+    from weightsmith.quantization.request import plan_warnings
+
+    tensors = llama_tensors()
+    draft = {**LLAMA_CONFIG, "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 0}}
+    plan, _ = _plan(tmp_path / "draft", tensors, config=draft)
+    (said,) = plan_warnings(plan)
+    assert said.startswith("model.layers.0.self_attn.k_proj and 5 more q/k/v projection(s) of this DFlash draft")
+    assert "vLLM 0.25.1 (qwen3_dflash.py:421, laguna_dflash.py:159)" in said and "--preset dflash-draft" in said
+    assert plan_warnings(_plan(tmp_path / "preset", tensors, config=draft, preset="dflash-draft")[0]) == []
+    assert plan_warnings(_plan(tmp_path / "model", tensors)[0]) == []
+
+
 def test_moe_routers_experts_and_3d_tensors(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
 

@@ -12,6 +12,7 @@ from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.preflight import code
 from weightsmith.preflight.report import LOAD, NOTE, Item, Side, unread
 from weightsmith.preflight.source import VllmSource
+from weightsmith.quantization.presets import PRESETS, reads_words
 
 #: The preset that keeps a DFlash draft's attention projections BF16 (`quantize.presets.PRESETS`).
 DFLASH_PRESET = "dflash-draft"
@@ -133,7 +134,8 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
     """A direct `<linear>.weight` read where the draft stores that Linear quantized (no `weight` then)."""
     items = []
     for read in code.weight_reads(src, rel):
-        parts = names.FUSED_LAYERS.get(read.module, (read.module,))
+        # the module read, stored fused (a Laguna DFlash draft ships `qkv_proj`) or as the parts vLLM fuses
+        parts = (read.module, *names.FUSED_LAYERS.get(read.module, ()))
         quantized = [m for m in drf.modules.values() if names.leaf(m.name) in parts and m.quantized]
         if not quantized:
             continue
@@ -144,7 +146,7 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
                     "draft.weight-read",
                     NOTE,
                     f"{rel} reads {read.module}.weight only where the layer is unquantized (guarded), so the "
-                    f"draft's quantized {read.module} is handled",
+                    f"draft's quantized {read.module} is handled{_releases(method, read.module)}",
                     evidence=(read.guard, read.evidence),
                 )
             )
@@ -152,19 +154,21 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
         fix = (
             f"quantize the draft with `--preset {DFLASH_PRESET}` (keeps q/k/v_proj BF16)"
             if method == "dflash"
-            else f"keep {', '.join(parts)} unquantized (list them in the recipe's ignore)"
+            else f"keep {', '.join(parts[1:] or parts)} unquantized (list them in the recipe's ignore)"
         )
         items.append(
             Item(
                 "draft.weight-read",
                 LOAD,
-                f"{len(quantized)} quantized {'/'.join(parts)} module(s) in the draft, and {rel} reads "
+                f"{len(quantized)} quantized {'/'.join(dict.fromkeys(names.leaf(m.name) for m in quantized))} "
+                f"module(s) in the draft, and {rel} reads "
                 f"{read.module}.weight directly; a quantized {read.module} has no `weight`"
                 + (
                     ", so loading dies with AttributeError: 'QKVParallelLinear' object has no attribute 'weight'"
                     if read.module == "qkv_proj"
                     else ""
-                ),
+                )
+                + _releases(method, read.module),
                 fix,
                 (read.evidence,),
                 file=drf.module_file(first),
@@ -172,3 +176,14 @@ def _weight_reads(src: VllmSource, drf: Side, rel: str, method: str) -> list[Ite
             )
         )
     return items
+
+
+def _releases(method: str, module: str) -> str:
+    """What the DFlash preset records of other releases' `qkv_proj.weight` reads, for this finding's words."""
+    reads = PRESETS[DFLASH_PRESET].reads
+    if method != "dflash" or module != "qkv_proj" or not reads:
+        return ""
+    return (
+        f" (releases on record: unguarded in {reads_words(reads, guarded=False)}; guarded in "
+        f"{reads_words(reads, guarded=True)})"
+    )

@@ -21,6 +21,7 @@ from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_op
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import echo, short_repr
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
+from weightsmith.io import names
 from weightsmith.quantization.prepasses import PRE_PASSES
 from weightsmith.quantization.recipe import GPTQ_GRID_ONLY, MAX_GROUP_SIZE, Recipe, gptq_refusal, load_recipe
 from weightsmith.schemes import make_scheme
@@ -286,11 +287,13 @@ def pre_pass_option(pre_pass: str | None, *, gptq: bool) -> str | None:
 
 def plan_warnings(plan: Plan) -> list[str]:
     """What the command line warns of a plan, one plain line each: recipe targets that match no
-    Linear-like weight, and a statistics file measured on too few tokens for a stable maximum."""
+    Linear-like weight, a DFlash draft whose q/k/v are quantized, and a statistics file measured on too
+    few tokens for a stable maximum."""
     said = [
         f"rule {number} target {echo(target)} matches no Linear-like weight"
         for number, target in plan.unmatched_targets()
     ]
+    said += _dflash_qkv(plan)
     cal = plan.calibration
     if cal is not None and cal.stats.provenance.tokens < MIN_TOKENS:
         said.append(
@@ -298,3 +301,27 @@ def plan_warnings(plan: Plan) -> list[str]:
             f"a maximum over fewer than {MIN_TOKENS:,} is not stable"
         )
     return said
+
+
+#: The attention projections a DFlash drafter reads as `qkv_proj.weight`, fused or as stored.
+_QKV = ("q_proj", "k_proj", "v_proj", "qkv_proj")
+
+
+def _dflash_qkv(plan: Plan) -> list[str]:
+    """A DFlash draft (its config has `dflash_config`) with q/k/v quantized: the releases whose drafter
+    reads `qkv_proj.weight` unguarded will not load it (`presets.DFLASH_QKV_READS`)."""
+    from weightsmith.quantization.plan import QUANTIZE
+    from weightsmith.quantization.presets import DFLASH_QKV_READS, reads_words
+
+    if "dflash_config" not in plan.source.config:
+        return []
+    qkv = [d.module for d in plan.decisions if d.action == QUANTIZE and names.leaf(d.module) in _QKV]
+    if not qkv:
+        return []
+    more = f" and {len(qkv) - 1} more q/k/v projection(s)" if len(qkv) > 1 else ""
+    return [
+        f"{qkv[0]}{more} of this DFlash draft quantized: {reads_words(DFLASH_QKV_READS, guarded=False)} read "
+        "qkv_proj.weight directly, which a quantized layer does not have, so those will not load it "
+        "(`--preset dflash-draft` keeps q/k/v BF16)"
+    ]
+
