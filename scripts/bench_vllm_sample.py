@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from scipy.stats import spearmanr  # noqa: E402
 import vllm_cpu  # noqa: E402
 from models import smollm2_fp32  # noqa: E402
 from weightsmith.bench import stats  # noqa: E402
-from weightsmith.bench.analysis import analyse, per_prompt_acceptance  # noqa: E402
+from weightsmith.bench.analysis import Analysis, analyse, per_prompt_acceptance  # noqa: E402
 from weightsmith.bench.results import BenchResults, load_results  # noqa: E402
 
 OUT = REPO / "docs" / "bench-vllm-sample"
@@ -91,8 +92,14 @@ def arms_file() -> str:
         f'command = """{SERVER}"""',
         'env = { VLLM_CPU_KVCACHE_SPACE = "1" }',
     ]
-    for draft in DRAFTS:
-        spec = f'{{"method": "draft_model", "model": "${env_name(draft)}", "num_speculative_tokens": 3}}'
+    return "\n".join(lines + draft_arms(DRAFTS, "draft_model")) + "\n"
+
+
+def draft_arms(drafts: Iterable[str], method: str) -> list[str]:
+    """One arm per draft, proposing through vLLM's `method`, swept over KS; its path in `$DRAFT_<NAME>`."""
+    lines: list[str] = []
+    for draft in drafts:
+        spec = f'{{"method": "{method}", "model": "${env_name(draft)}", "num_speculative_tokens": 3}}'
         lines += [
             "",
             "[[arms]]",
@@ -104,7 +111,7 @@ def arms_file() -> str:
             'key = "num_speculative_tokens"',
             f"values = {list(KS)}",
         ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -150,13 +157,76 @@ def _verdict(c: stats.PairedComparison | None) -> str:
     return f"not shown ({c.effect:+.1%})" if c.effect is not None else "not shown"
 
 
+def acceptance_cells(analysis: Analysis, draft: str) -> list[str]:
+    """Per k: the draft's mean acceptance length (accepted/drafted), and against the BF16 draft's."""
+    acc = {a.arm: a for a in analysis.acceptance}
+    against_bf16 = {c.arm: c for c in analysis.acceptance_comparisons}
+    cells = []
+    for k in KS:
+        a = acc.get(_arm(draft, k))
+        if a is None or a.mean_acceptance_length is None:
+            cells.append(f"{a.status if a else 'missing'}")
+            continue
+        text = f"{a.mean_acceptance_length:.2f} ({a.accepted:.0f}/{a.draft_tokens:.0f})"
+        if draft != "bf16":
+            text += f", vs BF16: {_verdict(against_bf16.get(_arm(draft, k)))}"
+        cells.append(text)
+    return cells
+
+
+def noise_line(analysis: Analysis) -> str:
+    floor = analysis.acceptance_noise
+    return "Noise floor of per-prompt acceptance (largest gap between an arm's two repeats): " + (
+        f"{floor.value:.1%} (in `{floor.arm}`)" if floor and floor.value is not None else "none"
+    )
+
+
+def decode_table(analysis: Analysis, drafts: Iterable[str]) -> list[str]:
+    """Each draft's decode rate against the target alone, per k, with its verdict."""
+    decode = {c.arm: c for c in analysis.comparisons if c.metric == "decode_tok_s"}
+    lines = ["| draft | " + " | ".join(f"k={k}: decode vs target alone" for k in KS) + " |", "|---|" + "---|" * len(KS)]
+    for draft in drafts:
+        cells = []
+        for k in KS:
+            c = decode.get(_arm(draft, k))
+            cells.append("–" if c is None or c.effect is None else f"{c.effect:+.0%} ({c.verdict})")
+        lines.append(f"| {draft} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def run_bench(out: Path, work: Path, env: dict[str, str]) -> None:
+    """`weightsmith bench run` on `out`/arms.toml into `work`/run, its results copied into `out` with run.json."""
+    run_dir = work / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    start = time.monotonic()
+    subprocess.run([*WS, "bench", "run", str(out / "arms.toml"), "--out", str(run_dir)], check=True, env=env)
+    minutes = (time.monotonic() - start) / 60
+    for f in run_dir.iterdir():
+        if f.suffix in (".json", ".md", ".png"):
+            shutil.copy(f, out / f.name)
+    (out / "run.json").write_text(json.dumps({"minutes": round(minutes, 1), "isa": vllm_cpu.isa()}) + "\n")
+
+
+def sample_arguments(doc: str, keep: str) -> argparse.Namespace:
+    """A sample script's command line: where its drafts and run are kept, or only its summary rewritten."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--keep", type=Path, default=REPO / ".cache" / keep, help="drafts and the run")
+    ap.add_argument("--summary-only", action="store_true", help="rewrite summary.md from the committed results")
+    return ap.parse_args()
+
+
+def bench_env(target: Path, drafts: dict[str, Path]) -> dict[str, str]:
+    """The arms file's variables: vLLM's interpreter, the target, each draft's `$DRAFT_<NAME>`."""
+    env = {**os.environ, "VLLM_PY": str(vllm_cpu.PYTHON), "TARGET": str(target)}
+    env.update({env_name(d): str(p) for d, p in drafts.items()})
+    return env
+
+
 def summary(results: BenchResults, fid: dict[str, dict[str, float]]) -> str:
     """The sample's tables: acceptance per draft and k with verdicts against the BF16 draft, decode rate
     against the target alone, and how acceptance orders the drafts against offline KL and top-1."""
     analysis = analyse(results)
     acc = {a.arm: a for a in analysis.acceptance}
-    against_bf16 = {c.arm: c for c in analysis.acceptance_comparisons}
-    decode = {c.arm: c for c in analysis.comparisons if c.metric == "decode_tok_s"}
     floor = analysis.acceptance_noise
     lines = [
         "| draft | KL (nats) | top-1 | " + " | ".join(f"k={k}: mean acceptance length" for k in KS) + " |",
@@ -164,31 +234,9 @@ def summary(results: BenchResults, fid: dict[str, dict[str, float]]) -> str:
     ]
     for draft in DRAFTS:
         f = fid.get(draft, {"kl": 0.0, "top1_agreement": 1.0})
-        cells = []
-        for k in KS:
-            a = acc.get(_arm(draft, k))
-            if a is None or a.mean_acceptance_length is None:
-                cells.append(f"{a.status if a else 'missing'}")
-                continue
-            text = f"{a.mean_acceptance_length:.2f} ({a.accepted:.0f}/{a.draft_tokens:.0f})"
-            if draft != "bf16":
-                text += f", vs BF16: {_verdict(against_bf16.get(_arm(draft, k)))}"
-            cells.append(text)
+        cells = acceptance_cells(analysis, draft)
         lines.append(f"| {draft} | {f['kl']:.3f} | {f['top1_agreement']:.3f} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Noise floor of per-prompt acceptance (largest gap between an arm's two repeats): "
-        + (f"{floor.value:.1%} (in {floor.detail})" if floor and floor.value is not None else "none"),
-        "",
-        "| draft | " + " | ".join(f"k={k}: decode vs target alone" for k in KS) + " |",
-        "|---|" + "---|" * len(KS),
-    ]
-    for draft in DRAFTS:
-        cells = []
-        for k in KS:
-            c = decode.get(_arm(draft, k))
-            cells.append("–" if c is None or c.effect is None else f"{c.effect:+.0%} ({c.verdict})")
-        lines.append(f"| {draft} | " + " | ".join(cells) + " |")
+    lines += ["", noise_line(analysis), "", *decode_table(analysis, DRAFTS)]
     per_prompt, _ = per_prompt_acceptance(results)
     lines += [
         "",
@@ -221,10 +269,7 @@ def summary(results: BenchResults, fid: dict[str, dict[str, float]]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--keep", type=Path, default=REPO / ".cache" / "bench-vllm-sample", help="drafts and the run")
-    ap.add_argument("--summary-only", action="store_true", help="rewrite summary.md from the committed results")
-    args = ap.parse_args()
+    args = sample_arguments(__doc__ or "", "bench-vllm-sample")
     if args.summary_only:
         fid = json.loads((OUT / "fidelity.json").read_text())
         (OUT / "summary.md").write_text(summary(load_results(OUT / "results.json"), fid))
@@ -237,17 +282,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "fidelity.json").write_text(json.dumps(fidelity(target, drafts), indent=1) + "\n")
     (OUT / "arms.toml").write_text(arms_file())
-    env = {**os.environ, "VLLM_PY": str(vllm_cpu.PYTHON), "TARGET": str(target)}
-    env.update({env_name(d): str(p) for d, p in drafts.items()})
-    run_dir = work / "run"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    start = time.monotonic()
-    subprocess.run([*WS, "bench", "run", str(OUT / "arms.toml"), "--out", str(run_dir)], check=True, env=env)
-    minutes = (time.monotonic() - start) / 60
-    for f in run_dir.iterdir():
-        if f.suffix in (".json", ".md", ".png"):
-            shutil.copy(f, OUT / f.name)
-    (OUT / "run.json").write_text(json.dumps({"minutes": round(minutes, 1), "isa": vllm_cpu.isa()}) + "\n")
+    run_bench(OUT, work, bench_env(target, drafts))
     fid = json.loads((OUT / "fidelity.json").read_text())
     (OUT / "summary.md").write_text(summary(load_results(OUT / "results.json"), fid))
     print((OUT / "summary.md").read_text())

@@ -186,6 +186,11 @@ class QuantDeclaration:
             found = self._by_pattern[key] = (self.scheme_for(module.name, module.lm_head), self.ignored(module.name))
         return found
 
+    def claims(self, name: str) -> bool:
+        """Whether an `ignore` entry matches `name` itself: how vLLM tests a fused layer when its quant config
+        has no `packed_modules_mapping` to test the layer's shards by (a draft's, `preflight/draft.py`)."""
+        return self._ignore.matches(name)
+
     def ignored(self, module: str) -> bool:
         """Listed in `ignore` itself, or its fused layer (`qkv_proj` for `q_proj`) listed exactly, as vLLM reads it.
 

@@ -164,6 +164,47 @@ def import_origin(src: VllmSource, rel: str, name: str) -> tuple[str, str] | Non
     return None
 
 
+# ---- the quant config a draft's layers are built with ---------------------------------------------
+
+#: The helper vLLM's draft model files build their layers' quant config with (`models/utils.py`).
+DRAFT_QUANT_CONFIG = "get_draft_quant_config"
+
+
+@dataclass(frozen=True)
+class DraftQuantConfig:
+    """Where a model file builds its layers with a quant config of the draft's own, and the line that makes
+    that config: `VllmConfig.get_quantization_config`, never given the model's `packed_modules_mapping`."""
+
+    call: Evidence
+    made: Evidence
+
+
+def draft_quant_config(src: VllmSource, rel: str) -> DraftQuantConfig | None:
+    """The draft's own quant config in `rel`, or None: no call of DRAFT_QUANT_CONFIG there, its definition
+    not found, or a definition that hands the config a `packed_modules_mapping` (then fused layers resolve
+    as the target's do)."""
+    parsed = src.parsed(rel)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and _called(n) == DRAFT_QUANT_CONFIG), None)
+    origin = import_origin(src, rel, DRAFT_QUANT_CONFIG)
+    defined = src.parsed(origin[0]) if origin is not None else None
+    if call is None or origin is None or defined is None:
+        return None
+    func = next((n for n in defined[0].body if isinstance(n, ast.FunctionDef) and n.name == origin[1]), None)
+    if func is None or "packed_modules_mapping" in ast.unparse(func):
+        return None
+    makes = (n for n in ast.walk(func) if isinstance(n, ast.Call) and _called(n) == "get_quantization_config")
+    made = next(makes, func)
+    return DraftQuantConfig(_evidence(rel, lines, call), _evidence(origin[0], defined[1], made))
+
+
+def _called(call: ast.Call) -> str | None:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
 # ---- quant-config methods the model file calls ----------------------------------------------------
 
 

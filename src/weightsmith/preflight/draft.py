@@ -2,11 +2,15 @@
 
 A quantized draft dies on load where that code calls a quant-config method the config class does
 not define, reads `<linear>.weight` of a Linear the draft stores packed (it has no `weight` then),
-or builds an embedding or LM head without the quant config while the draft stores it quantized.
+builds an embedding or LM head without the quant config while the draft stores it quantized, or
+keeps a fused layer's shards unquantized by entries vLLM never tests them by (a draft's own quant
+config has no `packed_modules_mapping`, so only the fused name is matched against `ignore`).
 """
 
 from __future__ import annotations
 
+from weightsmith.audit.modules import Module
+from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.preflight import code
@@ -54,6 +58,47 @@ def check_draft_code(src: VllmSource, drf: Side, method: str) -> list[Item]:
     for rel in files:
         items += _weight_reads(src, drf, rel, method)
     items += _plain_builds(src, drf, model_file, method)
+    items += _fused_ignores(src, drf, model_file)
+    return items
+
+
+def _fused_ignores(src: VllmSource, drf: Side, model_file: str) -> list[Item]:
+    """Shards of a fused layer kept unquantized by `ignore` entries that do not match the fused name, where
+    vLLM builds the draft's layers with a quant config that has no `packed_modules_mapping`: it then tests
+    only the fused name (`qkv_proj`), builds the layer quantized, and the BF16 shards have nowhere to load."""
+    decl = drf.decl
+    if decl is None or decl.method != ct.QUANT_METHOD:
+        return []
+    built = code.draft_quant_config(src, model_file)
+    if built is None:
+        return []
+    groups: dict[str, list[Module]] = {}
+    for module in drf.modules.values():
+        partners = names.fused_partners(module.name) if module.linear_like else None
+        if partners is not None and partners[1] and names.leaf(partners[0]) in names.FUSED_LAYERS:
+            groups.setdefault(partners[0], []).append(module)
+    items = []
+    for fused, shards in groups.items():
+        if any(m.quantized or not decl.ignored(m.name) for m in shards) or decl.claims(fused):
+            continue
+        if decl.scheme_for(fused, False) is None:  # no config group would take the fused layer either
+            continue
+        parts = "/".join(names.leaf(m.name) for m in shards)
+        items.append(
+            Item(
+                "draft.fused-ignore",
+                LOAD,
+                f"the draft keeps {parts} unquantized by `ignore` entries that name the shards, and vLLM builds "
+                f"the draft's layers with a quant config of its own, made without the model's packed_modules_mapping, "
+                f"so it tests the fused layer's own name, which no entry matches: it builds {names.leaf(fused)} "
+                "quantized, and the draft's BF16 weights have no parameter to load into (AttributeError)",
+                f"add an `ignore` entry that matches the fused name too, e.g. `re:.*\\.(q|k|v|qkv)_proj$`, as "
+                f"`--preset {DFLASH_PRESET}` does",
+                (built.call, built.made),
+                file=drf.module_file(shards[0]),
+                tensor=shards[0].name,
+            )
+        )
     return items
 
 
