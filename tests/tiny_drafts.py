@@ -26,16 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.tiny_models import COMMON, save_tiny
+from engine.tiny_models import COMMON, SERVABLE, save_tiny, sharpen
 
-#: vLLM CPU serves attention at head sizes of 32 and more; 1024 positions for its --max-model-len.
-SHAPES = {
-    **COMMON, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "head_dim": 32,
-    "max_position_embeddings": 1024,
-}  # fmt: skip
-#: The target's final norm times this: a random model's next-token distribution is nearly flat, so in
-#: BF16 the one-token pass and the draft's batched verification could settle a near-tie differently.
-SHARPEN = 10.0
+SHAPES = {**COMMON, **SERVABLE, "intermediate_size": 256, "num_hidden_layers": 4}
 DRAFT_LAYERS = 2
 #: Target layers a DFlash draft reads (low and middle of four); EAGLE3 reads three.
 DFLASH_LAYERS = [0, 2]
@@ -54,16 +47,10 @@ class Pair:
 
 
 def target(folder: Path, model_type: str, tokenizer: Path, **config: object) -> Path:
-    """A `model_type` target with random weights (transformers' own), its final norm sharpened."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
+    """A `model_type` target with random weights (transformers' own), BF16, its final norm sharpened: in
+    BF16 the one-token pass and the draft's batched verification must not meet a near-tie."""
     save_tiny(folder, model_type, tokenizer=tokenizer, shapes={**SHAPES, **config})
-    path = folder / "model.safetensors"
-    tensors = load_file(path)
-    tensors["model.norm.weight"] = tensors["model.norm.weight"] * SHARPEN
-    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, path, metadata={"format": "pt"})
-    return folder
+    return sharpen(folder, bf16=True)
 
 
 def _write(folder: Path, config: dict, shapes: dict[str, tuple[int, ...]], seed: int) -> Path:

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import traceback
+from itertools import zip_longest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: its exception is ours
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -35,10 +36,7 @@ def spec_counters(llm) -> dict[str, object]:
         if isinstance(metric, Counter) and name in SPEC_COUNTERS:
             found[name] = int(found.get(name, 0)) + metric.value
         elif isinstance(metric, Vector) and name == PER_POSITION:
-            old, new = list(found.get(name, [])), list(metric.values)
-            width = max(len(old), len(new))
-            old, new = old + [0] * (width - len(old)), new + [0] * (width - len(new))
-            found[name] = [a + b for a, b in zip(old, new, strict=True)]
+            found[name] = [a + b for a, b in zip_longest(found.get(name, []), metric.values, fillvalue=0)]
     return found
 
 
@@ -46,8 +44,7 @@ def _delta(after: dict[str, object], before: dict[str, object]) -> dict[str, obj
     out: dict[str, object] = {}
     for name, value in after.items():
         if isinstance(value, list):
-            old = list(before.get(name, []))
-            out[name] = [v - (old[i] if i < len(old) else 0) for i, v in enumerate(value)]
+            out[name] = [a - b for a, b in zip_longest(value, before.get(name, []), fillvalue=0)]
         else:
             out[name] = value - int(before.get(name, 0))
     return out

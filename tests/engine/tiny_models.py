@@ -64,6 +64,28 @@ MOE_FAMILIES: dict[str, dict] = {
 }
 
 
+#: vLLM CPU serves attention at these head sizes (not 16); 1024 positions for its --max-model-len.
+SERVABLE = dict(hidden_size=128, head_dim=32, max_position_embeddings=1024)
+#: The final norm's weights times this (`sharpen`): random weights give next-token distributions nearly
+#: flat (top tokens 0.05 nats apart), where any served token would pass and BF16 batching can settle a
+#: near-tie either way; sharpened, a wrong weight parts at once.
+SHARPEN = 10.0
+
+
+def sharpen(folder: Path, bf16: bool = False) -> Path:
+    """The saved model's final norm times SHARPEN, in place (every tensor cast to BF16 if `bf16`)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * SHARPEN
+    if bf16:
+        tensors = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+    return folder
+
+
 #: The served model's layout (docs/moe.md) as a recipe: W4A4 (NVFP4) experts, static FP8 attention and
 #: shared expert (activation scales from `calibrate --all-experts`), with `--kv-cache fp8` beside it.
 SEED3 = """\

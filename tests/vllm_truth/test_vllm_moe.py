@@ -26,7 +26,7 @@ import pytest
 
 import vllm_cpu
 import weightsmith as ws
-from engine.tiny_models import SEED3, moe_shapes, save_tiny
+from engine.tiny_models import SEED3, SERVABLE, moe_shapes, save_tiny, sharpen
 from models import smollm2_fp32
 from synth import split_expert_scheme
 from weightsmith.fidelity.logits import load_tokenizer, served_logits
@@ -37,13 +37,9 @@ from weightsmith.preflight.report import LOAD, NOTE, Item
 
 torch = pytest.importorskip("torch")
 
-#: vLLM CPU serves attention at these head sizes (not 16); 1024 positions for its --max-model-len. Its
-#: latent-attention kernel takes only DeepSeek's own cache width, kv_lora_rank 512 + qk_rope_head_dim 64.
-SERVABLE = dict(hidden_size=128, head_dim=32, max_position_embeddings=1024)
+#: vLLM CPU's latent-attention kernel takes only DeepSeek's own cache width, kv_lora_rank 512 +
+#: qk_rope_head_dim 64.
 LATENT = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, head_dim=64)  # rotary on 64
-#: The final norm's weights times this: random weights give next-token distributions nearly flat (top
-#: tokens 0.05 nats apart), where any served token would pass; sharpened, a wrong weight parts at once.
-SHARPEN = 10.0
 PROMPTS = ("def fibonacci(n):", "The capital of France is", "Once upon a time")
 TOKENS = 8
 #: Measured here (3 prompts x 8 tokens, each family in BF16 and with W4A16 around BF16 experts): a chosen
@@ -104,16 +100,6 @@ CASES = {
 }  # fmt: skip
 
 
-def _sharpened(folder: Path) -> Path:
-    from safetensors.torch import load_file, save_file
-
-    path = folder / "model.safetensors"
-    tensors = load_file(path)
-    tensors["model.norm.weight"] = tensors["model.norm.weight"] * SHARPEN
-    save_file(tensors, path, metadata={"format": "pt"})
-    return folder
-
-
 def _quantized(src: Path, out: Path, request: dict) -> Path:
     fields = dict(request)
     if fields.pop("calibrate", False):  # every Linear's input maximum, each expert's on every token
@@ -134,7 +120,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tok = smollm2_fp32()
     families = {c.family for c in CASES.values()}
     sizes = {f: {**SERVABLE, **(LATENT if f == "deepseek_v3" else {})} for f in families}
-    bf16 = {f: _sharpened(save_tiny(root / f, f, 0, tok, moe_shapes(f, **sizes[f]))) for f in families}
+    bf16 = {f: sharpen(save_tiny(root / f, f, 0, tok, moe_shapes(f, **sizes[f]))) for f in families}
     return {
         name: bf16[case.family] if case.request is None else _quantized(bf16[case.family], root / f"q{i}", case.request)
         for i, (name, case) in enumerate(CASES.items())

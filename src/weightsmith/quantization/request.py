@@ -304,7 +304,7 @@ def plan_warnings(plan: Plan) -> list[str]:
 
 
 #: The attention projections a DFlash drafter reads as `qkv_proj.weight`, fused or as stored.
-_QKV = ("q_proj", "k_proj", "v_proj", "qkv_proj")
+_QKV = ("qkv_proj", *names.FUSED_LAYERS["qkv_proj"])
 
 
 def _dflash_qkv(plan: Plan) -> list[str]:
@@ -324,4 +324,3 @@ def _dflash_qkv(plan: Plan) -> list[str]:
         "qkv_proj.weight directly, which a quantized layer does not have, so those will not load it "
         "(`--preset dflash-draft` keeps q/k/v BF16)"
     ]
-
