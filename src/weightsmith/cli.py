@@ -29,6 +29,7 @@ from weightsmith.core.version import __version__
 #: which the other commands need.
 COMMAND_MODULES = {
     "quantize": "weightsmith.quantization.cli",
+    "sensitivity": "weightsmith.budget.cli",
     "demo": "weightsmith.quantization.cli",
     "inspect": "weightsmith.audit.cli",
     "verify": "weightsmith.audit.cli",
@@ -47,19 +48,18 @@ COMMAND_MODULES = {
 SUMMARIES = {
     "quantize": "Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe "
     "of several).",
+    "sensitivity": "Measure what each candidate scheme costs each Linear (data-free and on calibration text) and "
+    "write a report.",
     "demo": "Make a DFlash-like draft, quantize it with the dflash-draft preset, verify it, print sizes.",
     "inspect": "Where the bytes are: per category, dtype or layer, with bits per parameter. Reads headers only.",
     "verify": "Everything that can be wrong on disk. Exit 0 clean, 1 defects found, 2 cannot read at all.",
     "transplant": "Copy selected tensors (e.g. KV-cache scales) into a new shard of TARGET, re-index and declare.",
     "diff": "Which tensors are byte-identical (blake2b), which differ and by how much. Exit 1 if any differ.",
     "eval": "How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity.",
-    "calibrate": "Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by "
-    "layer.",
-    "calibrate-kv": "Measure FP8 KV-cache scales (k_scale, v_scale) on calibration text and add them to a "
-    "checkpoint.",
+    "calibrate": "Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by layer.",
+    "calibrate-kv": "Measure FP8 KV-cache scales (k_scale, v_scale) on calibration text and add them to a checkpoint.",
     "card": "A model card with only measured numbers, each citing its file and field. Exit 1 when --check fails.",
-    "preflight": "Will this vLLM load and serve this pair correctly? Read from its source and the checkpoints, "
-    "no GPU.",
+    "preflight": "Will this vLLM load and serve this pair correctly? Read from its source and the checkpoints, no GPU.",
     "bench": "A/B serving benchmarks: arms from a TOML file, counterbalanced, with honest statistics.",
 }
 #: Commands that multiply no matrices. numpy and scipy each load an OpenBLAS that starts a thread
@@ -194,6 +194,7 @@ def usage_line(exc: click_errors.ClickException) -> str:
     if len(message) > USAGE_LINE_LIMIT:
         message = message[: USAGE_LINE_LIMIT - 3] + "..."
     return message
+
 
 if __name__ == "__main__":
     from weightsmith.__main__ import ending

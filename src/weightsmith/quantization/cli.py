@@ -18,6 +18,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from weightsmith.budget.candidates import CPU_SERVED, FAMILIES
+from weightsmith.budget.choose import budget_line
+from weightsmith.budget.plan import MAX_BITS, MIN_BITS, BudgetOptions
 from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.cli import paused_gc
 from weightsmith.core.errors import WeightsmithError
@@ -110,6 +113,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "pre_pass": plan.pre_pass,
         "pre_pass_skipped": plan.pre_pass_skipped,
         "changed_by_pre_pass": plan.changed,
+        "budget": None if plan.request is None or plan.request.budget is None else plan.request.budget.to_json(),
         "added": [
             {"name": s.name, "dtype": s.dtype, "shape": list(s.shape), "shard": shard}
             for shard, specs in plan.added.items()
@@ -287,6 +291,11 @@ def _pre_pass_help() -> str:
     )
 
 
+def _family_words() -> str:
+    """`--family`'s help: each family with its candidates' labels."""
+    return "; ".join(f"{name}: {', '.join(c.label for c in cands)}" for name, cands in FAMILIES.items()) + "."
+
+
 #: The command's arguments and options, in help order: parameter name -> (type, typer's declaration).
 #: The names are `QuantizeRequest`'s and `GptqOptions`' fields where they are one of them (`src`, `out`
 #: and `no_hash` are mapped in `_request`), so the command holds no argument list of its own.
@@ -326,17 +335,17 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
         help="rtn (round-to-nearest, data-free) or gptq (GPTQ on calibration text, one decoder layer at a time).",
     )),
     "text": (Path | None, typer.Option(
-        None, "--text", help=f"--method gptq: UTF-8 calibration text ({TEXT_HELP})."
+        None, "--text", help=f"--method gptq and --avg-bits: UTF-8 calibration text ({TEXT_HELP})."
     )),
     "builtin": (str | None, typer.Option(
-        None, "--builtin", help="--method gptq: built-in calibration text, code or prose (default code)."
+        None, "--builtin", help="--method gptq and --avg-bits: built-in calibration text, code or prose (default code)."
     )),
     "tokens": (int, typer.Option(
         GPTQ_TOKENS, "--tokens", parser=tokens_option(),
-        help=f"--method gptq: calibration tokens, at most (at most {MAX_TOKENS:,}).",
+        help=f"--method gptq and --avg-bits: calibration tokens, at most (at most {MAX_TOKENS:,}).",
     )),
     "seq_len": (int, typer.Option(
-        GPTQ_SEQ_LEN, "--seq-len", min=1, max=MAX_TOKENS, help="--method gptq: tokens per sequence."
+        GPTQ_SEQ_LEN, "--seq-len", min=1, max=MAX_TOKENS, help="--method gptq and --avg-bits: tokens per sequence."
     )),
     "dampening": (float, typer.Option(
         GPTQ_DAMPENING, "--dampening",
@@ -355,6 +364,30 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
     )),
     "trust_remote_code": (bool, typer.Option(
         False, "--trust-remote-code", help="--method gptq: run the checkpoint's own model code."
+    )),
+    "avg_bits": (float | None, typer.Option(
+        None, "--avg-bits", min=MIN_BITS, max=MAX_BITS,
+        help="Choose each module's scheme from --family's candidates to spend at most this many bits per weight "
+        "(scales and zero points included, as inspect's bits_with_overhead over the Linears) where --measure "
+        "says they lower the model's error most; --dry-run shows the choice.",
+    )),
+    "family": (str, typer.Option(
+        "int4", "--family",
+        help="--avg-bits: the candidates; " + _family_words(),
+    )),
+    "candidates": (str | None, typer.Option(
+        None, "--candidates",
+        help="--avg-bits: only these of the family's candidates, comma-separated "
+        f"(vLLM CPU serves {','.join(CPU_SERVED)}).",
+    )),
+    "measure": (str, typer.Option(
+        "fisher", "--measure",
+        help="--avg-bits: what the choice minimises: fisher (the KL each module's error adds, from the model's "
+        "Fisher on --text), activation (its output error on --text) or weight (data-free squared error).",
+    )),
+    "sensitivity": (Path | None, typer.Option(
+        None, "--sensitivity",
+        help="--avg-bits: a sensitivity.json `weightsmith sensitivity --out` measured on SRC (else measured now).",
     )),
     "workers": (int, typer.Option(0, min=0, max=MAX_WORKERS, help="Worker threads (0: one per core).")),
     "dry_run": (bool, typer.Option(False, "--dry-run", help="Print the plan and the predicted size; write nothing.")),
@@ -377,8 +410,16 @@ _GPTQ_FIELDS = tuple(f.name for f in fields(GptqOptions))
 def _request(options: dict[str, Any]) -> QuantizeRequest:
     """The request the command line's options make (the same object `weightsmith.quantize` takes)."""
     asked = {f.name: options[f.name] for f in fields(QuantizeRequest) if f.name in options and f.name != "workers"}
+    only = options["candidates"]
+    budget = BudgetOptions(
+        options["family"],
+        None if only is None else tuple(c.strip() for c in only.split(",") if c.strip()),
+        options["measure"],
+        options["sensitivity"],
+    )
     return QuantizeRequest(
         **asked,
+        budget=budget,
         source=options["src"],
         output=options["out"],
         gptq=GptqOptions(**{name: options[name] for name in _GPTQ_FIELDS}),
@@ -433,12 +474,17 @@ def quantize(**options: Any) -> None:
                     "notes": result.notes,
                     "pre_pass_skipped": result.pre_pass_skipped,
                     "manifest": result.manifest.to_json(),
+                    "budget": None
+                    if plan.request is None or plan.request.budget is None
+                    else plan.request.budget.to_json(),
                 },
                 indent=2,
             )
         )
     else:
         _summary(result, seconds)
+        if plan.request is not None and plan.request.budget is not None:
+            console.print(f"  {markup_safe(budget_line(plan.request.budget))}")
 
 
 def _dry_run(plan: Plan, json_out: bool) -> None:
@@ -456,6 +502,8 @@ def _dry_run(plan: Plan, json_out: bool) -> None:
         f"{plan.count('quantize')} quantized, {plan.count('keep')} kept; "
         f"ignore: {markup_safe(', '.join(plan.ignore) or '(none)')}"
     )
+    if plan.request.budget is not None:
+        console.print(markup_safe(budget_line(plan.request.budget)))
     if plan.pre_pass is not None:
         console.print(f"pre-pass: {plan.pre_pass}, folding into {len(plan.changed)} norms and biases")
     elif plan.pre_pass_skipped is not None:

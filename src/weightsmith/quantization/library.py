@@ -41,7 +41,7 @@ def plan(request: QuantizeRequest, hooks: Hooks = Hooks()) -> Plan:
     `write` will carry out. `hooks.warn` is told of recipe targets that match nothing beside others
     that do (a recipe none of whose targets matches a Linear-like weight is refused) and of a
     statistics file measured on too few tokens."""
-    made = open_plan(resolve(request), progress=hooks.downloads)
+    made = open_plan(resolve(request, say=hooks.layer), progress=hooks.downloads)
     say = warner(hooks.warn)
     for message in plan_warnings(made):
         say(message)

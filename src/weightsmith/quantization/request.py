@@ -12,11 +12,12 @@ messages to keep true.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from weightsmith.budget.plan import BudgetOptions
 from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_option
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import echo, short_repr
@@ -28,6 +29,7 @@ from weightsmith.schemes import make_scheme
 from weightsmith.searches import gptq_starts
 
 if TYPE_CHECKING:
+    from weightsmith.budget.choose import Choice
     from weightsmith.quantization.plan import Plan
 
 METHODS = ("rtn", "gptq")
@@ -89,6 +91,9 @@ class QuantizeRequest:
     passes, no `kv_cache` is asked for and the search is not "none"), a pre-pass's name, or "none"/None.
     `method`: "rtn" (data-free) or "gptq" (with `gptq`'s options; torch and transformers). `workers` None:
     one per core. `force` replaces an existing `output`; `hash_sources` records the source shards' sha256.
+    `avg_bits`: choose each module's scheme from `budget`'s candidates to spend at most this many bits per
+    weight (scales and zero points included) where it lowers the model's measured sensitivity most; the
+    calibrated measures read `gptq`'s `text`/`builtin`, `tokens` and `seq_len`.
     """
 
     source: str | os.PathLike[str]
@@ -107,6 +112,8 @@ class QuantizeRequest:
     workers: int | None = None
     force: bool = False
     hash_sources: bool = True
+    avg_bits: float | None = None
+    budget: BudgetOptions = field(default_factory=BudgetOptions)
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,8 @@ class Resolved:
     pre_pass: str | None
     #: Worker threads (the request's, or one per core).
     workers: int
+    #: What `avg_bits` bought (the rules are its recipe), or None without a budget.
+    budget: Choice | None = None
 
     @property
     def output(self) -> Path:
@@ -129,13 +138,21 @@ class Resolved:
         return Path(self.request.output)
 
 
-def resolve(request: QuantizeRequest) -> Resolved:
+def resolve(request: QuantizeRequest, say: Callable[[str], None] | None = None) -> Resolved:
     """`request` checked, in the command line's order: the method's options first, then the scheme against
-    the recipe, the workers, and the pre-pass against the method."""
+    the recipe, the workers, and the pre-pass against the method. With `avg_bits`, the budget is spent
+    here (its table measured unless given; `say` hears its steps) and its recipe is the rules."""
     from weightsmith.quantization.pipeline import MAX_WORKERS, default_workers
 
-    gptq = gptq_options(request.method, request.gptq, request.scale_search)
-    rules = rules_for(request.scheme, request.group_size, request.scale_search, request.recipe, gptq=gptq is not None)
+    budgeted = request.avg_bits is not None
+    gptq = gptq_options(request.method, request.gptq, request.scale_search, budget=budgeted)
+    if budgeted:
+        _budget_alone(request, gptq is not None)
+    rules = (
+        None
+        if budgeted
+        else rules_for(request.scheme, request.group_size, request.scale_search, request.recipe, gptq=gptq is not None)
+    )
     workers = request.workers
     if workers is not None and (type(workers) is not int or not 0 <= workers <= MAX_WORKERS):
         raise WeightsmithError(
@@ -144,7 +161,29 @@ def resolve(request: QuantizeRequest) -> Resolved:
     if isinstance(request.ignore, str):
         raise WeightsmithError(f"--ignore {echo(request.ignore)}: give a list of module names", code="usage")
     pre_pass = pre_pass_option(request.pre_pass, gptq=gptq is not None)
-    return Resolved(request, rules, gptq, pre_pass, workers or default_workers())
+    choice = None
+    if request.avg_bits is not None:
+        from weightsmith.budget.plan import budget_recipe
+
+        sized = replace(request, workers=workers or default_workers())
+        rules, choice = budget_recipe(sized, request.avg_bits, request.budget, say=say)
+    assert rules is not None
+    return Resolved(request, rules, gptq, pre_pass, workers or default_workers(), choice)
+
+
+def _budget_alone(request: QuantizeRequest, gptq: bool) -> None:
+    """`--avg-bits` chooses every module's scheme: a scheme, recipe, group size or search beside it is refused."""
+    given = [flag for flag, v in (("--scheme", request.scheme), ("--recipe", request.recipe),
+                                  ("--group-size", request.group_size), ("--scale-search", request.scale_search))
+             if v is not None]  # fmt: skip
+    if given:
+        raise WeightsmithError(f"{given[0]} and --avg-bits both set the scheme; leave out {given[0]}", code="usage")
+    if gptq:
+        raise WeightsmithError(
+            "--avg-bits measures its candidates by round-to-nearest; --method gptq on a budget is not built yet "
+            "(quantize with the recipe `weightsmith sensitivity --avg-bits` writes)",
+            code="usage",
+        )
 
 
 def rules_for(
@@ -187,15 +226,19 @@ def rules_for(
     return recipe
 
 
-def gptq_options(method: str, opts: GptqOptions, scale_search: str | None = None) -> GptqOptions | None:
+def gptq_options(
+    method: str, opts: GptqOptions, scale_search: str | None = None, *, budget: bool = False
+) -> GptqOptions | None:
     """`opts` when `method` is "gptq", after checking them; None for "rtn", which takes none (a calibration
-    text beside it is refused). The ranges the command line's option parsers enforce (`--tokens`,
-    `--seq-len`) are checked here too, for callers that bypass them."""
+    text beside it is refused unless a `budget` measures on it). The ranges the command line's option
+    parsers enforce (`--tokens`, `--seq-len`) are checked here too, for callers that bypass them."""
     if method not in METHODS:
         raise WeightsmithError(f"unknown method {echo(method)} (choose from {', '.join(METHODS)})", code="usage")
     if method == "rtn":
-        if opts.text is not None or opts.builtin is not None:
-            raise WeightsmithError("--text and --builtin are calibration text for --method gptq", code="usage")
+        if (opts.text is not None or opts.builtin is not None) and not budget:
+            raise WeightsmithError(
+                "--text and --builtin are calibration text for --method gptq and --avg-bits", code="usage"
+            )
         return None
     refused = gptq_refusal(scale_search)
     if refused is not None:
@@ -258,11 +301,11 @@ def open_plan(resolved: Resolved, *, progress: bool = False) -> Plan:
         pre_pass = PRE_PASSES[name]
         plan.pre_pass = name
         plan.changed = pre_pass.changed_tensors(plan, pre_pass.check(plan))
-        changed = set(plan.changed)
+        changed, transformed = set(plan.changed), pre_pass.transformed(plan)
         for d in plan.decisions:
             if d.name in changed:
                 d.reason += f"; values changed by --pre-pass {name} (folded in)"
-            elif pre_pass.transforms(d.name):
+            elif d.name in transformed:
                 d.reason += f"; transformed by --pre-pass {name} first"
     return plan
 

@@ -63,8 +63,8 @@ class PrePass(ABC):
         """The unquantized tensors whose values it changes, for the `parts` `check` gave."""
 
     @abstractmethod
-    def transforms(self, name: str) -> bool:
-        """Whether the quantized weight `name` is read through the transform."""
+    def transformed(self, plan: Plan) -> set[str]:
+        """The quantized weights of `plan` read through the transform."""
 
     @abstractmethod
     def run(self, plan: Plan, workers: int) -> Transform:

@@ -15,6 +15,12 @@ the model's function unchanged before quantization and the checkpoint in the ord
   heads that share a KV head read the same V rows, so their o_proj columns share one `t`, balanced on
   their columns stacked as rows.
 
+Each fold runs only where every weight it rescales is balanced, quantized by a scheme `takes` accepts
+(`FOLDS`): a projection kept unquantized or quantized otherwise (w8a16) is written exactly as stored; the
+folds that would rescale it are skipped, so a recipe that mixes schemes per module still has the others
+balanced. Only where no fold of any layer can run is the pre-pass refused, naming the first projection
+that is not balanced.
+
 down's and o's scales are folded first, as in the reference's pre-pass, so that up's and v's new rows
 take part in the joint balancing of their own columns. A norm weight is stored in its dtype, so each
 column's `t` is taken as the stored norm over the original one: the fold is then exact up to the
@@ -51,7 +57,7 @@ from weightsmith.formats.source import OriginalWeights
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.quant import sinkhorn
-from weightsmith.quantization.plan import QUANTIZE, Plan, shape_refusal
+from weightsmith.quantization.plan import QUANTIZE, Decision, Plan, shape_refusal
 from weightsmith.quantization.prepasses.base import PrePass, register
 from weightsmith.schemes.base import Scheme
 
@@ -64,6 +70,17 @@ CONTRADICTION = "config.contradiction"
 #: contradicts itself or a weight whose shape config.json contradicts (`plan.shape_refusal`).
 REFUSED_UNDER_AUTO = (CONTRADICTION, SHAPE)
 _KNOWN = {f"{m}.{names.WEIGHT}" for m in PROJECTIONS + NORMS} | {f"{m}.{names.BIAS}" for m in PROJECTIONS}
+#: Each fold, by where its scale goes (a norm, or the projection whose input columns it divides), with the
+#: projections whose weights it rescales: it runs only where all of them are balanced (`_balanced`), so
+#: that a weight kept or quantized by another scheme keeps its stored bytes.
+FOLDS: dict[str, tuple[str, ...]] = {
+    "self_attn.o_proj": ("self_attn.o_proj", "self_attn.v_proj"),  # o's columns, v's rows (and bias)
+    "mlp.down_proj": ("mlp.down_proj", "mlp.up_proj"),  # down's columns, up's rows (and bias)
+    "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),  # their columns
+    "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),  # their columns
+}
+#: The projection whose rows (and bias) o_proj's and down_proj's folds multiply by their scale.
+_ROWS_OF = {"self_attn.o_proj": "self_attn.v_proj", "mlp.down_proj": "mlp.up_proj"}
 
 
 def refusal(where: str, message: str) -> WeightsmithError:
@@ -116,13 +133,15 @@ def _architecture(plan: Plan) -> Architecture:
 
 def check(plan: Plan) -> list[str]:
     """The decoder layers (`model.layers.N`) the pre-pass folds, from the headers; a one-line refusal
-    for an architecture, a tensor or a scheme it cannot fold exactly, or KV-cache scales it would
-    invalidate (they are measured on SRC, and the fold rescales v_proj's rows)."""
+    for an architecture or a tensor it cannot fold exactly, for a recipe under which no fold can run
+    (no layer has all the weights of one fold balanced), or KV-cache scales it would invalidate (they
+    are measured on SRC, and the fold rescales v_proj's rows)."""
     return _checked(plan)[0]
 
 
-def _checked(plan: Plan) -> tuple[list[str], Heads]:
-    """`check`'s layers, with how o_proj's columns map onto v_proj's rows (the folds need both)."""
+def _checked(plan: Plan) -> tuple[list[str], dict[str, frozenset[str]], Heads]:
+    """`check`'s layers, with the folds that run in each and how o_proj's columns map onto v_proj's rows
+    (the folds need all three)."""
     if plan.kv_cache is not None:
         raise refusal(
             "cannot run with --kv-cache:",
@@ -142,19 +161,53 @@ def _checked(plan: Plan) -> tuple[list[str], Heads]:
     if not layers:
         raise refusal(str(plan.source.root), "has no decoder layers named model.layers.N")
     decisions = {d.name: d for d in plan.decisions}
+    runs: dict[str, frozenset[str]] = {}
+    lacking: WeightsmithError | None = None
+    first: WeightsmithError | None = None  # where no fold can run: the first refusal met in layer order
     for layer, present in layers.items():
-        for part in (f"{m}.{names.WEIGHT}" for m in NORMS + PROJECTIONS):
-            if part not in present:
-                raise refusal(f"layer {layer}", f"has no {part}, so its scales have nowhere to go")
-        for module in PROJECTIONS:
-            d = decisions[f"{layer}.{module}.{names.WEIGHT}"]
-            if d.action != QUANTIZE or d.rule is None or not takes(d.rule.scheme):
-                why = d.reason if d.action != QUANTIZE else f"is quantized as {d.rule.scheme.name if d.rule else '?'}"
-                raise refusal(f"tensor {d.name}", f"must be quantized as {' or '.join(_schemes())} ({why})")
-            wrong = shape_refusal(plan.source, arch, d)  # (the plan has checked the norms and biases)
-            if wrong is not None:
-                raise wrong
-    return sorted(layers, key=lambda p: int(p.rsplit(".", 1)[1])), heads
+        part = next((p for p in (f"{m}.{names.WEIGHT}" for m in NORMS + PROJECTIONS) if p not in present), None)
+        if part is not None:
+            if lacking is None:
+                lacking = refusal(f"layer {layer}", f"has no {part}, so its scales have nowhere to go")
+            first = lacking if first is None else first
+            continue
+        projections = [decisions[f"{layer}.{m}.{names.WEIGHT}"] for m in PROJECTIONS]
+        unbalanced = next((d for d in projections if not _balanced(d)), None)
+        if unbalanced is not None and first is None:
+            first = _unbalanced(unbalanced)
+        runs[layer] = _running(decisions, layer)
+        folded = {m for fold in runs[layer] for m in FOLDS[fold]}
+        for d in projections:
+            if d.module.removeprefix(f"{layer}.") in folded:  # (the plan has checked the norms and biases)
+                wrong = shape_refusal(plan.source, arch, d)
+                if wrong is not None:
+                    raise wrong
+    if not any(runs.values()):
+        assert first is not None  # a fold that cannot run has a weight that is not balanced
+        raise first
+    if lacking is not None:
+        raise lacking
+    return sorted((p for p in runs if runs[p]), key=lambda p: int(p.rsplit(".", 1)[1])), runs, heads
+
+
+def _balanced(d: Decision | None) -> bool:
+    """Whether the pre-pass may rescale `d`'s weight: quantized by a scheme `takes` accepts."""
+    return d is not None and d.action == QUANTIZE and d.rule is not None and takes(d.rule.scheme)
+
+
+def _unbalanced(d: Decision) -> WeightsmithError:
+    """The refusal of a projection `_balanced` turns down, saying how the plan treats it."""
+    why = d.reason if d.action != QUANTIZE else f"is quantized as {d.rule.scheme.name if d.rule else '?'}"
+    return refusal(f"tensor {d.name}", f"must be quantized as {' or '.join(_schemes())} ({why})")
+
+
+def _running(decisions: dict[str, Decision], layer: str) -> frozenset[str]:
+    """The folds of `layer` (keys of `FOLDS`) whose every weight is balanced, from the plan's decisions."""
+    return frozenset(
+        fold
+        for fold, modules in FOLDS.items()
+        if all(_balanced(decisions.get(f"{layer}.{m}.{names.WEIGHT}")) for m in modules)
+    )
 
 
 def takes(scheme: Scheme) -> bool:
@@ -182,8 +235,10 @@ def skipped(plan: Plan) -> str | None:
 
     A config.json that contradicts itself, or a weight to fold whose shape it contradicts, is refused, not
     skipped (`REFUSED_UNDER_AUTO`), unless plain round-to-nearest was asked for: the pre-pass would have
-    run, and the output would not be the model config.json describes either way."""
-    plain = any(d.rule is not None and d.rule.scheme.scale_search is None for d in plan.decisions if folds(d.name))
+    run, and the output would not be the model config.json describes either way. Plain round-to-nearest is
+    asked for where a weight a fold would rescale has `--scale-search none` (where no fold can run, any
+    projection: the refusal is then `check`'s)."""
+    plain = any(d.rule is not None and d.rule.scheme.scale_search is None for d in _rescaled(plan))
     try:
         check(plan)
     except WeightsmithError as exc:
@@ -195,19 +250,38 @@ def skipped(plan: Plan) -> str | None:
     return None
 
 
+def _rescaled(plan: Plan) -> list[Decision]:
+    """The projection weights a fold would rescale, judged from the decisions alone (the folds whose every
+    weight is balanced); where there are none, every projection weight."""
+    projections = [d for d in plan.decisions if folds(d.name)]
+    out = rescaled(plan)
+    return [d for d in projections if d.name in out] or projections
+
+
+def rescaled(plan: Plan) -> set[str]:
+    """The projection weights a fold that runs rescales."""
+    decisions = {d.name: d for d in plan.decisions}
+    layers = dict.fromkeys(f"model.layers.{found.group(1)}" for d in plan.decisions if (found := LAYER.match(d.name)))
+    return {
+        f"{layer}.{m}.{names.WEIGHT}" for layer in layers for fold in _running(decisions, layer) for m in FOLDS[fold]
+    }
+
+
 def folds(name: str) -> bool:
-    """Whether `name` is a projection weight of a decoder layer (balanced by the pre-pass)."""
+    """Whether `name` is a projection weight of a decoder layer (rescaled by each of its folds that runs)."""
     found = LAYER.match(name)
     return found is not None and found.group(2) in {f"{m}.{names.WEIGHT}" for m in PROJECTIONS}
 
 
 def changed_tensors(plan: Plan, layers: list[str]) -> list[str]:
-    """The unquantized tensors whose values the pre-pass changes: the two norms of every layer, and
-    v_proj's and up_proj's biases where there are any (every projection's weight is balanced too)."""
+    """The unquantized tensors whose values the pre-pass changes: the norm of each joint fold that runs,
+    and v_proj's and up_proj's biases, where there are any, when o_proj's and down_proj's folds run."""
+    decisions = {d.name: d for d in plan.decisions}
     out = []
     for layer in layers:
-        out += [f"{layer}.{n}.{names.WEIGHT}" for n in NORMS]
-        out += [f"{layer}.{m}.{names.BIAS}" for m in ("self_attn.v_proj", "mlp.up_proj")]
+        runs = _running(decisions, layer)
+        out += [f"{layer}.{n}.{names.WEIGHT}" for n in NORMS if n in runs]
+        out += [f"{layer}.{m}.{names.BIAS}" for fold, m in _ROWS_OF.items() if fold in runs]
     return [n for n in out if n in plan.source.tensors]
 
 
@@ -221,11 +295,15 @@ class Balance:
     values: dict[str, np.ndarray] = field(default_factory=dict)
 
     def apply(self, name: str, x: np.ndarray, r0: int) -> np.ndarray:
-        """Rows [r0, r0 + len(x)) of weight `name` balanced, in `x`'s dtype (the kernels' input dtype)."""
+        """Rows [r0, r0 + len(x)) of weight `name` balanced, in `x`'s dtype (the kernels' input dtype). A
+        weight may have row factors and no column factors: v_proj or up_proj whose joint fold was skipped
+        (a neighbour is not balanced) while o_proj's or down_proj's ran."""
         inv = self.cols.get(name)
-        if inv is None:
-            return x
         rows = self.rows.get(name)
+        if inv is None and rows is None:
+            return x
+        if inv is None:
+            inv = np.ones(x.shape[1], np.float32)  # times 1 is exact: the rows are rounded once, as with both
         return sinkhorn.scale(x, inv, None if rows is None else rows[r0 : r0 + len(x)])
 
 
@@ -263,8 +341,9 @@ def _fold_norm(norm: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return stored, np.where(ok, back / np.where(ok, g, 1), t).astype(np.float32)
 
 
-def _layer(plan: Plan, heads: Heads, layer: str, workers: int) -> Balance:
-    """One decoder layer's folds: its weights read once each in their stored dtype (no float32 copy)."""
+def _layer(plan: Plan, heads: Heads, layer: str, runs: frozenset[str], workers: int) -> Balance:
+    """One decoder layer's folds that run (`runs`, keys of `FOLDS`): its weights read once each in their
+    stored dtype (no float32 copy), and only those of a fold that runs."""
     group = {d.module: d.rule.scheme.group_size for d in plan.decisions if d.rule is not None}
     out = Balance()
     with OriginalWeights(plan.source) as reader:
@@ -276,26 +355,31 @@ def _layer(plan: Plan, heads: Heads, layer: str, workers: int) -> Balance:
             full = f"{layer}.{name}"
             return reader.read(full) if full in plan.source.tensors else None
 
-        def gsize(module: str) -> int:
+        def gsize(module: str) -> int:  # asked only of a balanced weight, whose scheme has groups
             return int(group[f"{layer}.{module}"])
 
-        # o_proj: columns of query heads sharing a KV head stacked as rows, so they get one scale
-        o = weight("self_attn.o_proj")
-        t_v = _scales([sinkhorn.Rows(o, columns=c) for c in _o_columns(heads)], gsize("self_attn.o_proj"), workers)
-        t_v = _finite(plan, t_v, {f"{layer}.self_attn.o_proj.{names.WEIGHT}": o})
-        del o
-        t_o = np.repeat(t_v.reshape(heads.kv, 1, heads.dim), heads.per_kv, axis=1).reshape(-1)
-        down = weight("mlp.down_proj")
-        t_d = _finite(plan, _scales([sinkhorn.Rows(down)], gsize("mlp.down_proj"), workers),
-                      {f"{layer}.mlp.down_proj.{names.WEIGHT}": down})  # fmt: skip
-        del down
-        for module, t in (("self_attn.v_proj", t_v), ("mlp.up_proj", t_d)):
+        t_in: dict[str, np.ndarray] = {}  # o_proj's and down_proj's input scales, by module
+        if "self_attn.o_proj" in runs:
+            # o_proj: columns of query heads sharing a KV head stacked as rows, so they get one scale
+            o = weight("self_attn.o_proj")
+            t_v = _scales([sinkhorn.Rows(o, columns=c) for c in _o_columns(heads)], gsize("self_attn.o_proj"), workers)
+            t_v = _finite(plan, t_v, {f"{layer}.self_attn.o_proj.{names.WEIGHT}": o})
+            del o
+            t_in["self_attn.o_proj"] = t_v
+        if "mlp.down_proj" in runs:
+            down = weight("mlp.down_proj")
+            t_in["mlp.down_proj"] = _finite(plan, _scales([sinkhorn.Rows(down)], gsize("mlp.down_proj"), workers),
+                                            {f"{layer}.mlp.down_proj.{names.WEIGHT}": down})  # fmt: skip
+            del down
+        for fold, t in t_in.items():
+            module = _ROWS_OF[fold]
             out.rows[f"{layer}.{module}.{names.WEIGHT}"] = t
             bias = tensor(f"{module}.{names.BIAS}")
             if bias is not None:
                 out.values[f"{layer}.{module}.{names.BIAS}"] = (bias.astype(np.float32) * t).astype(bias.dtype)
 
-        def joint(norm: str, modules: tuple[str, ...]) -> None:
+        def joint(norm: str) -> None:
+            modules = FOLDS[norm]
             stack = [sinkhorn.Rows(weight(m), out.rows.get(f"{layer}.{m}.{names.WEIGHT}")) for m in modules]
             t = _scales(stack, gsize(modules[0]), workers)
             stored = {f"{layer}.{m}.{names.WEIGHT}": part.weight for m, part in zip(modules, stack, strict=True)}
@@ -307,22 +391,26 @@ def _layer(plan: Plan, heads: Heads, layer: str, workers: int) -> Balance:
             for m in modules:
                 out.cols[f"{layer}.{m}.{names.WEIGHT}"] = 1 / applied
 
-        joint("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
-        joint("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))
-        out.cols[f"{layer}.self_attn.o_proj.{names.WEIGHT}"] = (1 / t_o).astype(np.float32)
-        out.cols[f"{layer}.mlp.down_proj.{names.WEIGHT}"] = (1 / t_d).astype(np.float32)
+        for norm in NORMS:
+            if norm in runs:
+                joint(norm)
+        if "self_attn.o_proj" in t_in:
+            t_o = np.repeat(t_in["self_attn.o_proj"].reshape(heads.kv, 1, heads.dim), heads.per_kv, axis=1)
+            out.cols[f"{layer}.self_attn.o_proj.{names.WEIGHT}"] = (1 / t_o.reshape(-1)).astype(np.float32)
+        if "mlp.down_proj" in t_in:
+            out.cols[f"{layer}.mlp.down_proj.{names.WEIGHT}"] = (1 / t_in["mlp.down_proj"]).astype(np.float32)
     return out
 
 
 def balance(plan: Plan, workers: int) -> Balance:
-    """Every layer's folds, `workers` layers at a time (the kernel releases the GIL); where there are
-    fewer layers than workers, each layer's tiles are shared among the workers left over."""
-    layers, heads = _checked(plan)
+    """Every layer's folds that run, `workers` layers at a time (the kernel releases the GIL); where there
+    are fewer layers than workers, each layer's tiles are shared among the workers left over."""
+    layers, runs, heads = _checked(plan)
     total = Balance()
     workers = max(1, workers)
     at_once = min(workers, len(layers))
     with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="ws-sinq") as pool:
-        for part in pool.map(lambda layer: _layer(plan, heads, layer, workers // at_once), layers):
+        for part in pool.map(lambda layer: _layer(plan, heads, layer, runs[layer], workers // at_once), layers):
             total.rows |= part.rows
             total.cols |= part.cols
             total.values |= part.values
@@ -344,18 +432,20 @@ class Sinq(PrePass):
     HELP = (
         "balance each weight's columns first (SINQ's Sinkhorn column scales, found from the weights alone) and "
         "fold the scales into the norms and the v/up_proj rows, so the model computes the same function and "
-        "the checkpoint keeps the usual format. Llama, Mistral and Qwen2 under w4a16[-asym], --method rtn only"
+        "the checkpoint keeps the usual format. Llama, Mistral and Qwen2, --method rtn only; a projection kept "
+        "unquantized or quantized other than w4a16[-asym] is left as stored, the folds that would rescale it skipped"
     )
     SUMMARY = (
         "weights balanced, column scales folded into {changed} norms and biases and the v/up_proj rows "
         "(same function; --pre-pass none keeps the source's)"
     )
     CARD = (
-        "each projection's input columns balanced by SINQ's Sinkhorn column scales (at most {iterations} steps "
-        "per group, from the weights alone) before quantizing, the scales folded into the layer norms and the "
-        "v_proj/up_proj rows so that the unquantized model computes the same function; the norm weights (and "
-        "biases) listed in the manifest's pre_pass.changed differ from the source's by design, so adapters "
-        "(LoRA) trained on the source's weights do not fit this checkpoint."
+        "each 4-bit projection's input columns balanced by SINQ's Sinkhorn column scales (at most {iterations} "
+        "steps per group, from the weights alone) before quantizing, the scales folded into the layer norms and "
+        "the v_proj/up_proj rows so that the unquantized model computes the same function (a projection kept "
+        "unquantized or quantized by another scheme is left as stored: the folds that would rescale it are "
+        "skipped); the norm weights (and biases) listed in the manifest's pre_pass.changed differ from the "
+        "source's by design, so adapters (LoRA) trained on the source's weights do not fit this checkpoint."
     )
 
     def takes(self, scheme: Scheme) -> bool:
@@ -370,8 +460,8 @@ class Sinq(PrePass):
     def changed_tensors(self, plan: Plan, parts: list[str]) -> list[str]:
         return changed_tensors(plan, parts)
 
-    def transforms(self, name: str) -> bool:
-        return folds(name)
+    def transformed(self, plan: Plan) -> set[str]:
+        return rescaled(plan)
 
     def run(self, plan: Plan, workers: int) -> Balance:
         return balance(plan, workers)
