@@ -56,7 +56,8 @@ def plot(done: dict[str, Any], path: Path) -> None:
     for ax, model in zip(axes[0], done.values(), strict=True):
         arms = model["arms"]
         for kind, style in MARKERS.items():
-            mine = sorted((a for a in arms if a["kind"] == kind), key=lambda a: a["bits"])
+            mine = sorted((a for a in arms if a["kind"] == kind and a["bits"] < model["base_bits"] + 1.65),
+                          key=lambda a: a["bits"])  # fmt: skip
             if not mine:
                 continue
             ax.plot([a["bits"] for a in mine], [a["kl"] for a in mine], style, label=kind, ms=5)
@@ -64,6 +65,7 @@ def plot(done: dict[str, Any], path: Path) -> None:
                 for a in mine:
                     ax.annotate(a["arm"].replace("uniform ", "").replace("hand: ", ""), (a["bits"], a["kl"]),
                                 fontsize=6, xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        ax.set_xlim(model["base_bits"] - 0.1, model["base_bits"] + 1.65)  # uniform W8A16 (8.25 bits) in the table
         ax.set_yscale("log")
         ax.set_xlabel("bits per Linear weight (inspect's bits_with_overhead)")
         ax.set_ylabel("KL per token (nats), vs the source")

@@ -43,6 +43,7 @@ from weightsmith.audit.inspect import inspect  # noqa: E402
 from weightsmith.budget.candidates import FAMILIES, Candidate  # noqa: E402
 from weightsmith.budget.choose import Choice, Group, groups_of, spend  # noqa: E402
 from weightsmith.budget.plan import BudgetOptions, table_for  # noqa: E402
+from weightsmith.budget.report import write_report  # noqa: E402
 from weightsmith.budget.sensitivity import MEASURES, Table, read_table  # noqa: E402
 from weightsmith.quantization.library import quantize  # noqa: E402
 from weightsmith.quantization.request import GptqOptions, QuantizeRequest  # noqa: E402
@@ -136,6 +137,13 @@ def kl_of(folder: Path, ids: Any, ref: Any) -> dict[str, float]:
     return {"kl": kl_divergence(ref, logits), "top1": top1_agreement(ref, logits)}
 
 
+def sensitivity_report(name: str, table: Table, cands: tuple[Candidate, ...], groups: list[Group], base: str) -> None:
+    """docs/budget-study/NAME: what `weightsmith sensitivity --avg-bits` writes, for the budget at + 0.5 bits."""
+    base_bits = with_labels(groups, [base] * len(groups)).avg_bits
+    choice = spend(groups_of(table, "fisher", cands), base_bits + 0.5, "fisher")
+    write_report(DOCS / name, table, cands, "fisher", choice, (), force=True)
+
+
 def study(name: str, cands: tuple[Candidate, ...]) -> dict[str, Any]:
     title, build = MODELS[name]
     source = build()
@@ -148,10 +156,9 @@ def study(name: str, cands: tuple[Candidate, ...]) -> dict[str, Any]:
     else:
         table = table_for(request, BudgetOptions(), cands, measures=MEASURES, say=print)
         table_file.write_text(json.dumps(table.to_json()))
-    (DOCS / name).mkdir(parents=True, exist_ok=True)
-    shutil.copy(table_file, DOCS / name / "sensitivity.json")
     groups = groups_of(table, "fisher", cands)
     base = next(lab for lab in ("g128", "g64") if all(g.option(lab) for g in groups))
+    sensitivity_report(name, table, cands, groups, base)
     ladder = [base, *(["g64"] if base == "g128" else []), "g32", "w8a16", "kept"]
     base_bits = with_labels(groups, [base] * len(groups)).avg_bits
     arms: list[tuple[str, str, float | None, list[str]]] = []  # (arm, kind, step, labels)

@@ -220,3 +220,48 @@ def test_the_plan_says_which_weights_the_pre_pass_rescales(tiny: Path) -> None:
     for d in plan.decisions:
         if d.module in chosen:
             assert ("transformed by --pre-pass sinq" in d.reason) == chosen[d.module].startswith("g"), (d, chosen)
+
+
+def test_an_moe_layers_experts_are_one_choice(tmp_path: Path) -> None:
+    """Every routed expert of a layer is one FusedMoE layer in vLLM: the budget gives them one scheme. The
+    calibrated measures read torch Linears, which transformers' fused experts are not: refused, naming the
+    data-free measure."""
+    from engine.tiny_models import moe_shapes
+
+    src = save_tiny(
+        tmp_path / "moe", "qwen3_moe", shapes={**moe_shapes("qwen3_moe"), "hidden_size": 128, "head_dim": 32}
+    )
+    plan = plan_quantize(QuantizeRequest(src, avg_bits=5.2, budget=BudgetOptions(measure="weight")))
+    assert plan.request is not None and plan.request.budget is not None
+    experts = [g for g in plan.request.budget.groups if g.name.endswith(".mlp.experts")]
+    assert [len(g.modules) for g in experts] == [24, 24]  # 8 experts x gate, up, down in layers 1 and 2
+    out = tmp_path / "out"
+    quantize(QuantizeRequest(src, out, avg_bits=6.0, budget=BudgetOptions(measure="weight"), hash_sources=False))
+    resolved = _schemes(out)
+    for layer in (1, 2):
+        found = {v for m, v in resolved.items() if m.startswith(f"model.layers.{layer}.mlp.experts.")}
+        assert len(found) == 1, (layer, found)
+    with pytest.raises(WeightsmithError, match="use --measure weight"):
+        plan_quantize(QuantizeRequest(src, avg_bits=6.0, gptq=GptqOptions(tokens=64), budget=BudgetOptions()))
+
+
+def test_a_table_from_elsewhere_is_refused(tiny: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A sensitivity table is a file anyone may hand over: one measured on other weights, or holding a cost
+    that is no cost, is one line naming the file."""
+    report = tmp_path / "report"
+    code, _, err = run(capsys, monkeypatch, "sensitivity", str(tiny), "--out", str(report), "--measure", "weight")
+    assert code == 0, err
+    doc = json.loads((report / "sensitivity.json").read_text())
+    for label, change in (("renamed", "module"), ("nan", "cost")):
+        bad = json.loads(json.dumps(doc))
+        if change == "module":
+            bad["modules"][0]["module"] = "model.layers.9.mlp.down_proj"  # the fingerprint field left as it was
+        else:
+            bad["modules"][0]["cost"]["weight"]["g64"] = float("nan")
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps(bad))
+        code, _, err = run(capsys, monkeypatch, "quantize", str(tiny), str(tmp_path / label), "--avg-bits", "5",
+                           "--measure", "weight", "--sensitivity", str(path))  # fmt: skip
+        assert code == 2 and str(path) in err and len(err.strip().splitlines()) == 1, err
+        assert ("measured on other weights" if change == "module" else "is not a sensitivity table") in err
+        assert not (tmp_path / label).exists()

@@ -68,13 +68,6 @@ class Choice:
     def cost(self) -> float:
         return sum(g.chosen.cost for g in self.groups)
 
-    def uniform(self, label: str) -> tuple[float, float] | None:
-        """(average bits, summed cost) of every group taking `label`, or None if some group cannot."""
-        picked = [g.option(label) for g in self.groups]
-        if any(o is None for o in picked):
-            return None
-        return sum(o.bits for o in picked if o) / self.params, sum(o.cost for o in picked if o)
-
     def to_json(self) -> dict[str, object]:
         counts: dict[str, int] = {}
         for g in self.groups:

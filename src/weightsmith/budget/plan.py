@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from weightsmith.quantization.recipe import Recipe
     from weightsmith.quantization.request import QuantizeRequest
 
-#: The average bits a budget may ask for: at least the packed 4-bit values, at most a float32 weight.
+#: The average bits a budget may ask for (one below the cheapest mix is refused with that mix's figure).
 MIN_BITS, MAX_BITS = 1.0, 32.0
 
 
@@ -92,9 +92,10 @@ def table_for(
     if opts.table is not None:
         table = read_table(Path(opts.table))
         want = fingerprint({m: (dtype, shape) for m, (shape, dtype) in modules.items()})
-        if table.fingerprint != want or table.family != opts.family:
+        held = fingerprint({m.module: (m.dtype, m.shape) for m in table.modules})
+        if held != want or table.family != opts.family:
             raise WeightsmithError(
-                f"was measured on other weights or another family ({table.family}, {table.fingerprint}; this run: "
+                f"was measured on other weights or another family ({table.family}, {held}; this run: "
                 f"{opts.family}, {want}): measure again",
                 file=Path(opts.table),
                 code="usage",
@@ -123,8 +124,3 @@ def budget_recipe(
     table = table_for(request, opts, cands, say=say)
     choice = spend(groups_of(table, opts.measure, cands), avg_bits, opts.measure)
     return choice.recipe(cands, tuple(request.ignore)), choice
-
-
-def without_budget(request: QuantizeRequest, recipe: Recipe) -> QuantizeRequest:
-    """`request` with its budget spent: the recipe in its place."""
-    return replace(request, avg_bits=None, recipe=recipe)

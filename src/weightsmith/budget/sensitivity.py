@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -44,6 +45,8 @@ MEASURES = ("fisher", "activation", "weight")
 CALIBRATED = ("fisher", "activation")
 #: Label samples per calibration sequence for the Fisher estimate.
 DRAWS = 2
+#: A table is about 500 bytes per module: a file larger than this is not one.
+MAX_TABLE_BYTES = 1 << 28
 #: What a table file is; a file of another form is refused.
 FORM = "weightsmith-sensitivity-v1"
 
@@ -87,7 +90,7 @@ class Table:
         try:
             modules = [
                 ModuleCost(m["module"], (int(m["shape"][0]), int(m["shape"][1])), str(m["dtype"]),
-                           {k: {c: float(v) for c, v in costs.items()} for k, costs in m["cost"].items()})
+                           {k: {c: _cost_value(v) for c, v in costs.items()} for k, costs in m["cost"].items()})
                 for m in doc["modules"]
             ]  # fmt: skip
             return cls(
@@ -106,10 +109,17 @@ class Table:
         return out
 
 
+def _cost_value(value: object) -> float:
+    """A cost read from a table: a finite number, not negative (a measure is a sum of squares)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"cost {value!r} is not a finite number >= 0")
+    return float(value)
+
+
 def read_table(path: Path) -> Table:
     from weightsmith.core.files import read_text_file
 
-    text = read_text_file(path, 1 << 30, "sensitivity table", code="usage")
+    text = read_text_file(path, MAX_TABLE_BYTES, "sensitivity table", code="usage")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError):
