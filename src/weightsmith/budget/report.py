@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import shutil
 import stat
-import tempfile
 from pathlib import Path
+from typing import Any
 
 from weightsmith.budget.candidates import Candidate
 from weightsmith.budget.choose import Choice, budget_line
@@ -56,9 +57,9 @@ def markdown(table: Table, cands: tuple[Candidate, ...], measure: str, choice: C
     return "\n".join(lines) + "\n"
 
 
-def heat_map(table: Table, cands: tuple[Candidate, ...], measure: str, path: Path) -> None:
+def heat_map(table: Table, cands: tuple[Candidate, ...], measure: str, path: Path, choice: Choice | None) -> None:
     """Layers down, module kinds across, one panel per quantizing candidate: log10 of each module's cost
-    (summed over a layer's experts)."""
+    (summed over a layer's experts); with a choice, a last panel of what each module was given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,20 +90,46 @@ def heat_map(table: Table, cands: tuple[Candidate, ...], measure: str, path: Pat
         grids.append(grid)
     finite = np.concatenate([g[np.isfinite(g)] for g in grids])
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    fig, axes = plt.subplots(1, len(shown), figsize=(2.2 + 1.1 * len(kinds) * len(shown), 1.5 + 0.22 * len(layers)),
+    panels = len(shown) + (choice is not None)
+    fig, axes = plt.subplots(1, panels, figsize=(2.5 + 0.42 * len(kinds) * panels, 1.6 + 0.16 * len(layers)),
                              squeeze=False, constrained_layout=True)  # fmt: skip
     image = None
-    for ax, c, grid in zip(axes[0], shown, grids, strict=True):
+    for ax, c, grid in zip(axes[0], shown, grids, strict=False):
         image = ax.imshow(grid, aspect="auto", cmap="magma", vmin=low, vmax=high, interpolation="nearest")
         ax.set_title(c.label)
         ax.set_xticks(range(len(kinds)), [k.split(".")[-1] for k in kinds], rotation=60, ha="right", fontsize=7)
         ax.set_yticks(range(len(layers)), [str(v) for v in layers], fontsize=6)
     axes[0][0].set_ylabel("decoder layer")
     assert image is not None
-    fig.colorbar(image, ax=axes[0].tolist(), label=f"log10 {measure} cost")
+    fig.colorbar(image, ax=axes[0][: len(shown)].tolist(), label=f"log10 {measure} cost")
+    if choice is not None:
+        _chosen_panel(axes[0][-1], choice, cands, layers, kinds)
     fig.suptitle(f"what each candidate costs each module ({measure})")
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _chosen_panel(ax: Any, choice: Choice, cands: tuple[Candidate, ...], layers: list[int], kinds: list[str]) -> None:
+    """What the budget gave each module: one colour per candidate (a layer's experts share one choice)."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    labels = [c.label for c in cands]
+    grid = np.full((len(layers), len(kinds)), np.nan)
+    for g in choice.groups:
+        for module in g.modules:
+            layer, kind = module_kind(module)
+            if layer is not None:
+                grid[layers.index(layer), kinds.index(kind)] = labels.index(g.chosen.label)
+    colours = ["#fde0c5", "#f59e72", "#d1495b", "#5b2a86", "#1b998b", "#888888"][: len(labels)]
+    ax.imshow(grid, aspect="auto", cmap=ListedColormap(colours), vmin=-0.5, vmax=len(labels) - 0.5,
+              interpolation="nearest")  # fmt: skip
+    ax.set_title(f"chosen at {choice.avg_bits:.3f} bits")
+    ax.set_xticks(range(len(kinds)), [k.split(".")[-1] for k in kinds], rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(layers)), [str(v) for v in layers], fontsize=6)
+    ax.legend(handles=[Patch(color=c, label=lab) for c, lab in zip(colours, labels, strict=True)], fontsize=6,
+              loc="upper left", bbox_to_anchor=(1.0, 1.0))  # fmt: skip
 
 
 def recipe_toml(choice: Choice, cands: tuple[Candidate, ...], ignore: tuple[str, ...]) -> str:
@@ -133,11 +160,12 @@ def write_report(
 
     _check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    work = out.with_name(f".{out.name}.partial-{secrets.token_hex(6)}")
+    os.mkdir(work)  # a new name (mkdir refuses one that exists), in the umask's mode: it becomes OUT
     try:
         (work / "sensitivity.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
         (work / "sensitivity.md").write_text(markdown(table, cands, measure, choice))
-        heat_map(table, cands, measure, work / "sensitivity.png")
+        heat_map(table, cands, measure, work / "sensitivity.png", choice)
         if choice is not None:
             (work / "plan.toml").write_text(recipe_toml(choice, cands, ignore))
         if os.path.lexists(out):
