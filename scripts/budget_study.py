@@ -23,6 +23,7 @@ kl-vs-bits.png}; tables and outputs are cached in .cache/budget-study.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -141,7 +142,8 @@ def sensitivity_report(name: str, table: Table, cands: tuple[Candidate, ...], gr
     """docs/budget-study/NAME: what `weightsmith sensitivity --avg-bits` writes, for the budget at + 0.5 bits."""
     base_bits = with_labels(groups, [base] * len(groups)).avg_bits
     choice = spend(groups_of(table, "fisher", cands), base_bits + 0.5, "fisher")
-    write_report(DOCS / name, table, cands, "fisher", choice, (), force=True)
+    named = dataclasses.replace(table, source=MODELS[name][0])  # the model, not this machine's path
+    write_report(DOCS / name, named, cands, "fisher", choice, (), force=True)
 
 
 def study(name: str, cands: tuple[Candidate, ...]) -> dict[str, Any]:
@@ -206,8 +208,9 @@ def study(name: str, cands: tuple[Candidate, ...]) -> dict[str, Any]:
         print(json.dumps(row), flush=True)
         results.append(row)
         shutil.rmtree(out, ignore_errors=True)
-    return {"model": title, "source": str(source), "base": base, "base_bits": base_bits, "tokens": TOKENS,
-            "table_seconds": table.seconds, "calibration_tokens": table.tokens, "arms": results}  # fmt: skip
+    return {"model": title, "source": str(source.relative_to(REPO)), "base": base, "base_bits": base_bits,
+            "tokens": TOKENS, "table_seconds": table.seconds, "calibration_tokens": table.tokens,
+            "arms": results}  # fmt: skip
 
 
 def main() -> None:
