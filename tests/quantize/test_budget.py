@@ -265,3 +265,20 @@ def test_a_table_from_elsewhere_is_refused(tiny: Path, tmp_path: Path, capsys, m
         assert code == 2 and str(path) in err and len(err.strip().splitlines()) == 1, err
         assert ("measured on other weights" if change == "module" else "is not a sensitivity table") in err
         assert not (tmp_path / label).exists()
+
+
+def test_the_nvfp4_family(tiny: Path, tmp_path: Path) -> None:
+    """`--family nvfp4`: NVFP4 weights where they cost least, FP8 where the budget buys them, one config
+    group each; inspect's bits equal the budget's."""
+    out = tmp_path / "out"
+    budget = BudgetOptions(family="nvfp4", measure="weight")
+    quantize(QuantizeRequest(tiny, out, avg_bits=6.0, budget=budget, hash_sources=False))
+    plan = plan_quantize(QuantizeRequest(tiny, avg_bits=6.0, budget=budget))
+    assert plan.request is not None and plan.request.budget is not None
+    assert set(plan.request.budget.to_json()["modules_by_candidate"]) == {"nvfp4", "fp8"}
+    formats = {
+        g["format"]
+        for g in json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"].values()
+    }
+    assert formats == {"nvfp4-pack-quantized", "float-quantized"}
+    assert _inspect_bits(out) == pytest.approx(plan.request.budget.avg_bits, rel=1e-12)
