@@ -1,11 +1,11 @@
 """KL against bits: `quantize --avg-bits` against uniform recipes at the same bits, on two real models.
 
 For SmolLM2-135M (a bf16 copy of the fp32 checkpoint from its Q4_1 GGUF) and Qwen2.5-Coder-1.5B-Instruct
-(bf16 from its Q4_K_M GGUF), the sensitivity table is measured once (`weightsmith.budget`: every int4-family
-candidate run for real, the Fisher and activation statistics from 2048 tokens of the built-in code text),
-then each arm is quantized and judged by the KL of its next-token distribution against the source's on
-the fidelity study's text (2048 tokens of standard-library code the calibration never reads), its logits
-from the checkpoint as compressed-tensors decompresses it (`fidelity.logits.served_logits`):
+(bf16 from its Q4_K_M GGUF), the sensitivity table is measured once (`weightsmith.quantization.budget`:
+every int4-family candidate run for real, the Fisher and activation statistics from 2048 tokens of the
+built-in code text), then each arm is quantized and judged by the KL of its next-token distribution
+against the source's on the fidelity study's text (2048 tokens of standard-library code the calibration
+never reads), its logits from the checkpoint as compressed-tensors decompresses it (`fidelity.logits.served_logits`):
 
 - the budget at the uniform default's bits + 0, 0.25, 0.5, 0.75, 1.0 and 1.5, choosing by the Fisher
   measure, and by the activation and the data-free weight measures at + 0.5 and + 1.0;
@@ -41,11 +41,11 @@ from smollm2_fidelity import TOKENS, sample_text  # noqa: E402
 
 from models import qwen25_coder_bf16, smollm2_fp32  # noqa: E402
 from weightsmith.audit.inspect import inspect  # noqa: E402
-from weightsmith.budget.candidates import FAMILIES, Candidate  # noqa: E402
-from weightsmith.budget.choose import Choice, Group, groups_of, spend  # noqa: E402
-from weightsmith.budget.plan import BudgetOptions, table_for  # noqa: E402
-from weightsmith.budget.report import write_report  # noqa: E402
-from weightsmith.budget.sensitivity import MEASURES, Table, read_table  # noqa: E402
+from weightsmith.quantization.budget.candidates import FAMILIES, Candidate  # noqa: E402
+from weightsmith.quantization.budget.choose import Choice, Group, groups_of, spend  # noqa: E402
+from weightsmith.quantization.budget.plan import BudgetOptions, table_for  # noqa: E402
+from weightsmith.quantization.budget.report import write_report  # noqa: E402
+from weightsmith.quantization.budget.sensitivity import MEASURES, Table, read_table  # noqa: E402
 from weightsmith.quantization.library import quantize  # noqa: E402
 from weightsmith.quantization.request import GptqOptions, QuantizeRequest  # noqa: E402
 

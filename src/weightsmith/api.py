@@ -18,11 +18,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightsmith.budget.plan import BudgetOptions
 from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.calibration.run import calibrate
 from weightsmith.core.terminal import Say
 from weightsmith.fidelity.logits import DEFAULT_TOKENS as EVAL_TOKENS
+from weightsmith.quantization.budget.plan import BudgetOptions
 from weightsmith.quantization.library import Hooks, quantize
 from weightsmith.quantization.library import plan as plan_quantize
 from weightsmith.quantization.request import GptqOptions, QuantizeRequest

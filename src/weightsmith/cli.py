@@ -29,7 +29,7 @@ from weightsmith.core.version import __version__
 #: which the other commands need.
 COMMAND_MODULES = {
     "quantize": "weightsmith.quantization.cli",
-    "sensitivity": "weightsmith.budget.cli",
+    "sensitivity": "weightsmith.quantization.budget.cli",
     "demo": "weightsmith.quantization.cli",
     "inspect": "weightsmith.audit.cli",
     "verify": "weightsmith.audit.cli",

@@ -16,12 +16,12 @@ from engine.tiny_models import save_tiny
 from models import smollm2_fp32
 from weightsmith.api import GptqOptions, QuantizeRequest, plan_quantize, quantize
 from weightsmith.audit.inspect import inspect
-from weightsmith.budget.candidates import FAMILIES, candidates, group_of
-from weightsmith.budget.choose import Group, Option, spend
-from weightsmith.budget.plan import BudgetOptions
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.formats.declaration import read_declaration
 from weightsmith.io.checkpoint import Checkpoint
+from weightsmith.quantization.budget.candidates import FAMILIES, candidates, group_of
+from weightsmith.quantization.budget.choose import Group, Option, spend
+from weightsmith.quantization.budget.plan import BudgetOptions
 
 LINEARS = ("attention", "dense mlp")
 SHAPES = dict(hidden_size=128, intermediate_size=256, head_dim=32, num_hidden_layers=2)
@@ -157,8 +157,8 @@ def test_the_fisher_measure_predicts_the_kl_it_names(tiny: Path, tmp_path: Path)
     as the measured KLs are."""
     import torch
 
-    from weightsmith.budget.plan import check_options, table_for
     from weightsmith.fidelity.logits import kl_divergence, load_model, next_token_logits, served_logits
+    from weightsmith.quantization.budget.plan import check_options, table_for
 
     opts = BudgetOptions()
     cands = check_options(5.0, opts)

@@ -33,12 +33,12 @@ from engine.tiny_models import SERVABLE, save_tiny, sharpen
 from models import smollm2_fp32
 from vllm_reference import Reference
 from weightsmith.api import QuantizeRequest, plan_quantize, quantize
-from weightsmith.budget.candidates import CPU_SERVED
-from weightsmith.budget.plan import BudgetOptions
 from weightsmith.fidelity.logits import load_tokenizer
 from weightsmith.preflight.linear_kernel import CHECK as LINEAR_KERNEL
 from weightsmith.preflight.native_op import CHECK as NATIVE_OP
 from weightsmith.preflight.report import LOAD
+from weightsmith.quantization.budget.candidates import CPU_SERVED
+from weightsmith.quantization.budget.plan import BudgetOptions
 
 pytest.importorskip("torch")
 

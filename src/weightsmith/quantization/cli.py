@@ -18,9 +18,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weightsmith.budget.candidates import CPU_SERVED, FAMILIES
-from weightsmith.budget.choose import budget_line
-from weightsmith.budget.plan import MAX_BITS, MIN_BITS, BudgetOptions
 from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.cli import paused_gc
 from weightsmith.core.errors import WeightsmithError
@@ -33,6 +30,9 @@ from weightsmith.io.outputdir import check_destination
 from weightsmith.io.provenance import EVERY_TOKEN, ROUTED
 from weightsmith.io.texts import TEXT_HELP
 from weightsmith.quantization import library
+from weightsmith.quantization.budget.candidates import CPU_SERVED, FAMILIES
+from weightsmith.quantization.budget.choose import budget_line
+from weightsmith.quantization.budget.plan import MAX_BITS, MIN_BITS, BudgetOptions
 from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
 from weightsmith.quantization.library import Hooks, write
 from weightsmith.quantization.pipeline import MAX_WORKERS, QuantizeResult, work_bytes

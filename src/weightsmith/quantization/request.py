@@ -17,19 +17,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightsmith.budget.plan import BudgetOptions
 from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_option
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import echo, short_repr
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.io import names
+from weightsmith.quantization.budget.plan import BudgetOptions
 from weightsmith.quantization.prepasses import PRE_PASSES
 from weightsmith.quantization.recipe import GPTQ_GRID_ONLY, MAX_GROUP_SIZE, Recipe, gptq_refusal, load_recipe
 from weightsmith.schemes import make_scheme
 from weightsmith.searches import gptq_starts
 
 if TYPE_CHECKING:
-    from weightsmith.budget.choose import Choice
+    from weightsmith.quantization.budget.choose import Choice
     from weightsmith.quantization.plan import Plan
 
 METHODS = ("rtn", "gptq")
@@ -163,7 +163,7 @@ def resolve(request: QuantizeRequest, say: Callable[[str], None] | None = None) 
     pre_pass = pre_pass_option(request.pre_pass, gptq=gptq is not None)
     choice = None
     if request.avg_bits is not None:
-        from weightsmith.budget.plan import budget_recipe
+        from weightsmith.quantization.budget.plan import budget_recipe
 
         sized = replace(request, workers=workers or default_workers())
         rules, choice = budget_recipe(sized, request.avg_bits, request.budget, say=say)

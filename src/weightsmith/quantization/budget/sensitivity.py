@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from weightsmith.budget.candidates import Candidate, group_of
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.io import names
+from weightsmith.quantization.budget.candidates import Candidate, group_of
 
 #: The measures, in the order the table lists them; `fisher` is the default.
 MEASURES = ("fisher", "activation", "weight")

@@ -15,11 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightsmith.budget.candidates import Candidate, candidates
-from weightsmith.budget.choose import Choice, groups_of, spend
-from weightsmith.budget.sensitivity import DRAWS, MEASURES, Calibration, Table, fingerprint, measure, read_table
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.io import names
+from weightsmith.quantization.budget.candidates import Candidate, candidates
+from weightsmith.quantization.budget.choose import Choice, groups_of, spend
+from weightsmith.quantization.budget.sensitivity import (
+    DRAWS,
+    MEASURES,
+    Calibration,
+    Table,
+    fingerprint,
+    measure,
+    read_table,
+)
 
 if TYPE_CHECKING:
     from weightsmith.quantization.recipe import Recipe

@@ -15,9 +15,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from weightsmith.budget.candidates import Candidate
-from weightsmith.budget.sensitivity import Table, with_measure
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.quantization.budget.candidates import Candidate
+from weightsmith.quantization.budget.sensitivity import Table, with_measure
 from weightsmith.quantization.recipe import Recipe, Rule
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from weightsmith.budget.candidates import CPU_SERVED, FAMILIES
-from weightsmith.budget.choose import budget_line, groups_of, spend
-from weightsmith.budget.plan import MAX_BITS, MIN_BITS, BudgetOptions, check_options, table_for
-from weightsmith.budget.report import write_report
-from weightsmith.budget.sensitivity import MEASURES
 from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.core.terminal import markup_safe
 from weightsmith.io.texts import TEXT_HELP
+from weightsmith.quantization.budget.candidates import CPU_SERVED, FAMILIES
+from weightsmith.quantization.budget.choose import budget_line, groups_of, spend
+from weightsmith.quantization.budget.plan import MAX_BITS, MIN_BITS, BudgetOptions, check_options, table_for
+from weightsmith.quantization.budget.report import write_report
+from weightsmith.quantization.budget.sensitivity import MEASURES
 from weightsmith.quantization.request import GPTQ_SEQ_LEN, GPTQ_TOKENS, GptqOptions, QuantizeRequest
 
 console = Console()

@@ -15,10 +15,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from weightsmith.budget.candidates import Candidate
-from weightsmith.budget.choose import Choice, budget_line
-from weightsmith.budget.sensitivity import Table, with_measure
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.quantization.budget.candidates import Candidate
+from weightsmith.quantization.budget.choose import Choice, budget_line
+from weightsmith.quantization.budget.sensitivity import Table, with_measure
 
 FILES = ("sensitivity.json", "sensitivity.md", "sensitivity.png", "plan.toml")
 
