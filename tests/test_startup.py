@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from weightsmith.cli import paused_gc
+from weightsmith.cli import COMMAND_MODULES, paused_gc
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 BLAS_THREADS = """
@@ -81,3 +81,28 @@ def test_quantize_skips_the_blas_probe_and_other_commands_do_not() -> None:
         done = subprocess.run([sys.executable, "-c", script, command], capture_output=True, text=True, env=environ)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected, command
+
+
+#: Prints, after a command's `--help`, which of the modules only work may need it loaded.
+HELP_IMPORTS = """
+import sys
+from weightsmith.cli import main
+sys.argv = ["weightsmith", *sys.argv[1:], "--help"]
+try:
+    main()
+except SystemExit:
+    pass
+print("LOADED:", *(m for m in ("numba", "torch", "scipy", "transformers", "httpx") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("command", ["", *COMMAND_MODULES])
+def test_help_of_every_command_starts_neither_numba_nor_torch(command: str) -> None:
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    args = [command] if command else []
+    done = subprocess.run([sys.executable, "-c", HELP_IMPORTS, *args], capture_output=True, text=True, env=environ)
+    assert done.returncode == 0, done.stderr
+    assert "Usage" in done.stdout
+    loaded = done.stdout.splitlines()[-1]
+    assert loaded.startswith("LOADED:")
+    assert set(loaded.split()[1:]) <= {"httpx"}, f"{command or 'weightsmith'} --help loaded {loaded}"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from synth import llama_tensors, write_checkpoint
 from weightsmith.api import QuantizeRequest, plan_quantize, quantize
-from weightsmith.core.timesplit import PHASES
+from weightsmith.core.timesplit import PHASES, process_seconds
 from weightsmith.quantization.pipeline import _first_passes, _FirstPass, _jobs
 from weightsmith.quantization.recipe import Recipe
 from weightsmith.schemes import make_scheme
@@ -68,4 +68,8 @@ def test_time_split_counts_each_phase_of_a_run(tmp_path: Path) -> None:
     # CPU time within a phase never exceeds its wall time on one thread, summed alike over threads
     assert all(timing.cpu[p] <= timing.wall[p] + 0.01 for p in PHASES)
     split = timing.to_json()
-    assert set(split) == {"wall", "cpu", "before", "workers", "after"} and set(split["cpu"]) == set(PHASES)
+    assert set(split) == {"wall", "cpu", "before", "workers", "after", "first_output"}
+    assert set(split["cpu"]) == set(PHASES)
+    # the process's age when its first quantized rows were written: within this test's own run
+    assert process_seconds() - (timing.before + timing.workers + timing.after) - 0.05 <= timing.first_output
+    assert timing.first_output <= process_seconds()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
-from weightsmith.quant import int4
+from weightsmith.quant import int4_unsupported
 from weightsmith.schemes import int4 as int4_scheme
 
 torch = pytest.importorskip("torch")
@@ -121,8 +121,8 @@ def test_non_finite_and_bad_shapes_are_refused(dtype: object) -> None:
             int4_scheme.quantize(w)
         with pytest.raises(ValueError, match="row 3, column 77"):
             int4_scheme.quantize(w, symmetric=False)
-    assert int4.supports(576, 128) == "input size 576 is not a multiple of the group size 128"
-    assert int4.supports(576, 64) is None
+    assert int4_unsupported(576, 128) == "input size 576 is not a multiple of the group size 128"
+    assert int4_unsupported(576, 64) is None
 
 
 def test_format_level_dequantize_reads_disk_parameters() -> None:

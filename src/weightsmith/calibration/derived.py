@@ -15,16 +15,21 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from weightsmith.calibration import stats_file
 from weightsmith.core.errors import CheckpointError, WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quant import eightbit
+
+if TYPE_CHECKING:
+    from weightsmith.quant import eightbit
+else:  # imported at first use: listing the schemes must not start numba
+    eightbit = lazy_module("weightsmith.quant.eightbit")
 
 #: `--kv-cache` values: the KV-cache formats whose scales we can write.
 KV_CACHE_FORMATS = ("fp8",)

@@ -9,6 +9,7 @@ manifest) is the run's fixed cost, with the kernels' load on one worker.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +40,15 @@ class TimeSplit:
     workers: float = 0.0
     #: Wall seconds of a pre-pass over the source before the workers (`--pre-pass`), part of `before`.
     pre_pass: float = 0.0
+    #: Seconds from the process's start to its first quantized rows written: what start-up costs a run
+    #: (interpreter, imports, plan, kernels' load) before its output begins. 0 until then.
+    first_output: float = 0.0
+    #: Each hand-over a worker ran, in the order they were handed over: its CPU seconds and whether it
+    #: ran a quantize kernel (so had to wait for their load); and the CPU seconds of each pre-pass task:
+    #: what a schedule on another number of workers would distribute (benchmarks/worker_scaling.py).
+    #: Not in `to_json`.
+    tasks: list[tuple[float, bool]] = field(default_factory=list)
+    pre_pass_tasks: list[float] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @contextmanager
@@ -53,6 +63,23 @@ class TimeSplit:
                 self.wall[name] += wall
                 self.cpu[name] += cpu
 
+    @contextmanager
+    def task(self, kernels: bool) -> Iterator[None]:
+        """Count the CPU seconds of the block, on this thread, as one task (`kernels`: it quantizes)."""
+        cpu = time.thread_time()
+        try:
+            yield
+        finally:
+            cpu = time.thread_time() - cpu
+            with self._lock:
+                self.tasks.append((cpu, kernels))
+
+    def first_written(self) -> None:
+        """Note the first quantized rows written (the first call counts)."""
+        if not self.first_output:
+            with self._lock:
+                self.first_output = self.first_output or process_seconds()
+
     def to_json(self) -> dict[str, object]:
         def rounded(d: dict[str, float]) -> dict[str, float]:
             return {k: round(v, 3) for k, v in d.items()}
@@ -66,7 +93,21 @@ class TimeSplit:
         }
         if self.pre_pass:
             out["pre_pass"] = round(self.pre_pass, 3)
+        if self.first_output:
+            out["first_output"] = round(self.first_output, 3)
         return out
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux: its start time in /proc, to the clock's tick of 10 ms,
+    against the boot clock; elsewhere 0, which the split leaves out)."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            started = int(stat.read().rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, IndexError, ValueError, AttributeError):
+        return 0.0
+    return max(now - started, 0.0)
 
 
 @contextmanager

@@ -30,12 +30,17 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-
-import regex
+from typing import TYPE_CHECKING
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import echo
 from weightsmith.io import names
+
+if TYPE_CHECKING:
+    import regex
+else:  # imported when a recipe has a regex: most runs match names only
+    regex = lazy_module("regex")
 
 REGEX = "re:"
 #: The class target compressed-tensors and vLLM write for every Linear layer.

@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from weightsmith.quant import FLOAT, INT
 from weightsmith.quant.floatbits import (
     MODE_BF16,
     MODE_F16,
@@ -35,7 +36,6 @@ from weightsmith.quant.floatbits import (
 )
 from weightsmith.quant.int4 import eps_of, from_stored_bits, kernel_input, mode_of, stored_bits
 
-INT, FLOAT = "int", "float"
 STORAGE = {INT: np.dtype(np.int8), FLOAT: np.dtype(ml_dtypes.float8_e4m3fn)}
 
 #: Rows x columns of weight one scale covers; None columns: the whole row.

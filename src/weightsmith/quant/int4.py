@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
+from weightsmith.quant import INT4_PACK
 from weightsmith.quant.floatbits import (
     MODE_BF16,
     MODE_F16,
@@ -38,7 +39,7 @@ from weightsmith.quant.floatbits import (
 Q_MIN, Q_MAX, OFFSET = -8, 7, 8
 #: int4 values per int32 word: the kernel writes pack-quantized words itself, for speed (the layout is
 #: formats/compressors/pack_quantized.py's; tests/formats/test_compressors.py holds the two equal).
-PACK = 8
+PACK = INT4_PACK
 
 #: numpy storage dtype of each emulated mode (for scales and dequantized values).
 MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfloat16), MODE_F16: np.dtype(np.float16)}
@@ -289,15 +290,6 @@ def quantize_given(
     return kernel(x, group, scale, zero_point, packed)
 
 
-def supports(cols: int, group: int) -> str | None:
-    """Why a [*, cols] weight cannot use this group size, or None if it can."""
-    if group <= 0 or group % PACK:
-        return f"group size {group} is not a positive multiple of {PACK}"
-    if cols % group:
-        return f"input size {cols} is not a multiple of the group size {group}"
-    return None
-
-
 def mode_of(dtype: np.dtype) -> int:
     """The arithmetic mode that emulates torch for weights of this dtype."""
     for mode, dt in MODE_DTYPES.items():
@@ -318,4 +310,4 @@ def scale_storage(scale_f32: np.ndarray, mode: int) -> np.ndarray:
     return scale_f32.astype(MODE_DTYPES[mode])
 
 
-__all__ = ["quantize_given", "quantize_rows", "supports"]
+__all__ = ["quantize_given", "quantize_rows"]

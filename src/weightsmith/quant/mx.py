@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.quant import MX_GROUP
+from weightsmith.quant import MX_GROUP, mx_unsupported
 from weightsmith.quant.eightbit import e4m3
 from weightsmith.quant.floatbits import (
     MODE_BF16,
@@ -144,13 +144,6 @@ def _specialise(mode: int, bits: int) -> Callable[..., int]:
 _KERNELS = {(mode, bits): _specialise(mode, bits) for mode in (MODE_BF16, MODE_F16, MODE_F32) for bits in (4, 8)}
 
 
-def supports(cols: int) -> str | None:
-    """Why a [*, cols] weight cannot take an MX scheme, or None if it can."""
-    if cols % GROUP:
-        return f"input size {cols} is not a multiple of the MX group size {GROUP}"
-    return None
-
-
 def quantize_rows(x: np.ndarray, mode: int, bits: int, out: np.ndarray, scale_bytes: np.ndarray) -> int:
     """Quantize rows (bf16/fp16 bits as uint16, or float32) to `bits`-wide MX elements.
 
@@ -163,7 +156,7 @@ def quantize_rows(x: np.ndarray, mode: int, bits: int, out: np.ndarray, scale_by
 def quantize(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """Quantize a whole 2-D weight: (packed FP4 uint8 or float8_e4m3fn codes, E8M0 scale bytes)."""
     rows, cols = w.shape
-    why = supports(cols)
+    why = mx_unsupported(cols)
     if why:
         raise ValueError(why)
     out = np.empty((rows, cols // 2 if bits == 4 else cols), np.uint8)

@@ -29,7 +29,7 @@ import ml_dtypes
 import numpy as np
 from numba import njit
 
-from weightsmith.quant import NVFP4_GROUP
+from weightsmith.quant import NVFP4_GROUP, nvfp4_unsupported
 from weightsmith.quant.floatbits import (
     MODE_BF16,
     MODE_F16,
@@ -268,13 +268,6 @@ def amax_rows(x: np.ndarray, mode: int) -> tuple[float, int]:
     return float(amax), int(bad)
 
 
-def supports(cols: int) -> str | None:
-    """Why a [*, cols] weight cannot take NVFP4, or None if it can."""
-    if cols % GROUP:
-        return f"input size {cols} is not a multiple of the NVFP4 group size {GROUP}"
-    return None
-
-
 def quantize_rows(
     x: np.ndarray, mode: int, gs: np.float32, search: bool, packed: np.ndarray, scale_codes: np.ndarray
 ) -> int:
@@ -299,7 +292,7 @@ def quantize(w: np.ndarray, gs: np.float32 | None = None, search: bool = False) 
     """Quantize a whole 2-D weight; `gs` defaults to the tensor's own global scale."""
     mode = mode_of(w.dtype)
     rows, cols = w.shape
-    why = supports(cols)
+    why = nvfp4_unsupported(cols)
     if why:
         raise ValueError(why)
     x = kernel_input(np.ascontiguousarray(w))

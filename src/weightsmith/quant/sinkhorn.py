@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from weightsmith.quant import SINKHORN_ITERATIONS
 from weightsmith.quant.floatbits import MODE_BF16, bf16_round, decode
 
-#: Sinkhorn steps at most: the reference's default for its dual-scale quantizer.
-ITERATIONS = 16
+ITERATIONS = SINKHORN_ITERATIONS
 _SPREAD_MIN, _SPREAD_MAX = 1e-3, 1e3
 #: A step's factor and a scale's logarithm stay within these; the column scales are kept as logarithms,
 #: the row scales (many more) as factors, so each bound is also given in the other form.

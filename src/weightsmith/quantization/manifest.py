@@ -29,7 +29,7 @@ from weightsmith.io.manifest import (
     Tool,
 )
 from weightsmith.io.provenance import fingerprint
-from weightsmith.quant.sinkhorn import ITERATIONS
+from weightsmith.quant import SINKHORN_ITERATIONS
 from weightsmith.quantization.plan import Plan
 
 
@@ -117,7 +117,7 @@ def build_manifest(
         ),
         calibration=calibration,
         method=method,
-        pre_pass=PrePassRecord(name=plan.pre_pass, iterations=ITERATIONS, changed=list(plan.changed))
+        pre_pass=PrePassRecord(name=plan.pre_pass, iterations=SINKHORN_ITERATIONS, changed=list(plan.changed))
         if plan.pre_pass is not None
         else None,
         skipped_files=dict(skipped or {}),

@@ -272,6 +272,12 @@ class _Runner:
 
     def run_batch(self, batch: list[_Item]) -> int:
         """Run a hand-over of items; returns the input bytes they covered."""
+        decisions = self.plan.decisions
+        kernels = any(isinstance(job, _FirstPass) or decisions[job.decision_index].action == QUANTIZE for job in batch)
+        with self.timing.task(kernels):
+            return self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Item]) -> int:
         done = 0
         for item in batch:
             if isinstance(item, _FirstPass):
@@ -371,6 +377,7 @@ class _Runner:
         with self.timing.phase("write"):
             for param, data, offset in writes:
                 writer.write(f"{d.module}.{param}", data, offset)
+        self.timing.first_written()
 
 
 @dataclass
@@ -480,6 +487,7 @@ def execute(
                 runner = _Runner(plan, readers, writers, on_compile, balance)
                 timing = runner.timing
                 timing.pre_pass = pre_pass
+                timing.pre_pass_tasks = list(balance.task_seconds) if balance is not None else []
                 runner.tensor_params.update(chosen or {})
                 pool_started = time.perf_counter()
                 timing.before = pool_started - started

@@ -27,7 +27,6 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from numba.core import event
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.schemes import REGISTRY, Scheme, make_scheme
@@ -48,21 +47,6 @@ def encode_block(scheme: Scheme, dtype: np.dtype | type) -> None:
     scheme.encode(x, 0, x.shape, param)
 
 
-class _FirstCompile(event.Listener):
-    """Calls back once, at the start of the first compile numba begins (never for a cache load)."""
-
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self.callback: Callable[[], None] | None = callback
-
-    def on_start(self, ev: Any) -> None:
-        callback, self.callback = self.callback, None
-        if callback is not None:
-            callback()
-
-    def on_end(self, ev: Any) -> None:
-        pass
-
-
 @contextmanager
 def on_compile(callback: Callable[[], None]) -> Iterator[None]:
     """Within the block, call `callback` once, just before numba first compiles anything.
@@ -70,7 +54,23 @@ def on_compile(callback: Callable[[], None]) -> Iterator[None]:
     numba announces a compile ("numba:compile") only when neither this process nor its cache holds
     the kernel for these argument types, so a run whose kernels are cached hears nothing.
     """
-    with event.install_listener("numba:compile", _FirstCompile(callback)):
+    from numba.core import event  # here, not at the top: the command line imports this module
+
+    class FirstCompile(event.Listener):
+        """Calls back once, at the start of the first compile numba begins (never for a cache load)."""
+
+        def __init__(self) -> None:
+            self.callback: Callable[[], None] | None = callback
+
+        def on_start(self, ev: Any) -> None:
+            call, self.callback = self.callback, None
+            if call is not None:
+                call()
+
+        def on_end(self, ev: Any) -> None:
+            pass
+
+    with event.install_listener("numba:compile", FirstCompile()):
         yield
 
 

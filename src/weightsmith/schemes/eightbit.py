@@ -8,15 +8,20 @@ quant/eightbit.py. This module registers no scheme; `fp8.py` and `int8.py` subcl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
-from weightsmith.quant import eightbit
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh
+
+if TYPE_CHECKING:
+    from weightsmith.quant import eightbit
+else:  # imported at first use: listing the schemes must not start numba
+    eightbit = lazy_module("weightsmith.quant.eightbit")
 
 
 def dynamic_activations(type_: str, strategy: str, group_size: int | None = None) -> dict[str, Any]:

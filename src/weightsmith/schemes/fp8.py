@@ -10,16 +10,24 @@ Static FP8 (the FP8 preset) stores one activation scale per module, measured on 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
-from weightsmith.quant import eightbit, int4, nvfp4
+from weightsmith.quant import FLOAT
 from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.schemes.base import TENSOR, Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
+
+if TYPE_CHECKING:
+    from weightsmith.quant import eightbit, int4, nvfp4
+else:  # imported at first use: listing the schemes must not start numba
+    eightbit = lazy_module("weightsmith.quant.eightbit")
+    int4 = lazy_module("weightsmith.quant.int4")
+    nvfp4 = lazy_module("weightsmith.quant.nvfp4")
 
 BLOCK = 128
 
@@ -29,7 +37,7 @@ BLOCK = 128
 class Fp8Dynamic(EightBit):
     NAMES: ClassVar[tuple[str, ...]] = ("fp8-dynamic",)
     FORMAT: ClassVar[str] = ct.FLOAT_QUANTIZED
-    KIND: ClassVar[str] = eightbit.FLOAT
+    KIND: ClassVar[str] = FLOAT
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
@@ -37,10 +45,10 @@ class Fp8Dynamic(EightBit):
         return cls(name, 0)
 
     def weight_args(self) -> dict[str, Any]:
-        return ct.weight_args(8, True, None, type_=eightbit.FLOAT, strategy="channel")
+        return ct.weight_args(8, True, None, type_=FLOAT, strategy="channel")
 
     def input_args(self) -> dict[str, Any]:
-        return dynamic_activations(eightbit.FLOAT, "token")
+        return dynamic_activations(FLOAT, "token")
 
 
 @register
@@ -55,11 +63,11 @@ class Fp8Block(Fp8Dynamic):
         return cls(name, BLOCK)
 
     def weight_args(self) -> dict[str, Any]:
-        args = ct.weight_args(8, True, None, type_=eightbit.FLOAT, strategy="block")
+        args = ct.weight_args(8, True, None, type_=FLOAT, strategy="block")
         return dict(args, block_structure=[BLOCK, BLOCK])
 
     def input_args(self) -> dict[str, Any]:
-        return dynamic_activations(eightbit.FLOAT, "group", BLOCK)
+        return dynamic_activations(FLOAT, "group", BLOCK)
 
 
 @register
@@ -74,7 +82,7 @@ class Fp8Static(EightBit):
 
     NAMES: ClassVar[tuple[str, ...]] = ("fp8",)
     FORMAT: ClassVar[str] = ct.FLOAT_QUANTIZED
-    KIND: ClassVar[str] = eightbit.FLOAT
+    KIND: ClassVar[str] = FLOAT
     NEEDS_CALIBRATION: ClassVar[bool] = True
 
     @classmethod
@@ -125,4 +133,4 @@ class Fp8Static(EightBit):
 
 
 def _per_tensor() -> dict[str, Any]:
-    return ct.weight_args(8, True, None, type_=eightbit.FLOAT, strategy="tensor")
+    return ct.weight_args(8, True, None, type_=FLOAT, strategy="tensor")

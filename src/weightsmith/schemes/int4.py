@@ -14,17 +14,23 @@ byte-identical to llm-compressor's `model_free_ptq`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.pack_quantized import PackQuantized
 from weightsmith.io import names
-from weightsmith.quant import int4
+from weightsmith.quant import INT4_PACK, int4_unsupported
 from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
 from weightsmith.searches import SEARCHES, ClipSearch, ParameterSearch, TensorSearch
+
+if TYPE_CHECKING:
+    from weightsmith.quant import int4
+else:  # imported at first use: listing the schemes must not start numba
+    int4 = lazy_module("weightsmith.quant.int4")
 
 DEFAULT_GROUP = 128
 
@@ -35,15 +41,15 @@ class Int4(Scheme):
     NAMES: ClassVar[tuple[str, ...]] = ("w4a16", "w4a16-asym")
     DEFAULT_SEARCH: ClassVar[str | None] = "wmse"
     FORMAT: ClassVar[str] = ct.PACK_QUANTIZED
-    ROW_MULTIPLE: ClassVar[int] = int4.PACK
+    ROW_MULTIPLE: ClassVar[int] = INT4_PACK
     COMPILE_SECONDS: ClassVar[int] = 6  # the kernel and a scale search's
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
         group_size = DEFAULT_GROUP if group_size is None else group_size
-        if group_size <= 0 or group_size % int4.PACK:
+        if group_size <= 0 or group_size % INT4_PACK:
             raise WeightsmithError(
-                f"--group-size {group_size} must be a positive multiple of {int4.PACK}", code="usage"
+                f"--group-size {group_size} must be a positive multiple of {INT4_PACK}", code="usage"
             )
         return cls(name, group_size, symmetric=name == "w4a16", scale_search=scale_search)
 
@@ -56,7 +62,7 @@ class Int4(Scheme):
         return "W4A16" if self.symmetric else "W4A16_ASYM"
 
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
-        return int4.supports(shape[1], self.group_size)
+        return int4_unsupported(shape[1], self.group_size)
 
     def weight_args(self) -> dict[str, Any]:
         args = ct.weight_args(self.num_bits, self.symmetric, self.group_size)
@@ -88,7 +94,7 @@ class Int4(Scheme):
         xin = int4.kernel_input(np.ascontiguousarray(x))
         scale = np.empty((n, cols // g), np.float32)
         zp = np.zeros((n, cols // g), np.int8)
-        packed = np.empty((n, cols // int4.PACK), np.uint32)
+        packed = np.empty((n, cols // INT4_PACK), np.uint32)
         shrink = np.ones((n, cols // g), np.float32)
         bad = self._search(xin, mode, shrink)
         if bad < 0:
@@ -145,17 +151,17 @@ class Int4(Scheme):
     ) -> tuple[list[Write], int]:
         n, cols = x.shape
         g = self.group_size
-        packed = alloc("packed", (n, cols // int4.PACK), np.uint32)
+        packed = alloc("packed", (n, cols // INT4_PACK), np.uint32)
         stored_scale, zp, bad = self.quantize_into(x, r0, tensor_param, alloc, packed)
         if bad >= 0:
             return [], bad
         writes: list[Write] = [
-            (names.WEIGHT_PACKED, packed, r0 * (cols // int4.PACK) * 4),
+            (names.WEIGHT_PACKED, packed, r0 * (cols // INT4_PACK) * 4),
             (names.WEIGHT_SCALE, stored_scale, r0 * (cols // g) * stored_scale.itemsize),
         ]
         if not self.symmetric:
             zero_point = PackQuantized.pack(zp, 4, axis=0)
-            writes.append((names.WEIGHT_ZERO_POINT, zero_point, (r0 // int4.PACK) * (cols // g) * 4))
+            writes.append((names.WEIGHT_ZERO_POINT, zero_point, (r0 // INT4_PACK) * (cols // g) * 4))
         if r0 == 0:
             writes.append((names.WEIGHT_SHAPE, np.array(shape, np.int64), 0))
         return writes, -1
@@ -185,10 +191,10 @@ def quantize(
     """
     mode = int4.mode_of(w.dtype)
     rows, cols = w.shape
-    why = int4.supports(cols, group)
+    why = int4_unsupported(cols, group)
     if why:
         raise ValueError(why)
-    packed = np.empty((rows, cols // int4.PACK), np.uint32)
+    packed = np.empty((rows, cols // INT4_PACK), np.uint32)
     scale = np.empty((rows, cols // group), np.float32)
     zp = np.zeros((rows, cols // group), np.int8)
     if shrink is None:

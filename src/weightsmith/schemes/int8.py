@@ -9,17 +9,23 @@ values to an int32 word; `weight_scale`; `weight_shape`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.pack_quantized import PackQuantized, per_word
 from weightsmith.io import names
-from weightsmith.quant import eightbit
+from weightsmith.quant import INT
 from weightsmith.schemes.base import Alloc, Chosen, Grid, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
+
+if TYPE_CHECKING:
+    from weightsmith.quant import eightbit
+else:  # imported at first use: listing the schemes must not start numba
+    eightbit = lazy_module("weightsmith.quant.eightbit")
 
 DEFAULT_GROUP = 128
 PER_WORD = per_word(8)  # int8 values per packed int32
@@ -31,7 +37,7 @@ Q_MIN, Q_MAX = -128, 127  # compressed-tensors' range for 8-bit integers
 class W8A8(EightBit):
     NAMES: ClassVar[tuple[str, ...]] = ("w8a8", "int8")
     FORMAT: ClassVar[str] = ct.INT_QUANTIZED
-    KIND: ClassVar[str] = eightbit.INT
+    KIND: ClassVar[str] = INT
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
@@ -42,7 +48,7 @@ class W8A8(EightBit):
         return ct.weight_args(8, True, None, strategy="channel")
 
     def input_args(self) -> dict[str, Any]:
-        return dynamic_activations(eightbit.INT, "token")
+        return dynamic_activations(INT, "token")
 
 
 @register
@@ -50,7 +56,7 @@ class W8A8(EightBit):
 class W8A16(EightBit):
     NAMES: ClassVar[tuple[str, ...]] = ("w8a16",)
     FORMAT: ClassVar[str] = ct.PACK_QUANTIZED
-    KIND: ClassVar[str] = eightbit.INT
+    KIND: ClassVar[str] = INT
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:

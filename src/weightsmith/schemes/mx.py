@@ -10,15 +10,22 @@ that group alone (compressed-tensors `group` strategy: no global scale), so ther
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
-from weightsmith.quant import int4, mx
+from weightsmith.quant import MX_GROUP, mx_unsupported
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
+
+if TYPE_CHECKING:
+    from weightsmith.quant import int4, mx
+else:  # imported at first use: listing the schemes must not start numba
+    int4 = lazy_module("weightsmith.quant.int4")
+    mx = lazy_module("weightsmith.quant.mx")
 
 #: compressed-tensors writes the E8M0 exponents with this `scale_dtype`.
 SCALE_DTYPE = "torch.uint8"
@@ -32,21 +39,21 @@ class _Mx(Scheme):
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
-        if group_size not in (None, mx.GROUP):
-            raise WeightsmithError(f"{name} has a fixed group size of {mx.GROUP}", code="usage")
+        if group_size not in (None, MX_GROUP):
+            raise WeightsmithError(f"{name} has a fixed group size of {MX_GROUP}", code="usage")
         if scale_search is not None:
             raise WeightsmithError(f"{name} takes no --scale-search: its scales are powers of two", code="usage")
-        return cls(name, mx.GROUP, num_bits=cls.BITS)
+        return cls(name, MX_GROUP, num_bits=cls.BITS)
 
     @property
     def config_group_name(self) -> str:
         return self.name.upper()
 
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
-        return mx.supports(shape[1])
+        return mx_unsupported(shape[1])
 
     def _args(self, dynamic: bool) -> dict[str, Any]:
-        args = ct.weight_args(self.num_bits, True, mx.GROUP, type_="float", scale_dtype=SCALE_DTYPE)
+        args = ct.weight_args(self.num_bits, True, MX_GROUP, type_="float", scale_dtype=SCALE_DTYPE)
         args["dynamic"] = dynamic
         return args
 
@@ -62,9 +69,9 @@ class _Mx(Scheme):
         n, cols = x.shape
         width = cols // 2 if self.num_bits == 4 else cols
         out = alloc("codes", (n, width), np.uint8)
-        scale = alloc("scale", (n, cols // mx.GROUP), np.uint8)
+        scale = alloc("scale", (n, cols // MX_GROUP), np.uint8)
         bad = mx.quantize_rows(int4.kernel_input(x), int4.mode_of(x.dtype), self.num_bits, out, scale)
-        return [(self.layout.codes, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // mx.GROUP))], bad
+        return [(self.layout.codes, out, r0 * width), (names.WEIGHT_SCALE, scale, r0 * (cols // MX_GROUP))], bad
 
 
 @register

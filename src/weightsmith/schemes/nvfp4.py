@@ -8,16 +8,23 @@ one global scale, so the first pass sees every target before any row is encoded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
-from weightsmith.quant import int4, nvfp4
+from weightsmith.quant import NVFP4_GROUP, nvfp4_unsupported
 from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.schemes.base import FUSED, Alloc, Scheme, Write, fresh, fused_members, register
+
+if TYPE_CHECKING:
+    from weightsmith.quant import int4, nvfp4
+else:  # imported at first use: listing the schemes must not start numba
+    int4 = lazy_module("weightsmith.quant.int4")
+    nvfp4 = lazy_module("weightsmith.quant.nvfp4")
 
 
 @register
@@ -29,9 +36,9 @@ class Nvfp4(Scheme):
 
     @classmethod
     def make(cls, name: str, group_size: int | None, scale_search: str | None) -> Scheme:
-        if group_size not in (None, nvfp4.GROUP):
-            raise WeightsmithError(f"{name} has a fixed group size of {nvfp4.GROUP}", code="usage")
-        return cls(name, nvfp4.GROUP, scale_search=scale_search)
+        if group_size not in (None, NVFP4_GROUP):
+            raise WeightsmithError(f"{name} has a fixed group size of {NVFP4_GROUP}", code="usage")
+        return cls(name, NVFP4_GROUP, scale_search=scale_search)
 
     @property
     def config_group_name(self) -> str:
@@ -42,7 +49,7 @@ class Nvfp4(Scheme):
         return FUSED
 
     def unsupported(self, shape: tuple[int, ...]) -> str | None:
-        return nvfp4.supports(shape[1])
+        return nvfp4_unsupported(shape[1])
 
     def weight_args(self) -> dict[str, Any]:
         return ct.weight_args(4, True, 16, type_="float", strategy="tensor_group", scale_dtype="torch.float8_e4m3fn")

@@ -9,16 +9,22 @@ bytewise output, and decoding is the unpacked int decode.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
-from weightsmith.quant import eightbit
+from weightsmith.quant import FLOAT
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import dynamic_activations
 from weightsmith.schemes.int4 import Int4
+
+if TYPE_CHECKING:
+    from weightsmith.quant import eightbit
+else:  # imported at first use: listing the schemes must not start numba
+    eightbit = lazy_module("weightsmith.quant.eightbit")
 
 
 @register
@@ -39,7 +45,7 @@ class W4Afp8(Int4):
         return "W4AFP8"
 
     def input_args(self) -> dict[str, Any]:
-        return dynamic_activations(eightbit.FLOAT, "token")
+        return dynamic_activations(FLOAT, "token")
 
     def encode(
         self, x: np.ndarray, r0: int, shape: tuple[int, int], tensor_param: Any = None, alloc: Alloc = fresh

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from weightsmith.quant import int4_search
+from weightsmith.core.lazy import lazy_module
 from weightsmith.searches.base import ClipSearch, register
+
+if TYPE_CHECKING:
+    from weightsmith.quant import int4_search
+else:  # imported at first use: listing the schemes must not start numba
+    int4_search = lazy_module("weightsmith.quant.int4_search")
 
 #: The int4 schemes' names: their groups share one grid and one kernel.
 INT4 = ("w4a16", "w4a16-asym", "w4afp8")

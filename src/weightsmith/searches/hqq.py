@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from weightsmith.quant import int4_hqq
+from weightsmith.core.lazy import lazy_module
 from weightsmith.searches.base import ParameterSearch, register
 from weightsmith.searches.clip import INT4
+
+if TYPE_CHECKING:
+    from weightsmith.quant import int4_hqq
+else:  # imported at first use: listing the schemes must not start numba
+    int4_hqq = lazy_module("weightsmith.quant.int4_hqq")
 
 
 @register

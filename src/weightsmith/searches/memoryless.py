@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from weightsmith.quant import int4_search
+from weightsmith.core.lazy import lazy_module
 from weightsmith.searches.base import TensorSearch, register
 from weightsmith.searches.clip import INT4
+
+if TYPE_CHECKING:
+    from weightsmith.quant import int4_search
+else:  # imported at first use: listing the schemes must not start numba
+    int4_search = lazy_module("weightsmith.quant.int4_search")
 
 
 @register

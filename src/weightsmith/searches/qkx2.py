@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from weightsmith.quant import int4_qkx2
+from weightsmith.core.lazy import lazy_module
 from weightsmith.searches.base import ParameterSearch, register
 from weightsmith.searches.clip import INT4
+
+if TYPE_CHECKING:
+    from weightsmith.quant import int4_qkx2
+else:  # imported at first use: listing the schemes must not start numba
+    int4_qkx2 = lazy_module("weightsmith.quant.int4_qkx2")
 
 
 @register

@@ -25,6 +25,8 @@ class Transform(Protocol):
     unquantized tensors its folds changed."""
 
     values: dict[str, np.ndarray]
+    #: CPU seconds of each of its tasks (a layer's folds, say), for the benchmarks' schedules.
+    task_seconds: list[float]
 
     def apply(self, name: str, x: np.ndarray, r0: int) -> np.ndarray:
         """Rows [r0, r0 + len(x)) of weight `name` transformed, in `x`'s dtype."""

@@ -35,12 +35,15 @@ config whose sizes it cannot check them against.
 from __future__ import annotations
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from weightsmith.core.errors import CheckpointError, WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import echo
 from weightsmith.families.base import NORMS
 from weightsmith.formats.architecture import ARCHITECTURES as FAMILIES
@@ -56,10 +59,14 @@ from weightsmith.formats.architecture import (
 from weightsmith.formats.source import OriginalWeights
 from weightsmith.io import names
 from weightsmith.io.checkpoint import CONFIG_FILE
-from weightsmith.quant import sinkhorn
 from weightsmith.quantization.plan import QUANTIZE, Decision, Plan, shape_refusal
 from weightsmith.quantization.prepasses.base import PrePass, register
 from weightsmith.schemes.base import Scheme
+
+if TYPE_CHECKING:
+    from weightsmith.quant import sinkhorn
+else:  # imported at first use: listing the schemes must not start numba
+    sinkhorn = lazy_module("weightsmith.quant.sinkhorn")
 
 #: The classes (`architectures[0]`, what vLLM builds) whose decoder layers are pre-norm Llama blocks
 #: with norms that multiply by their weight: the families that say the pre-pass may fold into their norms.
@@ -293,6 +300,8 @@ class Balance:
     rows: dict[str, np.ndarray] = field(default_factory=dict)
     cols: dict[str, np.ndarray] = field(default_factory=dict)
     values: dict[str, np.ndarray] = field(default_factory=dict)
+    #: CPU seconds of each layer's folds, on the thread that ran them (the benchmarks' schedules).
+    task_seconds: list[float] = field(default_factory=list)
 
     def apply(self, name: str, x: np.ndarray, r0: int) -> np.ndarray:
         """Rows [r0, r0 + len(x)) of weight `name` balanced, in `x`'s dtype (the kernels' input dtype). A
@@ -409,11 +418,18 @@ def balance(plan: Plan, workers: int) -> Balance:
     total = Balance()
     workers = max(1, workers)
     at_once = min(workers, len(layers))
+
+    def timed(layer: str) -> tuple[Balance, float]:
+        cpu = time.thread_time()
+        part = _layer(plan, heads, layer, runs[layer], workers // at_once)
+        return part, time.thread_time() - cpu
+
     with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="ws-sinq") as pool:
-        for part in pool.map(lambda layer: _layer(plan, heads, layer, runs[layer], workers // at_once), layers):
+        for part, seconds in pool.map(timed, layers):
             total.rows |= part.rows
             total.cols |= part.cols
             total.values |= part.values
+            total.task_seconds.append(seconds)
     for name in total.values:
         if not np.isfinite(total.values[name].astype(np.float32)).all():
             raise CheckpointError(
