@@ -75,6 +75,7 @@ bench: $(VENV)/.test $(VENV)/.kernels
 	$(BIN)/python benchmarks/inspect_speed.py --results benchmarks/results/inspect.json
 	$(BIN)/python benchmarks/startup_speed.py --results benchmarks/results/startup.json
 	$(BIN)/python benchmarks/scaling.py --results benchmarks/results/scaling.json
+	$(BIN)/python benchmarks/worker_scaling.py --results benchmarks/results/workers.json
 	$(BIN)/python scripts/speed_report.py
 
 # The fidelity table in docs/fidelity-smollm2.md: every recipe on SmolLM2-135M.

@@ -9,8 +9,9 @@ median run (what bounds the rate: CPU seconds per phase against the cores there 
 runs plain RTN (`--scale-search none`), as model_free_ptq does, and, where the scheme has a default
 search (w4a16's wmse), that default too, as a fraction of plain RTN's throughput. `--grow 8`
 repeats weightsmith alone on an 8 GiB checkpoint to show that peak RSS stays flat as the model
-grows. `--results FILE` also writes the figures as JSON (scripts/speed_report.py turns them into
-the README's table).
+grows. The floor is what moving the bytes costs any tool: `cat` of the source plus writing the
+output's bytes into memory (tmpfs); our end-to-end time is given as a multiple of it. `--results FILE`
+also writes the figures as JSON (scripts/speed_report.py turns them into the README's table).
 
     python benchmarks/quantize_speed.py [--gib 2] [--repeats 3] [--grow 8] [--workers N] [--search [NAME]] [--nvfp4]
                                         [--scheme fp8-dynamic] [--arm LABEL=OPTIONS]... [--results FILE]
@@ -23,7 +24,9 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from common import build, load, ours, reference, split_line
@@ -31,6 +34,33 @@ from weightsmith.quantization.pipeline import default_workers
 from weightsmith.schemes import SCHEME_NAMES, make_scheme
 
 RTN, REFERENCE, NVFP4 = ("weightsmith", "model_free_ptq", "weightsmith --scheme nvfp4a16")
+
+
+def io_floor(src: Path, out: Path, scratch: Path, repeats: int) -> dict[str, float]:
+    """What any tool pays to move these bytes: `cat` of the source shards to /dev/null (the page cache
+    warm, as for the runs) and writing the output shards' bytes anew into memory (tmpfs /dev/shm where
+    there is one: no disk, no writeback throttling, no fsync, all of which quantize pays, so a floor
+    no tool goes below); medians over `repeats`."""
+    reads, writes = [], []
+    shards = sorted(src.glob("*.safetensors"))
+    outputs = sorted(out.glob("*.safetensors"))
+    for _ in range(repeats):
+        started = time.perf_counter()
+        subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)
+        reads.append(time.perf_counter() - started)
+        data = [p.read_bytes() for p in outputs]
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            scratch = Path(tempfile.mkdtemp(dir=shm))
+        scratch.mkdir(exist_ok=True)
+        started = time.perf_counter()
+        for k, blob in enumerate(data):
+            with open(scratch / f"{k}.bin", "wb") as f:
+                f.write(blob)
+        writes.append(time.perf_counter() - started)
+        shutil.rmtree(scratch)
+    read, write = statistics.median(reads), statistics.median(writes)
+    return {"read": read, "write": write, "seconds": read + write}
 
 
 def main() -> None:
@@ -108,6 +138,11 @@ def main() -> None:
         print(f"load average (1 min) over the runs: {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores")
         results[RTN] = {"wall": ws_wall, "work": ws_work, "gb_s": gb / ws_work, "best_gb_s": gb / best,
                         "rss_mib": ws_rss, "split": split}  # fmt: skip
+        floor = io_floor(tmp_path / "src", tmp_path / "ours", tmp_path / "floor", args.repeats)
+        above = ws_wall / floor["seconds"]
+        print(f"floor: cat of the source {floor['read']:.2f} s + writing the output's bytes {floor['write']:.2f} s"
+              f" = {floor['seconds']:.2f} s; weightsmith end to end is {above:.1f}x it")  # fmt: skip
+        results["floor"] = floor | {"ratio": above}
         if runs[REFERENCE]:
             ref_wall, ref_rss = med(REFERENCE, "wall"), med(REFERENCE, "rss_mib")
             print(f"model_free_ptq   end to end {ref_wall:6.2f} s   peak RSS {ref_rss:,.0f} MiB")

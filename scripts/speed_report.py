@@ -1,8 +1,9 @@
 """The README's speed table and docs/scaling.png, from the JSON that `make bench` writes.
 
 Every figure in the table comes from a benchmark run (benchmarks/results/*.json, written by
-`quantize_speed.py --results` and `scaling.py --results`), so the README says what the last run
-measured and under what load. The table replaces what lies between the two markers in README.md.
+`quantize_speed.py --results`, `scaling.py --results` and `worker_scaling.py --results`), so the
+README says what the last run measured and under what load. The table replaces what lies between the
+two markers in README.md.
 
     python scripts/speed_report.py [--results benchmarks/results] [--readme README.md] [--plot docs/scaling.png]
 """
@@ -66,9 +67,14 @@ def quantize_rows(q: dict[str, Any]) -> list[str]:
             f"(**{ref['wall'] / ours['wall']:.1f}x**); peak RSS {ours['rss_mib']:,.0f} MiB vs {ref['rss_mib']:,.0f} MiB"
         )
     figure += (
-        f"; CPU seconds per phase: {_split(ours['split'])}; CPU bound on {w} idle cores: "
-        f"{_bound(gb, ours, w):.2f} GB/s"
+        f"; CPU seconds per phase: {_split(ours['split'])}; CPU bound on {w} idle cores: {_bound(gb, ours, w):.2f} GB/s"
     )
+    if "floor" in q:
+        fl = q["floor"]
+        figure += (
+            f"; end to end {fl['ratio']:.1f}x the floor of moving the bytes ({fl['seconds']:.2f} s: `cat` of the "
+            f"source {fl['read']:.2f} s, writing the output's bytes {fl['write']:.2f} s)"
+        )
     rows = [f"| {what} | {figure} | {cmd} |"]
     searches = (
         (DEFAULT, "W4A16 with its default search (wmse), no pre-pass"),
@@ -136,6 +142,26 @@ def startup_rows(u: dict[str, Any]) -> list[str]:
         f"{load[1]:.1f}) | **{ours['wall']:.2f} s** wall ({ours['cpu']:.2f} s CPU); importing typer alone "
         f"{peer['wall']:.2f} s | `python benchmarks/startup_speed.py` |"
     ]
+    helps = {label: r["wall"] for label, r in c.items() if label.endswith("--help") and label != "weightsmith --help"}
+    if helps:
+        slowest = max(helps, key=helps.__getitem__)
+        numba = c["numba's own import"]["wall"]
+        rows.append(
+            f"| every command's `--help`, fresh processes, median of {u['start_up']['runs']} (target 0.15 s) | "
+            f"{min(helps.values()):.2f}-{helps[slowest]:.2f} s (slowest `{slowest}`); numba's own import "
+            f"{numba:.2f} s, which no `--help` pays | same |"
+        )
+    if "first_output" in u:
+        fo = u["first_output"]
+        cells = "; ".join(
+            f"{arm} **{r['first_output']:.2f} s**, of which the kernels' load {r['load']:.2f} s"
+            for arm, r in fo.items()
+            if isinstance(r, dict)
+        )
+        rows.append(
+            f"| `quantize` from its process's start to its first quantized rows written, kernels in numba's cache, "
+            f"median of {fo['runs']} (load {fo['load']:.1f}; target 0.3 s) | {cells} | same |"
+        )
     f = u.get("first_run", {})
     if "make_demo" in f:
         m = f["make_demo"]
@@ -191,15 +217,31 @@ def scaling_rows(s: dict[str, Any]) -> list[str]:
     return rows
 
 
-def plot(s: dict[str, Any], path: Path) -> None:
+def workers_rows(w: dict[str, Any]) -> list[str]:
+    """Throughput against workers, simulated from one-worker runs' tasks, with the two-worker check."""
+    rows = []
+    for name, a in w["arms"].items():
+        curve = ", ".join(f"{k} {a['gb'] / s:.2f}" for k, s in a["simulated"].items())
+        check = a["measured"]["2"] / a["simulated"]["2"]
+        rows.append(
+            f"| {name} on more workers than cores: GB/s per worker count, scheduled from a one-worker run's "
+            f"measured tasks (docs/scaling.png) | {curve}; serial {a['serial']:.2f} s, parallel CPU "
+            f"{a['parallel_cpu']:.2f} s, so at most {a['gb'] / max(a['serial'], a['longest_task']):.2f} GB/s; "
+            f"two workers measured {a['measured']['2']:.2f} s, {check:.2f}x the simulated (load {a['load']:.1f}) "
+            f"| `python benchmarks/worker_scaling.py` |"
+        )
+    return rows
+
+
+def plot(s: dict[str, Any], path: Path, w: dict[str, Any] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     kinds = list(s["fits"])
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4))
-    for ax, kind in zip(axes, kinds, strict=True):
+    fig, axes = plt.subplots(1, len(kinds) + (w is not None), figsize=(5 * (len(kinds) + (w is not None)), 4))
+    for ax, kind in zip(axes, kinds, strict=False):
         mine = [r for r in s["rows"] if r["kind"] == kind]
         fit = s["fits"][kind]
         gbs = [r["gb"] for r in mine]
@@ -218,6 +260,20 @@ def plot(s: dict[str, Any], path: Path) -> None:
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
         ax.legend(loc="upper left", fontsize=8)
+    if w is not None:
+        ax = axes[-1]
+        for k, (name, a) in enumerate(w["arms"].items()):
+            counts = [int(c) for c in a["simulated"]]
+            ax.plot(counts, [a["gb"] / a["simulated"][str(c)] for c in counts], "-o", color=f"C{k}", ms=4,
+                    label=f"{name}: simulated")  # fmt: skip
+            ax.plot([int(c) for c in a["measured"]], [a["gb"] / v for v in a["measured"].values()], "x",
+                    color=f"C{k}", ms=9, label=f"{name}: measured on {w['cores']} cores")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel("GB/s of BF16 input, end to end")
+        ax.set_title("weightsmith quantize on more workers")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="lower right", fontsize=8)
     loads = [r["load"] for r in s["rows"]]
     fig.suptitle(
         f"time against model size: medians of {s['repeats']} (grey: each run), {s['cores']} cores shared with "
@@ -246,9 +302,13 @@ def main() -> None:
     if u:
         rows += startup_rows(u)
     s = _load(args.results / "scaling.json")
+    w = _load(args.results / "workers.json")
     if s:
         rows += scaling_rows(s)
-        plot(s, args.plot)
+    if w:
+        rows += workers_rows(w)
+    if s:
+        plot(s, args.plot, w)
     table = "\n".join(["| what | figure | command |", "|---|---|---|", *rows])
     text = args.readme.read_text()
     head, rest = text.split(BEGIN, 1)
