@@ -36,29 +36,25 @@ from weightsmith.schemes import SCHEME_NAMES, make_scheme
 RTN, REFERENCE, NVFP4 = ("weightsmith", "model_free_ptq", "weightsmith --scheme nvfp4a16")
 
 
-def io_floor(src: Path, out: Path, scratch: Path, repeats: int) -> dict[str, float]:
+def io_floor(src: Path, out: Path, elsewhere: Path, repeats: int) -> dict[str, float]:
     """What any tool pays to move these bytes: `cat` of the source shards to /dev/null (the page cache
     warm, as for the runs) and writing the output shards' bytes anew into memory (tmpfs /dev/shm where
-    there is one: no disk, no writeback throttling, no fsync, all of which quantize pays, so a floor
-    no tool goes below); medians over `repeats`."""
-    reads, writes = [], []
+    there is one, else under `elsewhere`: no disk, no writeback throttling, no fsync, all of which
+    quantize pays, so a floor no tool goes below); medians over `repeats`."""
+    shm = Path("/dev/shm")
+    root = shm if shm.is_dir() and os.access(shm, os.W_OK) else elsewhere
     shards = sorted(src.glob("*.safetensors"))
-    outputs = sorted(out.glob("*.safetensors"))
+    data = [p.read_bytes() for p in sorted(out.glob("*.safetensors"))]
+    reads, writes = [], []
     for _ in range(repeats):
         started = time.perf_counter()
         subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)
         reads.append(time.perf_counter() - started)
-        data = [p.read_bytes() for p in outputs]
-        shm = Path("/dev/shm")
-        if shm.is_dir() and os.access(shm, os.W_OK):
-            scratch = Path(tempfile.mkdtemp(dir=shm))
-        scratch.mkdir(exist_ok=True)
-        started = time.perf_counter()
-        for k, blob in enumerate(data):
-            with open(scratch / f"{k}.bin", "wb") as f:
-                f.write(blob)
-        writes.append(time.perf_counter() - started)
-        shutil.rmtree(scratch)
+        with tempfile.TemporaryDirectory(dir=root) as scratch:
+            started = time.perf_counter()
+            for k, blob in enumerate(data):
+                Path(scratch, f"{k}.bin").write_bytes(blob)
+            writes.append(time.perf_counter() - started)
     read, write = statistics.median(reads), statistics.median(writes)
     return {"read": read, "write": write, "seconds": read + write}
 
@@ -138,7 +134,7 @@ def main() -> None:
         print(f"load average (1 min) over the runs: {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores")
         results[RTN] = {"wall": ws_wall, "work": ws_work, "gb_s": gb / ws_work, "best_gb_s": gb / best,
                         "rss_mib": ws_rss, "split": split}  # fmt: skip
-        floor = io_floor(tmp_path / "src", tmp_path / "ours", tmp_path / "floor", args.repeats)
+        floor = io_floor(tmp_path / "src", tmp_path / "ours", tmp_path, args.repeats)
         above = ws_wall / floor["seconds"]
         print(f"floor: cat of the source {floor['read']:.2f} s + writing the output's bytes {floor['write']:.2f} s"
               f" = {floor['seconds']:.2f} s; weightsmith end to end is {above:.1f}x it")  # fmt: skip
