@@ -1,9 +1,13 @@
 """How fast the command line starts, and whether a fresh clone's first quantize pays a compile.
 
-1. `weightsmith --help` and every command's `--help`, each in a fresh process, alternating with the
-   peer `python -c "import typer"` (what any typer command line pays before its own work) and
-   numba's own import: medians of wall and CPU seconds, and which of numpy, numba or scipy each
-   loaded (numba, scipy and torch must wait for work that needs them). Target: 0.15 s each.
+1. `weightsmith --help` and every command's `--help`, each in a fresh process, alternating with two
+   peers, `python -c "import typer"` (what any typer command line pays before its own work) and the
+   `--help` of a plain typer app's command with three options and nothing else (typer's rich help and
+   the pydantic validator it builds for an unset help flag), and with numba's own import: medians of
+   wall and CPU seconds, and which of numpy, numba, scipy or pydantic each loaded (none should: they wait for
+   work that needs them). Target: 0.15 s each. The sources are byte-compiled first, as an installed
+   package's are: with PYTHONDONTWRITEBYTECODE set, an edited module would be compiled in every run.
+   `--against REV` adds every `--help` of git revision REV (a worktree of it), alternating with ours.
 2. `weightsmith quantize` of a small BF16 checkpoint, the default recipe and plain W4A16 RTN, kernels
    in numba's cache: seconds from the process's start to its first quantized rows written, with the
    kernels' load (numba's import and cache load) within it. Target: 0.3 s.
@@ -20,7 +24,7 @@ The machine may be shared: the load average is printed with each part, and CPU s
 bounds the wall time on an idle machine) are shown beside wall seconds.
 
     python benchmarks/startup_speed.py [--runs 7] [--skip-clone] [--skip-demo] [--gib 1] [--schemes NAME ...]
-                                       [--results FILE]
+                                       [--results FILE] [--against REV]
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("numpy", "numba", "scipy")
+HEAVY = ("numpy", "numba", "scipy", "pydantic")
 #: Prints which of HEAVY a `weightsmith ARGS` run loaded, on stderr after the command's own output.
 LOADED = f"""
 import sys
@@ -90,17 +94,47 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd: Path | None 
     return wall, usage.ru_utime + usage.ru_stime, text
 
 
+#: A plain typer app's command with three options and no work, its `--help`: what typer alone costs a
+#: command's help (it builds a pydantic validator for its unset help flag, which `weightsmith.cli` avoids).
+PEER_HELP = """
+import sys
+import typer
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def root() -> None:
+    \"\"\"A peer.\"\"\"
+
+
+@app.command()
+def cmd(
+    path: str = typer.Argument(..., help="A path."),
+    count: int = typer.Option(1, min=0, help="A count."),
+    flag: bool = typer.Option(False, "--flag", help="A flag."),
+) -> None:
+    \"\"\"A command with options.\"\"\"
+
+
+sys.argv = ["peer", "cmd", "--help"]
+app()
+"""
 #: The most a command's `--help` may take, wall seconds, and a quantize run's time from its start to
 #: its first quantized rows written with the kernels in numba's cache.
 HELP_TARGET, FIRST_OUTPUT_TARGET = 0.15, 0.3
 
 
 def start_up(runs: int) -> dict[str, Any]:
+    import compileall
+
     from weightsmith.cli import COMMAND_MODULES
 
+    compileall.compile_dir(REPO / "src", quiet=1)  # bytecode as an installed package has it
     env = os.environ | {"PYTHONPATH": str(REPO / "src")}
     commands = {
         "peer: python -c 'import typer'": [sys.executable, "-c", "import typer"],
+        "peer: a typer command with three options, --help": [sys.executable, "-c", PEER_HELP],
         "numba's own import": [sys.executable, "-c", "import numba"],
         "weightsmith --help": [sys.executable, "-c", LOADED, "--help"],
     } | {f"weightsmith {name} --help": [sys.executable, "-c", LOADED, name, "--help"] for name in COMMAND_MODULES}
@@ -115,19 +149,60 @@ def start_up(runs: int) -> dict[str, Any]:
     print(f"start-up, {runs} runs each (load average {load:.2f} before, {os.getloadavg()[0]:.2f} after):")
     for result in results.values():
         print(result.line())
-    peer = statistics.median(results["peer: python -c 'import typer'"].walls)
-    helps = {label: statistics.median(r.walls) for label, r in results.items() if label.endswith("--help")}
-    slowest = max(helps, key=helps.__getitem__)
-    print(f"  slowest --help: {slowest} {helps[slowest]:.3f} s = {helps[slowest] / peer:.1f}x importing typer alone; "
+    peer = statistics.median(results["peer: a typer command with three options, --help"].walls)
+    helps = {
+        label: statistics.median(r.walls)
+        for label, r in results.items()
+        if label.startswith("weightsmith") and label.endswith("--help")
+    }
+    bare, slowest = helps["weightsmith --help"], max(helps, key=helps.__getitem__)
+    print(f"  slowest --help: {slowest} {helps[slowest]:.3f} s = {helps[slowest] / bare:.2f}x `weightsmith --help` "
+          f"(typer and its rich help, no command's modules: {bare:.3f} s); a plain typer app's command {peer:.3f} s; "
           f"{sum(v <= HELP_TARGET for v in helps.values())} of {len(helps)} within {HELP_TARGET} s")  # fmt: skip
     return {
         "runs": runs,
         "load": [round(load, 2), round(os.getloadavg()[0], 2)],
         "commands": {
             label: {"wall": statistics.median(r.walls), "best": min(r.walls), "cpu": statistics.median(r.cpus)}
+            | ({"loaded": r.note.split("loaded:", 1)[1].strip()} if "loaded:" in r.note else {})
             for label, r in results.items()
         },
     }
+
+
+def help_against(rev: str, runs: int) -> dict[str, Any]:
+    """Every command's `--help` of this tree against the same of revision `rev` (a git worktree of it),
+    alternating in one run, both byte-compiled: medians and each command's ratio."""
+    import compileall
+
+    from weightsmith.cli import COMMAND_MODULES
+
+    with tempfile.TemporaryDirectory(prefix="startup-against-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+        try:
+            trees = {rev: tree / "src", "this tree": REPO / "src"}
+            for src in trees.values():
+                compileall.compile_dir(src, quiet=1)
+            labels = ["", *COMMAND_MODULES]
+            walls: dict[tuple[str, str], list[float]] = {(t, c): [] for t in trees for c in labels}
+            load = os.getloadavg()[0]
+            for k in range(runs):
+                for name in labels:
+                    for label, src in list(trees.items())[:: 1 if k % 2 == 0 else -1]:  # each goes first in turn
+                        wall, _, _ = run([sys.executable, "-m", "weightsmith", *([name] if name else []), "--help"],
+                                         os.environ | {"PYTHONPATH": str(src)})  # fmt: skip
+                        walls[(label, name)].append(wall)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=True)
+    print(f"every --help against {rev}, {runs} alternating runs (load average {load:.2f} before):")
+    out: dict[str, Any] = {"rev": rev, "runs": runs, "load": round(load, 2), "commands": {}}
+    for name in labels:
+        before, after = (statistics.median(walls[(t, name)]) for t in trees)
+        label = f"weightsmith {name} --help".replace("  ", " ")
+        print(f"  {label:36s} {rev} {before:.3f} s, this tree {after:.3f} s ({before / after:.2f}x)")
+        out["commands"][label] = {"before": before, "after": after}
+    return out
 
 
 def first_output(runs: int) -> dict[str, Any]:
@@ -274,8 +349,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gib", type=float, default=1.0, help="size of the checkpoint each scheme quantizes")
     parser.add_argument("--schemes", nargs="*", help="schemes to run first and second (default: every plain one)")
     parser.add_argument("--results", type=Path, help="also write the figures here as JSON")
+    parser.add_argument("--against", metavar="REV", help="also time every --help of git revision REV beside ours")
     args = parser.parse_args(argv)
     results = {"cores": os.cpu_count(), "start_up": start_up(args.runs), "first_output": first_output(args.runs)}
+    if args.against:
+        results["against"] = help_against(args.against, args.runs)
     if not args.skip_clone:
         schemes = default_schemes() if args.schemes is None else args.schemes
         results["first_run"] = first_runs(args.gib, not args.skip_demo, schemes)

@@ -142,14 +142,35 @@ def startup_rows(u: dict[str, Any]) -> list[str]:
         f"{load[1]:.1f}) | **{ours['wall']:.2f} s** wall ({ours['cpu']:.2f} s CPU); importing typer alone "
         f"{peer['wall']:.2f} s | `python benchmarks/startup_speed.py` |"
     ]
-    helps = {label: r["wall"] for label, r in c.items() if label.endswith("--help") and label != "weightsmith --help"}
+    helps = {
+        label: r["wall"]
+        for label, r in c.items()
+        if label.startswith("weightsmith ") and label.endswith("--help") and label != "weightsmith --help"
+    }
     if helps:
         slowest = max(helps, key=helps.__getitem__)
         numba = c["numba's own import"]["wall"]
+        peer = c.get("peer: a typer command with three options, --help")
+        beside = f"; `weightsmith --help` itself {ours['wall']:.2f} s (typer and its rich help, no command's modules)"
+        if peer is not None:
+            beside += f", a plain typer app's command with three options {peer['wall']:.2f} s"
+        loading = sorted({c[label].get("loaded", "?") for label in helps} - {"none"})
+        loads = "none loads numpy, numba, scipy or pydantic" if not loading else f"some load {', '.join(loading)}"
         rows.append(
             f"| every command's `--help`, fresh processes, median of {u['start_up']['runs']} (target 0.15 s) | "
-            f"{min(helps.values()):.2f}-{helps[slowest]:.2f} s (slowest `{slowest}`); numba's own import "
-            f"{numba:.2f} s, which no `--help` pays | same |"
+            f"{min(helps.values()):.2f}-{helps[slowest]:.2f} s (slowest `{slowest}`){beside}; {loads}; numba's own "
+            f"import {numba:.2f} s | same |"
+        )
+    if "against" in u:
+        a = u["against"]
+        ratios = {label: r["before"] / r["after"] for label, r in a["commands"].items()}
+        low, high = min(ratios, key=ratios.__getitem__), max(ratios, key=ratios.__getitem__)
+        rows.append(
+            f"| every command's `--help` against revision {a['rev']}, alternating in the same run, median of "
+            f"{a['runs']} (load {a['load']:.1f}) | **{ratios[low]:.2f}x-{ratios[high]:.2f}x** faster (`{low}` "
+            f"{a['commands'][low]['before']:.2f} -> {a['commands'][low]['after']:.2f} s, `{high}` "
+            f"{a['commands'][high]['before']:.2f} -> {a['commands'][high]['after']:.2f} s) | "
+            f"`python benchmarks/startup_speed.py --against {a['rev']}` |"
         )
     if "first_output" in u:
         fo = u["first_output"]

@@ -227,12 +227,13 @@ def test_gptq_from_code_equals_the_command_line(tiny_llama: Path, tmp_path: Path
 
 def test_calibrate_from_code_equals_the_command_line(tiny_llama: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     from weightsmith.calibration import stats_file
+    from weightsmith.io import texts
 
     said: list[str] = []
     result = weightsmith.calibrate(tiny_llama, tmp_path / "lib.safetensors", tokens=300, seq_len=128,
                                    warn=said.append)  # fmt: skip
     assert result.path == tmp_path / "lib.safetensors" and result.tokens == 300 and result.seconds > 0
-    assert said == [f"300 calibration tokens, fewer than {stats_file.MIN_TOKENS}: a maximum over so few is not stable"]
+    assert said == [f"300 calibration tokens, fewer than {texts.MIN_TOKENS}: a maximum over so few is not stable"]
     code, _, err = run(capsys, monkeypatch, "calibrate", tiny_llama, "--out", tmp_path / "cli.safetensors",
                        "--tokens", 300, "--seq-len", 128)  # fmt: skip
     assert code == 0, err

@@ -45,8 +45,8 @@ def _blas_threads(*args: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_quantize_starts_openblas_without_its_thread_pool_unless_the_user_chose() -> None:
-    assert _blas_threads("quantize") == "1 True"  # set before numpy loaded
-    assert _blas_threads("quantize", env={"OPENBLAS_NUM_THREADS": "3"}) == "3 True"
+    assert _blas_threads("quantize") == "1 False"  # set before numpy loads, which reads it then
+    assert _blas_threads("quantize", env={"OPENBLAS_NUM_THREADS": "3"}) == "3 False"
     assert _blas_threads("inspect").split()[0] == "None"  # other commands: untouched
 
 
@@ -83,26 +83,45 @@ def test_quantize_skips_the_blas_probe_and_other_commands_do_not() -> None:
         assert done.stdout.strip() == expected, command
 
 
-#: Prints, after a command's `--help`, which of the modules only work may need it loaded.
+#: The modules only a command's work needs: its `--help` (and `inspect`, which reads headers) starts none.
+WORK_MODULES = ("numpy", "ml_dtypes", "numba", "torch", "scipy", "transformers", "httpx", "safetensors")
+#: What a `--help` needs no more than the work does: typer's validators of option values (`cli._root`).
+VALIDATORS = ("pydantic",)
+#: Prints, after a command line, which of `WORK_MODULES` it loaded.
 HELP_IMPORTS = """
 import sys
 from weightsmith.cli import main
-sys.argv = ["weightsmith", *sys.argv[1:], "--help"]
+sys.argv = ["weightsmith", *sys.argv[1:]]
 try:
     main()
 except SystemExit:
     pass
-print("LOADED:", *(m for m in ("numba", "torch", "scipy", "transformers", "httpx") if m in sys.modules))
-"""
+print("LOADED:", *(m for m in WORK_MODULES if m in sys.modules))
+""".replace("WORK_MODULES", repr(WORK_MODULES + VALIDATORS))
+
+
+def _loaded(*args: str) -> tuple[str, list[str]]:
+    """The command line's stdout and which of `WORK_MODULES` it loaded."""
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", HELP_IMPORTS, *args], capture_output=True, text=True, env=environ)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.splitlines()[-1]
+    assert loaded.startswith("LOADED:")
+    return done.stdout, loaded.split()[1:]
 
 
 @pytest.mark.parametrize("command", ["", *COMMAND_MODULES])
-def test_help_of_every_command_starts_neither_numba_nor_torch(command: str) -> None:
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    args = [command] if command else []
-    done = subprocess.run([sys.executable, "-c", HELP_IMPORTS, *args], capture_output=True, text=True, env=environ)
-    assert done.returncode == 0, done.stderr
-    assert "Usage" in done.stdout
-    loaded = done.stdout.splitlines()[-1]
-    assert loaded.startswith("LOADED:")
-    assert set(loaded.split()[1:]) <= {"httpx"}, f"{command or 'weightsmith'} --help loaded {loaded}"
+def test_help_of_every_command_starts_none_of_the_work_modules(command: str) -> None:
+    out, loaded = _loaded(*([command] if command else []), "--help")
+    assert "Usage" in out
+    assert loaded == [], f"{command or 'weightsmith'} --help loaded {loaded}"
+
+
+def test_inspect_reads_headers_without_numpy(tmp_path: Path) -> None:
+    """`inspect` parses its options (typer's validators load) but reads no value: no numpy."""
+    from synth import llama_tensors, write_checkpoint
+
+    write_checkpoint(tmp_path / "ckpt", llama_tensors(), shards=2)
+    out, loaded = _loaded("inspect", str(tmp_path / "ckpt"))
+    assert "attention" in out  # the table of categories
+    assert set(loaded) <= set(VALIDATORS), loaded

@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.calibration.run import calibrate
 from weightsmith.core.terminal import Say
 from weightsmith.fidelity.logits import DEFAULT_TOKENS as EVAL_TOKENS
+from weightsmith.io.texts import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
 from weightsmith.quantization.budget.plan import BudgetOptions
 from weightsmith.quantization.library import Hooks, quantize
 from weightsmith.quantization.library import plan as plan_quantize
@@ -52,8 +52,8 @@ def calibrate_kv(
     *,
     text: str | os.PathLike[str] | None = None,
     builtin: str | None = None,
-    tokens: int = DEFAULT_TOKENS,
-    seq_len: int = DEFAULT_SEQ_LEN,
+    tokens: int = CALIBRATION_TOKENS,
+    seq_len: int = CALIBRATION_SEQ_LEN,
     out: str | os.PathLike[str] | None = None,
     force: bool = False,
     trust_remote_code: bool = False,
@@ -66,7 +66,7 @@ def calibrate_kv(
     dequantized; the result replaces `quant` whole, or goes to `out`. Scales `quant` already has are
     replaced only with `force`."""
     from weightsmith.calibration.kv import calibrate_kv as run
-    from weightsmith.calibration.stats_file import tokens_option
+    from weightsmith.io.texts import tokens_option
 
     return run(
         Path(quant),
@@ -114,8 +114,8 @@ def evaluate(
     the models. `report.calibration_overlap` says how much of the text read is in what `quant` was
     calibrated on, per calibration record of its manifest ("overlap", "disjoint", or "unknown" for a
     record written before records kept chunk hashes of their text)."""
-    from weightsmith.calibration.stats_file import tokens_option
     from weightsmith.fidelity.evaluate import evaluate as run
+    from weightsmith.io.texts import tokens_option
 
     return run(
         orig,

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer._click import exceptions as click_errors  # typer carries its own copy of click
+from typer._click.utils import echo
 
 from weightsmith.core import blas_probe
 from weightsmith.core.errors import WeightsmithError
@@ -26,7 +27,7 @@ from weightsmith.core.version import __version__
 
 #: The module that adds each top-level command, in help order. Only the module of the command a
 #: command line names is imported: `weightsmith inspect` then starts without numba, scipy or httpx,
-#: which the other commands need.
+#: which the other commands need, and no command's `--help` imports numpy (tests/test_startup.py).
 COMMAND_MODULES = {
     "quantize": "weightsmith.quantization.cli",
     "sensitivity": "weightsmith.quantization.budget.cli",
@@ -76,9 +77,22 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+def _help_callback(ctx: typer.Context, value: bool) -> None:
+    """Print the help page and exit, as typer's own help option does."""
+    if value and not ctx.resilient_parsing:
+        echo(ctx.get_help(), color=ctx.color)
+        raise typer.Exit()
+
+
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
+    # The root's own help flag, in place of the one typer adds: typer gives its flag no value when it is
+    # not given, and builds a pydantic validator to coerce that absence (importing pydantic: 0.07 s of
+    # every `weightsmith X --help`); a flag whose default is False is not coerced.
+    show_help: bool = typer.Option(
+        False, "--help", callback=_help_callback, is_eager=True, expose_value=False, help="Show this message and exit."
     ),
 ) -> None:
     """Serving-ready LLM checkpoints from raw safetensors, and the evidence for them."""

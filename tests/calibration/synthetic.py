@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from weightsmith.calibration import stats_file
-from weightsmith.io import names, provenance
+from weightsmith.io import names, provenance, texts
 from weightsmith.io.checkpoint import Checkpoint
 
-TOKENS = stats_file.MIN_TOKENS
+TOKENS = texts.MIN_TOKENS
 
 
 def linear_modules(ckpt: Checkpoint) -> list[str]:

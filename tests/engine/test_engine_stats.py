@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine.tiny_models import FAMILIES, linears, reference_stats, save_tiny
-from weightsmith.calibration import stats_file
 from weightsmith.calibration.measure import calibration_tokens, measure
 from weightsmith.core.errors import CheckpointError
+from weightsmith.io import texts
 
 REL = 1e-6
 
@@ -148,7 +148,7 @@ def test_calibration_tokens_from_a_file(smollm2: Path, tmp_path: Path) -> None:
     import hashlib
 
     assert sha == hashlib.sha256(text.read_bytes()).hexdigest()
-    assert stats_file.MIN_TOKENS > 100
+    assert texts.MIN_TOKENS > 100
 
 
 @pytest.mark.parametrize("style", ["hf-fp8", "ct-fp8"])

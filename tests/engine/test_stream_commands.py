@@ -13,6 +13,7 @@ from models import stdlib_text
 from weightsmith.calibration import stats_file
 from weightsmith.fidelity import logits as in_memory
 from weightsmith.fidelity import streamed
+from weightsmith.io import texts
 from weightsmith.io.checkpoint import Checkpoint
 
 
@@ -27,7 +28,7 @@ def test_calibrate_writes_stats_with_provenance(tiny_llama: Path, tmp_path: Path
     out = tmp_path / "stats.safetensors"
     code, _, err = run(capsys, monkeypatch, "calibrate", tiny_llama, "--out", out, "--tokens", 300, "--seq-len", 128)
     assert code == 0, err
-    assert f"warning: 300 calibration tokens, fewer than {stats_file.MIN_TOKENS}" in err
+    assert f"warning: 300 calibration tokens, fewer than {texts.MIN_TOKENS}" in err
     stats = stats_file.read(out)
     p = stats.provenance
     assert (p.tokens, p.sequences, p.seq_len, p.activations) == (300, 3, 128, "original")

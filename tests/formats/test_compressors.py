@@ -97,7 +97,7 @@ def test_fp4_round_trip(cls: type[Nvfp4PackQuantized]) -> None:
     assert packed.dtype == np.uint8 and packed.shape == (3, 16)
     assert np.array_equal(cls.unpack_codes(packed), codes)
     signs = np.where(codes & 8, -1.0, 1.0).astype(np.float32)
-    assert np.array_equal(cls.unpack(packed), signs * E2M1[codes & 7])
+    assert np.array_equal(cls.unpack(packed), signs * np.array(E2M1, np.float32)[codes & 7])
     assert cls.unpack(np.array([[0xF1, 0x42]], np.uint8)).tolist() == [[0.5, -6.0, 1.0, 2.0]]
 
 

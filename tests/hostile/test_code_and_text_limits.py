@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from hostile.harness import Result, Sandbox, copies, run_inprocess, tiny_pair
-from weightsmith.calibration.stats_file import MAX_TOKENS, CalibrationStats, write
+from weightsmith.calibration.stats_file import CalibrationStats, write
 from weightsmith.io.provenance import Provenance
-from weightsmith.io.texts import TEXT_LIMIT
+from weightsmith.io.texts import MAX_TOKENS, TEXT_LIMIT
 
 
 @pytest.fixture(scope="module")

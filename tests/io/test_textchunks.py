@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from weightsmith.calibration.stats_file import MAX_TOKENS
 from weightsmith.io import textchunks, texts
+from weightsmith.io.texts import MAX_TOKENS
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DECODER = (STDLIB / texts.CODE_FIRST).read_text()

@@ -11,15 +11,20 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from weightsmith.audit.findings import ERROR, WARNING, Finding
 from weightsmith.audit.modules import Located
 from weightsmith.audit.survey import Survey
 from weightsmith.audit.values import CHUNK_BYTES, chunks, non_finite_count, non_positive_count, scale_code
+from weightsmith.core.lazy import lazy_module
 from weightsmith.io import names
 from weightsmith.safetensors.reader import ShardReader
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,14 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from weightsmith.audit.findings import ERROR
 from weightsmith.audit.values import CHUNK_BYTES, chunks
 from weightsmith.audit.verify import FAMILIES, VerifyReport, verify
 from weightsmith.core.errors import CheckpointError, OutputError
 from weightsmith.core.files import copy_new, name_problem, write_json_new
+from weightsmith.core.lazy import lazy_module
 from weightsmith.core.version import __version__
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.declaration import MODELOPT, read_declaration
@@ -41,6 +40,12 @@ from weightsmith.safetensors.dtypes import from_numpy
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 HASH = "blake2b-256"
 #: What llm-compressor writes for a static, per-tensor FP8 KV cache (the scales' meaning).

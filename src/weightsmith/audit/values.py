@@ -9,26 +9,32 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from weightsmith.core.lazy import lazy_module
 from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.safetensors.header import Header, TensorInfo
 from weightsmith.safetensors.reader import ShardReader
 
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
+
 CHUNK_BYTES = 16 << 20
 
-#: dtype code -> (unsigned view, mask, value): an element is NaN or Inf when `bits & mask == value`.
-NON_FINITE: dict[str, tuple[type[np.unsignedinteger], int, int]] = {
-    "F64": (np.uint64, 0x7FF0_0000_0000_0000, 0x7FF0_0000_0000_0000),
-    "F32": (np.uint32, 0x7F80_0000, 0x7F80_0000),
-    "F16": (np.uint16, 0x7C00, 0x7C00),
-    "BF16": (np.uint16, 0x7F80, 0x7F80),
-    "F8_E4M3": (np.uint8, 0x7F, 0x7F),  # fn variant: no Inf, NaN is S.1111.111
-    "F8_E5M2": (np.uint8, 0x7C, 0x7C),
-    "F8_E4M3FNUZ": (np.uint8, 0xFF, 0x80),  # the only NaN is negative zero's pattern
-    "F8_E5M2FNUZ": (np.uint8, 0xFF, 0x80),
-    "F8_E8M0": (np.uint8, 0xFF, 0xFF),
+#: dtype code -> (unsigned view's name, mask, value): an element is NaN or Inf when `bits & mask == value`.
+NON_FINITE: dict[str, tuple[str, int, int]] = {
+    "F64": ("uint64", 0x7FF0_0000_0000_0000, 0x7FF0_0000_0000_0000),
+    "F32": ("uint32", 0x7F80_0000, 0x7F80_0000),
+    "F16": ("uint16", 0x7C00, 0x7C00),
+    "BF16": ("uint16", 0x7F80, 0x7F80),
+    "F8_E4M3": ("uint8", 0x7F, 0x7F),  # fn variant: no Inf, NaN is S.1111.111
+    "F8_E5M2": ("uint8", 0x7C, 0x7C),
+    "F8_E4M3FNUZ": ("uint8", 0xFF, 0x80),  # the only NaN is negative zero's pattern
+    "F8_E5M2FNUZ": ("uint8", 0xFF, 0x80),
+    "F8_E8M0": ("uint8", 0xFF, 0xFF),
 }
 
 
@@ -56,7 +62,8 @@ def non_finite_count(code: str, chunk: np.ndarray) -> int:
     rule = NON_FINITE.get(code)
     if rule is None:
         return 0
-    view_type, mask, value = rule
+    view_name, mask, value = rule
+    view_type = getattr(np, view_name)
     bits = chunk.view(view_type)
     return int(np.count_nonzero((bits & view_type(mask)) == view_type(value)))
 

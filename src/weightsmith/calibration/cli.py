@@ -18,12 +18,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from weightsmith.calibration import kv, stats_file
-from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
-from weightsmith.calibration.run import calibrate, check_out
 from weightsmith.core.terminal import markup_safe
-from weightsmith.engine import distributed, launch
-from weightsmith.io.texts import BUILTINS, TEXT_HELP
+from weightsmith.engine import distributed
+from weightsmith.io import texts
+from weightsmith.io.texts import BUILTINS, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, TEXT_HELP
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -39,13 +37,13 @@ def calibrate_command(
         int,
         typer.Option(
             "--tokens",
-            parser=stats_file.tokens_option(),
-            help=f"Calibration tokens, at most (at most {stats_file.MAX_TOKENS:,}).",
+            parser=texts.tokens_option(),
+            help=f"Calibration tokens, at most (at most {texts.MAX_TOKENS:,}).",
         ),
-    ] = DEFAULT_TOKENS,
+    ] = CALIBRATION_TOKENS,
     seq_len: Annotated[
-        int, typer.Option("--seq-len", min=1, max=stats_file.MAX_TOKENS, help="Tokens per sequence.")
-    ] = DEFAULT_SEQ_LEN,
+        int, typer.Option("--seq-len", min=1, max=texts.MAX_TOKENS, help="Tokens per sequence.")
+    ] = CALIBRATION_SEQ_LEN,
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")
     ] = False,
@@ -79,6 +77,9 @@ def calibrate_command(
     ] = distributed.DEFAULT_TIMEOUT,
 ) -> None:
     """Measure K/V maxima (as the KV cache receives them) and every Linear's input maximum, layer by layer."""
+    from weightsmith.calibration.run import check_out  # here: `calibrate --help` starts without the run's modules
+    from weightsmith.engine import launch
+
     if launch.launching(processes):
         check_out(src, out, force)  # here, once, rather than as the same error from every rank
         launch.relay(processes)
@@ -100,6 +101,8 @@ def _calibrate(
     world: distributed.World,
 ) -> None:
     """The run of one rank (of one, or of a world); rank 0 reports it."""
+    from weightsmith.calibration.run import calibrate
+
     show = err_console.is_terminal
     result = calibrate(
         src,
@@ -141,13 +144,13 @@ def calibrate_kv_command(
     ),
     builtin: str | None = typer.Option(None, "--builtin", help="Built-in calibration text: code or prose."),
     tokens: int = typer.Option(
-        DEFAULT_TOKENS,
+        CALIBRATION_TOKENS,
         "--tokens",
-        parser=stats_file.tokens_option(),
-        help=f"Calibration tokens to run (at most {stats_file.MAX_TOKENS:,}).",
+        parser=texts.tokens_option(),
+        help=f"Calibration tokens to run (at most {texts.MAX_TOKENS:,}).",
     ),
     seq_len: int = typer.Option(
-        DEFAULT_SEQ_LEN, "--seq-len", min=1, max=stats_file.MAX_TOKENS, help="Tokens per sequence."
+        CALIBRATION_SEQ_LEN, "--seq-len", min=1, max=texts.MAX_TOKENS, help="Tokens per sequence."
     ),
     out: Path | None = typer.Option(None, "--out", help="Write the result here instead of replacing QUANT."),
     force: bool = typer.Option(False, "--force", help="Replace KV-cache scales QUANT already has."),
@@ -157,6 +160,8 @@ def calibrate_kv_command(
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
 ) -> None:
     """Measure FP8 KV-cache scales (k_scale, v_scale) on calibration text and add them to a checkpoint."""
+    from weightsmith.calibration import kv  # here: `calibrate-kv --help` starts without its modules
+
     output, entry = kv.calibrate_kv(
         quant,
         source,

@@ -17,14 +17,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from weightsmith.calibration import stats_file
 from weightsmith.core.errors import CheckpointError, WeightsmithError
 from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import eightbit
@@ -34,7 +38,7 @@ else:  # imported at first use: listing the schemes must not start numba
 #: `--kv-cache` values: the KV-cache formats whose scales we can write.
 KV_CACHE_FORMATS = ("fp8",)
 #: The largest activation maximum an FP32 scale can be computed from.
-FP32_MAX = float(np.finfo(np.float32).max)
+FP32_MAX = float.fromhex("0x1.fffffep+127")  # numpy.finfo(numpy.float32).max
 #: How a user makes a statistics file, quoted where one is missing.
 HOW = "measure one with `weightsmith calibrate SRC --out STATS`"
 

@@ -21,14 +21,14 @@ from typing import Any, NamedTuple
 from rich.console import Console
 
 from weightsmith.audit.transplant import add_tensors, check_kv_target
-from weightsmith.calibration import derived, stats_file
-from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
+from weightsmith.calibration import derived
 from weightsmith.core.errors import CheckpointError, WeightsmithError
 from weightsmith.core.severity import ERROR
-from weightsmith.io import names, provenance
+from weightsmith.io import names, provenance, texts
 from weightsmith.io.checkpoint import DEFAULT_SHARD, Checkpoint, read_json
 from weightsmith.io.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint
 from weightsmith.io.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale
+from weightsmith.io.texts import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
 
 KV_CACHE = "fp8"
 #: The verify family whose findings on the target this command mends (missing or unusable KV scales).
@@ -56,8 +56,8 @@ def calibrate_kv(
     *,
     text: str | None = None,
     builtin: str | None = None,
-    tokens: int = DEFAULT_TOKENS,
-    seq_len: int = DEFAULT_SEQ_LEN,
+    tokens: int = CALIBRATION_TOKENS,
+    seq_len: int = CALIBRATION_SEQ_LEN,
     force: bool = False,
     out: Path | None = None,
     trust_remote_code: bool = False,
@@ -100,10 +100,10 @@ def calibrate_kv(
         _same_architecture(ckpt, target)
     read = calibration_tokens(measured_on, text, builtin, tokens, seq_len, trust_remote_code=trust_remote_code)
     sequences = read.sequences
-    if sum(map(len, sequences)) < stats_file.MIN_TOKENS:
+    if sum(map(len, sequences)) < texts.MIN_TOKENS:
         err.print(
             f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "
-            f"{stats_file.MIN_TOKENS:,} is not stable"
+            f"{texts.MIN_TOKENS:,} is not stable"
         )
     model = provenance.fingerprint(ckpt)
     activations = "original" if source is not None else "quantized"

@@ -34,10 +34,6 @@ from weightsmith.fidelity.logits import first_tokens, load_tokenizer
 from weightsmith.io import textchunks
 from weightsmith.io.texts import calibration_text
 
-#: Calibration tokens and tokens per sequence of `calibrate` and `calibrate-kv` unless told.
-DEFAULT_TOKENS = 65536
-DEFAULT_SEQ_LEN = 2048
-
 Progress = Callable[[str], None]
 
 

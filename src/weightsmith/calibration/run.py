@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weightsmith.calibration import stats_file
-from weightsmith.calibration.measure import DEFAULT_SEQ_LEN, DEFAULT_TOKENS
 from weightsmith.core.errors import OutputError, WeightsmithError
 from weightsmith.core.files import check_file_name
 from weightsmith.core.terminal import Say, short_repr, warner
 from weightsmith.engine.distributed import World
 from weightsmith.families import require_family
-from weightsmith.io import provenance
+from weightsmith.io import provenance, texts
 from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint
 from weightsmith.io.manifest import measured_activations, source_fingerprint
 from weightsmith.io.outputdir import refuse_inside
+from weightsmith.io.texts import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,8 @@ def calibrate(
     *,
     text: str | os.PathLike[str] | None = None,
     builtin: str | None = None,
-    tokens: int = DEFAULT_TOKENS,
-    seq_len: int = DEFAULT_SEQ_LEN,
+    tokens: int = CALIBRATION_TOKENS,
+    seq_len: int = CALIBRATION_SEQ_LEN,
     force: bool = False,
     trust_remote_code: bool = False,
     all_experts: bool = False,
@@ -82,10 +82,10 @@ def calibrate(
     fails to write it. The returned `path` is written only on rank 0."""
     from weightsmith.fidelity.logits import missing_library
 
-    tokens = stats_file.tokens_option()(tokens)
-    if type(seq_len) is not int or not 1 <= seq_len <= stats_file.MAX_TOKENS:
+    tokens = texts.tokens_option()(tokens)
+    if type(seq_len) is not int or not 1 <= seq_len <= texts.MAX_TOKENS:
         raise WeightsmithError(
-            f"--seq-len {short_repr(seq_len)}: give a whole number from 1 to {stats_file.MAX_TOKENS:,}", code="usage"
+            f"--seq-len {short_repr(seq_len)}: give a whole number from 1 to {texts.MAX_TOKENS:,}", code="usage"
         )
     src, out = Path(src), Path(out)
     if world.leader:  # only rank 0 writes: the others' node may not even see the folder
@@ -111,8 +111,8 @@ def calibrate(
     )
     sequences = read.sequences
     count = sum(map(len, sequences))
-    if count < stats_file.MIN_TOKENS and world.leader:
-        few = f"{count} calibration tokens, fewer than {stats_file.MIN_TOKENS}: a maximum over so few is not stable"
+    if count < texts.MIN_TOKENS and world.leader:
+        few = f"{count} calibration tokens, fewer than {texts.MIN_TOKENS}: a maximum over so few is not stable"
         warner(warn, depth=1)(few)
     started = time.perf_counter()
     progress = progress if world.leader else None

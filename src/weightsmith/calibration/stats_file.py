@@ -19,20 +19,24 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from weightsmith.core.errors import CheckpointError, OutputError, WeightsmithError
+from weightsmith.core.errors import CheckpointError, OutputError
 from weightsmith.core.files import check_file_name, replace_file
-from weightsmith.core.terminal import short_repr
+from weightsmith.core.lazy import lazy_module
 from weightsmith.io.checkpoint import Checkpoint
 from weightsmith.io.provenance import ACTIVATIONS, EXPERT_TOKENS, Provenance, fingerprint
 from weightsmith.safetensors.header import read_header
 from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import TensorSpec, layout
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 #: The `format` metadata value; a reader refuses any other.
 FORMAT = "weightsmith.calibration.stats_file/1"
@@ -40,12 +44,6 @@ KEY_ABSMAX = "key_absmax"
 VALUE_ABSMAX = "value_absmax"
 INPUT_ABSMAX = "input_absmax"
 SUFFIXES = (KEY_ABSMAX, VALUE_ABSMAX, INPUT_ABSMAX)
-#: Below this many calibration tokens a maximum is not stable enough to publish: warn with the count.
-MIN_TOKENS = 4096
-#: The most tokens `--tokens` takes (calibrate, calibrate-kv, quantize --method gptq, eval): 16,777,216,
-#: 16 times llm-compressor's usual GPTQ calibration (512 sequences of 2,048). A bound on what a typo
-#: (`--tokens 1000000000000`) can ask for.
-MAX_TOKENS = 1 << 24
 
 _MODULE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 
@@ -57,26 +55,6 @@ class CalibrationStats:
     provenance: Provenance
     kv: dict[str, tuple[float, float]] = field(default_factory=dict)  # attention module -> (|K| max, |V| max)
     inputs: dict[str, float] = field(default_factory=dict)  # Linear module -> |x| max
-
-
-def tokens_option(least: int = 1) -> Callable[[str | int], int]:
-    """The parser of a `--tokens` option: a whole number from `least` to MAX_TOKENS, else one line.
-
-    Parsed here, not by typer's range check, so that `--tokens 1e12` or `--tokens 10000000000000` is
-    answered with the whole range the command takes (`least` differs between commands).
-    """
-
-    def parse(value: str | int) -> int:
-        text = str(value).strip()
-        count = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else -1
-        if not least <= count <= MAX_TOKENS:
-            raise WeightsmithError(
-                f"--tokens {short_repr(str(value))}: give a whole number of tokens from {least:,} to {MAX_TOKENS:,}",
-                code="usage",
-            )
-        return count
-
-    return parse
 
 
 def is_calibration_file(path: Path) -> bool:

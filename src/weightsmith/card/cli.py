@@ -8,18 +8,9 @@ from typing import Annotated
 
 import typer
 
-from weightsmith.card.check import check_card, read_card
-from weightsmith.card.cite import find_cited
-from weightsmith.card.front import check_repo_id
-from weightsmith.card.render import render_card
-from weightsmith.card.sources import cited_files, gather, keep, written_by_card
 from weightsmith.core.errors import OutputError, WeightsmithError
 from weightsmith.core.terminal import printable
-from weightsmith.io.manifest import MANIFEST_FILE
 from weightsmith.io.serving import CARD_FILE
-
-#: Every card cites the scheme in its first paragraph; a README written by anyone else does not.
-OWN_CITATION = f"{MANIFEST_FILE}: recipe.scheme"
 
 
 def refuse_foreign_card(card: Path) -> None:
@@ -27,11 +18,17 @@ def refuse_foreign_card(card: Path) -> None:
 
     A link or anything but a plain file counts as foreign too: replacing it is a choice to make with --force.
     """
+    from weightsmith.card.check import read_card
+    from weightsmith.card.cite import find_cited
+    from weightsmith.io.manifest import MANIFEST_FILE
+
+    own_citation = f"{MANIFEST_FILE}: recipe.scheme"  # every card cites the scheme in its first paragraph
+
     if not card.exists() and not card.is_symlink():
         return
     if card.is_file() and not card.is_symlink():
         text = read_card(card, strict=False)
-        if any(c.source == OWN_CITATION for c in find_cited(text)):
+        if any(c.source == own_citation for c in find_cited(text)):
             return
     raise OutputError(
         "was not written by `weightsmith card` (no cited numbers); use --force to replace it",
@@ -66,6 +63,12 @@ def card_command(
     ] = False,
 ) -> None:
     """A model card with only measured numbers, each citing its file and field. Exit 1 when --check fails."""
+    # imported here: `card --help` starts without what reading a benchmark's results needs (httpx, numpy)
+    from weightsmith.card.check import check_card
+    from weightsmith.card.front import check_repo_id
+    from weightsmith.card.render import render_card
+    from weightsmith.card.sources import cited_files, gather, keep, written_by_card
+
     if check:
         if bench is not None or eval_json is not None or repo is not None or preflight:
             raise WeightsmithError(

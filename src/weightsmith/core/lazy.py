@@ -1,9 +1,21 @@
 """A module imported at its first use, so that a command's `--help` does not start numba.
 
 The quantize kernels are numba functions, compiled or loaded from numba's cache as their module is
-imported; numba's own import costs some 0.15 s. Modules that hold a registry a command line lists
+imported; numba's own import costs some 0.3 s. Modules that hold a registry a command line lists
 (schemes, scale searches, pre-passes) name the kernel modules with `lazy_module`: the name is bound
 at once, the module is imported when one of its attributes is first read.
+
+numpy and ml_dtypes (0.1 s between them) are bound the same way in the modules a command's `--help`
+imports, and in those `inspect` needs to read headers: the module uses them only inside its
+functions, and binds them as
+
+    if TYPE_CHECKING:
+        import numpy as np
+    else:
+        np = lazy_module("numpy")
+
+so that type checkers still see the real module. Kernel modules import numpy itself: numba resolves
+a jitted function's globals when it compiles, and knows numpy, not a stand-in for it.
 """
 
 from __future__ import annotations

@@ -11,15 +11,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from weightsmith.core.errors import CheckpointError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.declaration import QuantizedModule, quantized_modules
 from weightsmith.formats.dequantize import dequantize
 from weightsmith.formats.source import OriginalWeights, TensorReader, source_format
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     import torch

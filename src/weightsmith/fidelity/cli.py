@@ -7,20 +7,18 @@ Exit status: 0 when measured (logits may be unavailable on this machine, which t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.core.terminal import markup_safe
-from weightsmith.fidelity import calibrated_on
 from weightsmith.fidelity import logits as logits_mod
-from weightsmith.fidelity.evaluate import evaluate
-from weightsmith.fidelity.report import print_report, to_json
-from weightsmith.fidelity.weights import WeightReport, weight_error
-from weightsmith.io.texts import TEXT_HELP
+from weightsmith.io.texts import MAX_TOKENS, TEXT_HELP, tokens_option
+
+if TYPE_CHECKING:
+    from weightsmith.fidelity.weights import WeightReport
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -31,6 +29,8 @@ MAX_LAYERS = 100_000
 
 def _weights_with_progress(orig: Path, quant: Path) -> WeightReport:
     """The weight pass with a byte progress bar on stderr."""
+    from weightsmith.fidelity.weights import weight_error
+
     columns = (TextColumn("weight error"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("weights", total=None)
@@ -77,6 +77,12 @@ def eval_command(
     ] = False,
 ) -> None:
     """How much quantization costs: weight error per layer and category, then KL, top-1 and perplexity."""
+    # imported here: `eval --help` starts without the evaluation's modules
+    from weightsmith.fidelity import calibrated_on
+    from weightsmith.fidelity.evaluate import evaluate
+    from weightsmith.fidelity.report import print_report, to_json
+    from weightsmith.fidelity.weights import weight_error
+
     report = evaluate(
         orig,
         quant,

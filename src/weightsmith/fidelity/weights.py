@@ -18,15 +18,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from weightsmith.core.errors import CheckpointError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats.declaration import QuantizedModule, quantized_modules
 from weightsmith.formats.dequantize import dequantize
 from weightsmith.formats.source import OriginalWeights, TensorReader
 from weightsmith.io import names
 from weightsmith.io.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 #: Elements per float64 chunk of the error sums (32 MiB per chunk array).
 CHUNK_ELEMENTS = 1 << 22

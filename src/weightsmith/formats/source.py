@@ -11,11 +11,10 @@ are read through one reader per shard (`TensorReader`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Self
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Self
 
 from weightsmith.core.errors import CheckpointError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8
 from weightsmith.formats.declaration import read_declaration
@@ -25,6 +24,11 @@ from weightsmith.quant import fp8
 from weightsmith.quant.fp8 import Block
 from weightsmith.safetensors.dtypes import DENSE_FLOATS, FP8_FLOATS
 from weightsmith.safetensors.reader import ShardReader
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
 
 
 @dataclass(frozen=True)

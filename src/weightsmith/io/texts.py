@@ -13,12 +13,23 @@ from __future__ import annotations
 
 import platform
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.files import read_text_file
+from weightsmith.core.terminal import short_repr
 
+#: Below this many calibration tokens a maximum is not stable enough to publish: warn with the count.
+MIN_TOKENS = 4096
+#: The most tokens `--tokens` takes (calibrate, calibrate-kv, quantize --method gptq, eval): 16,777,216,
+#: 16 times llm-compressor's usual GPTQ calibration (512 sequences of 2,048). A bound on what a typo
+#: (`--tokens 1000000000000`) can ask for.
+MAX_TOKENS = 1 << 24
+#: Calibration tokens and tokens per sequence of `calibrate` and `calibrate-kv` unless told.
+CALIBRATION_TOKENS = 65536
+CALIBRATION_SEQ_LEN = 2048
 #: The most bytes of a `--text` file read: far more than the text of MAX_TOKENS tokens (about 64 MiB
 #: at 4 bytes a token), far less than a machine's memory.
 TEXT_LIMIT = 256 * 2**20
@@ -33,6 +44,26 @@ CHARS_PER_TOKEN = 6
 EVAL_FILES = ("json/encoder.py",)
 #: The built-in code text's first file, before the top-level modules.
 CODE_FIRST = "json/decoder.py"
+
+
+def tokens_option(least: int = 1) -> Callable[[str | int], int]:
+    """The parser of a `--tokens` option: a whole number from `least` to MAX_TOKENS, else one line.
+
+    Parsed here, not by typer's range check, so that `--tokens 1e12` or `--tokens 10000000000000` is
+    answered with the whole range the command takes (`least` differs between commands).
+    """
+
+    def parse(value: str | int) -> int:
+        text = str(value).strip()
+        count = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else -1
+        if not least <= count <= MAX_TOKENS:
+            raise WeightsmithError(
+                f"--tokens {short_repr(str(value))}: give a whole number of tokens from {least:,} to {MAX_TOKENS:,}",
+                code="usage",
+            )
+        return count
+
+    return parse
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from weightsmith.core.terminal import markup_safe
-from weightsmith.preflight.checks import preflight
-from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, UNCHECKED, Preflight
-from weightsmith.preflight.source import UNKNOWN
+
+if TYPE_CHECKING:
+    from weightsmith.preflight.report import Preflight
 
 #: The most speculative tokens `--k` may name: no draft proposes more per step than this.
 MAX_K = 1024
-_HEADINGS = {impact: impact.capitalize() for impact in IMPACTS}
 
 
 def print_preflight(result: Preflight, console: Console | None = None) -> None:
+    from weightsmith.preflight.report import IMPACTS, NOTE, SLOW, UNCHECKED
+    from weightsmith.preflight.source import UNKNOWN
+
     console = console or Console(highlight=False, soft_wrap=True)
     pair = f"{result.target}" + (f" + draft {result.draft} ({result.method})" if result.draft else "")
     build = {"cpu": ", CPU build", UNKNOWN: ""}.get(result.vllm_platform, f", {result.vllm_platform.upper()} build")
@@ -36,7 +38,7 @@ def print_preflight(result: Preflight, console: Console | None = None) -> None:
         if not items:
             continue
         style = "dim" if impact == NOTE else "bold yellow" if impact in (SLOW, UNCHECKED) else "bold red"
-        console.print(f"\n[{style}]{_HEADINGS[impact]}[/] ({len(items)})")
+        console.print(f"\n[{style}]{impact.capitalize()}[/] ({len(items)})")
         for item in items:
             console.print(markup_safe(f"- [{item.check}] ") + markup_safe(item.line()))
             for ev in item.evidence:
@@ -70,6 +72,8 @@ def _preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (docs/preflight.md).")] = False,
 ) -> None:
     """Will this vLLM load and serve this pair correctly? Read from its source and the checkpoints, no GPU."""
+    from weightsmith.preflight.checks import preflight  # here: `preflight --help` starts without the checks
+
     result = preflight(target, vllm=vllm, draft=draft, method=method, k=k)
     if as_json:
         print(json.dumps(result.as_dict(), indent=2))

@@ -14,9 +14,17 @@ dequantizers do.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import ml_dtypes
-import numpy as np
+from weightsmith.core.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import ml_dtypes
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+    ml_dtypes = lazy_module("ml_dtypes")
+
 
 #: The block HF fp8 and compressed-tensors FP8_BLOCK checkpoints use.
 #: A weight-scale block: (rows, columns) of weights that share one scale.

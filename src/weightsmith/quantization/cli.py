@@ -11,32 +11,20 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.cli import paused_gc
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.core.files import read_regular
-from weightsmith.core.interrupt import terminate_as_interrupt
+from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import markup_safe
-from weightsmith.engine import distributed, launch
-from weightsmith.io.hub import resolve_source
-from weightsmith.io.outputdir import check_destination
-from weightsmith.io.provenance import EVERY_TOKEN, ROUTED
-from weightsmith.io.texts import TEXT_HELP
-from weightsmith.quantization import library
+from weightsmith.engine import distributed
+from weightsmith.io.texts import MAX_TOKENS, TEXT_HELP, tokens_option
 from weightsmith.quantization.budget.candidates import CPU_SERVED, FAMILIES
-from weightsmith.quantization.budget.choose import budget_line
 from weightsmith.quantization.budget.plan import MAX_BITS, MIN_BITS, BudgetOptions
-from weightsmith.quantization.demo import DEMO_CONFIG, write_demo_checkpoint
-from weightsmith.quantization.library import Hooks, write
-from weightsmith.quantization.pipeline import MAX_WORKERS, QuantizeResult, work_bytes
-from weightsmith.quantization.plan import Plan
 from weightsmith.quantization.prepasses import PRE_PASSES
 from weightsmith.quantization.presets import PRESETS
 from weightsmith.quantization.recipe import GPTQ_DAMPENING, LLM_COMPRESSOR_DAMPENING, MAX_GROUP_SIZE
@@ -45,21 +33,26 @@ from weightsmith.quantization.request import (
     DEFAULT_SCHEME,
     GPTQ_SEQ_LEN,
     GPTQ_TOKENS,
+    MAX_WORKERS,
     GptqOptions,
     QuantizeRequest,
-    resolve,
 )
-from weightsmith.schemes import REGISTRY, SCHEME_NAMES, Scheme
+from weightsmith.schemes import REGISTRY, SCHEME_NAMES
 from weightsmith.searches import SEARCHES
+
+if TYPE_CHECKING:
+    from weightsmith.quantization.pipeline import QuantizeResult
+    from weightsmith.quantization.plan import Plan
+    from weightsmith.schemes import Scheme
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
-
-#: `Provenance.experts` in the dry run's caption.
-_EXPERTS_CAPTION = {
-    ROUTED: "; routed experts over the tokens routed to them",
-    EVERY_TOKEN: "; routed experts over every token",
-}
 
 
 def _mib(n: float) -> str:
@@ -67,6 +60,12 @@ def _mib(n: float) -> str:
 
 
 def plan_table(plan: Plan) -> Table:
+    from weightsmith.io.provenance import EVERY_TOKEN, ROUTED
+
+    experts_caption = {  # `Provenance.experts` in the caption
+        ROUTED: "; routed experts over the tokens routed to them",
+        EVERY_TOKEN: "; routed experts over every token",
+    }
     what = (
         f"recipe {markup_safe(plan.recipe.file)}, {len(plan.recipe.rules)} rules"
         if plan.recipe.mixed
@@ -85,7 +84,7 @@ def plan_table(plan: Plan) -> Table:
         table.caption = (
             f"static scales from {markup_safe(stats)}: {prov.tokens:,} tokens measured on "
             f"{markup_safe(plan.calibration.measured_on)} "
-            f"({prov.activations} activations{_EXPERTS_CAPTION.get(prov.experts or '', '')})"
+            f"({prov.activations} activations{experts_caption.get(prov.experts or '', '')})"
         )
     for shard, specs in plan.added.items():
         for spec in specs:
@@ -206,6 +205,10 @@ def compile_notice(scheme: Scheme, dtype: np.dtype) -> None:
 def _write(plan: Plan, *, show_progress: bool, world: distributed.World = distributed.World()) -> QuantizeResult | None:
     """`library.write` with the command's progress: a bar over the input bytes for a data-free run on a
     terminal, a line per decoder layer for GPTQ; an interrupt leaves nothing behind and says so."""
+    from weightsmith.core.interrupt import terminate_as_interrupt
+    from weightsmith.quantization.library import Hooks, write
+    from weightsmith.quantization.pipeline import work_bytes
+
     out = plan.request.output if plan.request is not None else None
     layers = (lambda line: err.print(f"gptq: {markup_safe(line)}", end="\r")) if err.is_terminal else None
     hooks = Hooks(layer=layers, warn=_warn, compiling=compile_notice)
@@ -404,7 +407,6 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
         help="--method gptq across ranks: seconds a rank waits for the others before the run ends.",
     )),
 }  # fmt: skip
-_GPTQ_FIELDS = tuple(f.name for f in fields(GptqOptions))
 
 
 def _request(options: dict[str, Any]) -> QuantizeRequest:
@@ -422,7 +424,7 @@ def _request(options: dict[str, Any]) -> QuantizeRequest:
         budget=budget,
         source=options["src"],
         output=options["out"],
-        gptq=GptqOptions(**{name: options[name] for name in _GPTQ_FIELDS}),
+        gptq=GptqOptions(**{f.name: options[f.name] for f in fields(GptqOptions)}),
         workers=options["workers"] or None,
         hash_sources=not options["no_hash"],
     )
@@ -441,6 +443,15 @@ def _with_options(command: Callable[..., None]) -> Callable[..., None]:
 @_with_options
 def quantize(**options: Any) -> None:
     """Quantize a checkpoint to a compressed-tensors checkpoint that vLLM loads (one scheme, or a recipe of several)."""
+    # imported here: `quantize --help` starts without the flow's modules
+    from weightsmith.engine import launch
+    from weightsmith.io.hub import resolve_source
+    from weightsmith.io.outputdir import check_destination
+    from weightsmith.quantization import library
+    from weightsmith.quantization.budget.choose import budget_line
+    from weightsmith.quantization.library import Hooks
+    from weightsmith.quantization.request import resolve
+
     request = _request(options)
     if options["dry_run"]:
         _dry_run(library.plan(request, Hooks(warn=_warn, downloads=err.is_terminal)), options["json_out"])
@@ -489,6 +500,8 @@ def quantize(**options: Any) -> None:
 
 def _dry_run(plan: Plan, json_out: bool) -> None:
     """`--dry-run`: the plan, the predicted sizes and what the method would run; nothing is written."""
+    from weightsmith.quantization.budget.choose import budget_line
+
     assert plan.request is not None, "a plan made for a request"
     gptq = plan.request.gptq
     if json_out:
@@ -524,6 +537,9 @@ def _check_demo_folder(folder: Path) -> None:
     demo's own; the quantized copy only as `quantize --force` replaces any output (its manifest
     accounts for everything in it). A file or marker in `--dir` proves nothing.
     """
+    from weightsmith.core.files import read_regular
+    from weightsmith.quantization.demo import DEMO_CONFIG
+
     if not os.path.lexists(folder):
         return
     if not stat.S_ISDIR(os.lstat(folder).st_mode):
@@ -557,6 +573,9 @@ def demo(
 ) -> None:
     """Make a DFlash-like draft, quantize it with the dflash-draft preset, verify it, print sizes."""
     from weightsmith.audit.verify import verify  # here: `quantize` starts without the audit modules
+    from weightsmith.quantization import library
+    from weightsmith.quantization.demo import write_demo_checkpoint
+    from weightsmith.quantization.library import Hooks
 
     src, out = folder / "draft-bf16", folder / "draft-w4a16"
     _check_demo_folder(folder)

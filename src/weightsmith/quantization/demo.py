@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
-import numpy as np
-
+from weightsmith.core.lazy import lazy_module
 from weightsmith.safetensors.writer import ShardWriter, TensorSpec
+
+if TYPE_CHECKING:
+    import ml_dtypes
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+    ml_dtypes = lazy_module("ml_dtypes")
+
 
 DEMO_CONFIG = {
     "architectures": ["DFlashDraftModel"],

@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import ml_dtypes
-import numpy as np
+from typing import TYPE_CHECKING
 
 from weightsmith.core import cores
 from weightsmith.core.errors import OutputError
 from weightsmith.core.files import copy_new, write_json_new
+from weightsmith.core.lazy import lazy_module
 from weightsmith.core.timesplit import TimeSplit
 from weightsmith.io.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint
 from weightsmith.io.manifest import MANIFEST_FILE, Manifest, MethodRecord, hash_files, write_manifest
@@ -41,6 +40,14 @@ from weightsmith.safetensors.reader import ShardReader
 from weightsmith.safetensors.writer import ShardWriter
 from weightsmith.schemes.base import FUSED, TENSOR, Chosen, Scheme, fused_members
 
+if TYPE_CHECKING:
+    import ml_dtypes
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+    ml_dtypes = lazy_module("ml_dtypes")
+
+
 #: Input bytes per row block: large enough to amortise calls, small enough that a block read,
 #: quantized and written stays in the processor's caches (32 MiB blocks cost 10% more CPU).
 BLOCK_BYTES = 4 << 20
@@ -51,7 +58,7 @@ SHARD_METADATA: dict[str, str] = {}
 
 Progress = Callable[[int], None]
 #: Told, before numba compiles a scheme's kernels for a dtype (not in its cache), which they are.
-CompileNotice = Callable[[Scheme, np.dtype], None]
+CompileNotice = Callable[[Scheme, "np.dtype"], None]
 
 
 @dataclass
@@ -573,11 +580,6 @@ def _batches(jobs: Iterable[_Item]) -> Iterator[list[_Item]]:
             batch, size = [], 0
     if batch:
         yield batch
-
-
-#: The most worker threads `--workers` may ask for: each holds a batch of tensors in memory, so a
-#: mistyped count would run the machine out of memory (or threads) before any work is done.
-MAX_WORKERS = 256
 
 
 def default_workers() -> int:

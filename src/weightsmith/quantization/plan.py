@@ -19,11 +19,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from weightsmith.calibration import derived
 from weightsmith.calibration.derived import Calibration
 from weightsmith.core.errors import CheckpointError, WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import echo
 from weightsmith.formats.architecture import SHAPE, UNEXPECTED_BIAS, Architecture
 from weightsmith.formats.source import SourceFormat, detect_source_format
@@ -37,6 +36,12 @@ from weightsmith.quantization.recipe import Recipe, Rule
 from weightsmith.safetensors.dtypes import DENSE_FLOATS, DTYPES, FP8_FLOATS, from_numpy
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.schemes import Scheme
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.io.hub import HubSource

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from weightsmith.calibration.stats_file import MAX_TOKENS, MIN_TOKENS, tokens_option
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.terminal import echo, short_repr
 from weightsmith.engine.gptq_defaults import ACTORDERS, GPTQ_DAMPENING
 from weightsmith.io import names
+from weightsmith.io.texts import MAX_TOKENS, MIN_TOKENS, tokens_option
 from weightsmith.quantization.budget.plan import BudgetOptions
 from weightsmith.quantization.prepasses import PRE_PASSES
 from weightsmith.quantization.recipe import GPTQ_GRID_ONLY, MAX_GROUP_SIZE, Recipe, gptq_refusal, load_recipe
@@ -36,6 +36,9 @@ METHODS = ("rtn", "gptq")
 #: The scheme of a request that names none: asymmetric int4 lowered KL against symmetric on both
 #: models of docs/fidelity-study.md, with every search and with GPTQ.
 DEFAULT_SCHEME = "w4a16-asym"
+#: The most worker threads `--workers` may ask for: each holds a batch of tensors in memory, so a
+#: mistyped count would run the machine out of memory (or threads) before any work is done.
+MAX_WORKERS = 256
 #: `--pre-pass` values beside the pre-passes themselves: the default, and none at all.
 AUTO, NO_PRE_PASS = "auto", "none"
 #: `--method gptq`'s calibration tokens (at most) and tokens per sequence, unless given.
@@ -142,7 +145,7 @@ def resolve(request: QuantizeRequest, say: Callable[[str], None] | None = None) 
     """`request` checked, in the command line's order: the method's options first, then the scheme against
     the recipe, the workers, and the pre-pass against the method. With `avg_bits`, the budget is spent
     here (its table measured unless given; `say` hears its steps) and its recipe is the rules."""
-    from weightsmith.quantization.pipeline import MAX_WORKERS, default_workers
+    from weightsmith.quantization.pipeline import default_workers
 
     budgeted = request.avg_bits is not None
     gptq = gptq_options(request.method, request.gptq, request.scale_search, budget=budgeted)

@@ -23,17 +23,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import ml_dtypes
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
+from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.schemes import REGISTRY, Scheme, make_scheme
 from weightsmith.searches import NONE, searches_for
 
-#: The dtypes a source weight reaches the kernels in (FP8 sources arrive decoded to BF16).
-INPUT_DTYPES = (ml_dtypes.bfloat16, np.float16, np.float32)
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
+
+#: The dtypes (safetensors codes) a source weight reaches the kernels in (FP8 sources arrive decoded to BF16).
+INPUT_DTYPES = ("BF16", "F16", "F32")
 
 
 def encode_block(scheme: Scheme, dtype: np.dtype | type) -> None:
@@ -89,8 +94,8 @@ def compile_all() -> int:
     """Run each scheme's kernels once per input dtype; returns how many (scheme, dtype) pairs ran."""
     count = 0
     for scheme in _variants():
-        for dtype in INPUT_DTYPES:
-            encode_block(scheme, dtype)
+        for code in INPUT_DTYPES:
+            encode_block(scheme, DTYPES[code].element)
             count += 1
     return count
 

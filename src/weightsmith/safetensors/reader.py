@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from weightsmith.core.errors import CheckpointError
 from weightsmith.core.files import NotRegularFile, open_regular
+from weightsmith.core.lazy import lazy_module
 from weightsmith.safetensors.header import Header, TensorInfo, read_header
 from weightsmith.safetensors.writer import byte_view
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
 
 
 class ShardReader:

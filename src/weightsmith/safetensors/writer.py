@@ -16,11 +16,17 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from weightsmith.core.files import create_new
+from weightsmith.core.lazy import lazy_module
 from weightsmith.safetensors.dtypes import DTYPES, WRITE_ORDER
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 COPY_CHUNK = 64 << 20
 _FADVISE = hasattr(os, "posix_fadvise")

@@ -16,11 +16,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import echo
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import compressors, layouts
@@ -29,10 +28,16 @@ from weightsmith.io import names
 from weightsmith.safetensors.writer import TensorSpec
 from weightsmith.searches import NONE, SEARCHES, ScaleSearch
 
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
+
 #: One write: (parameter name, data, byte offset within that tensor).
-Write = tuple[str, np.ndarray, int]
+Write = tuple[str, "np.ndarray", int]
 #: Hands out a (possibly reused) array: alloc(key, shape, dtype).
-Alloc = Callable[[str, tuple[int, ...], type], np.ndarray]
+Alloc = Callable[[str, tuple[int, ...], type], "np.ndarray"]
 
 #: `Scheme.first_pass` values: what must be seen of whole tensors before any row is encoded.
 TENSOR, FUSED = "tensor", "fused"

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
@@ -26,6 +24,12 @@ from weightsmith.io import names
 from weightsmith.quant import INT4_PACK, int4_unsupported
 from weightsmith.schemes.base import TENSOR, Alloc, Chosen, Grid, Scheme, Write, fresh, register
 from weightsmith.searches import SEARCHES, ClipSearch, ParameterSearch, TensorSearch
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import int4

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
@@ -21,6 +19,12 @@ from weightsmith.io import names
 from weightsmith.quant import INT
 from weightsmith.schemes.base import Alloc, Chosen, Grid, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_options
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import eightbit

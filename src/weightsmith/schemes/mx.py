@@ -12,14 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
 from weightsmith.quant import MX_GROUP, mx_unsupported
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import int4, mx

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from weightsmith.core.errors import WeightsmithError
 from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
@@ -19,6 +17,12 @@ from weightsmith.io import names
 from weightsmith.quant import NVFP4_GROUP, nvfp4_unsupported
 from weightsmith.safetensors.dtypes import DTYPES
 from weightsmith.schemes.base import FUSED, Alloc, Scheme, Write, fresh, fused_members, register
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import int4, nvfp4

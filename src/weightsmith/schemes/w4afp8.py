@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.io import names
@@ -20,6 +18,12 @@ from weightsmith.quant import FLOAT
 from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 from weightsmith.schemes.eightbit import dynamic_activations
 from weightsmith.schemes.int4 import Int4
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import eightbit

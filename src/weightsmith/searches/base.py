@@ -16,9 +16,14 @@ int4 scheme asks of them:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import numpy as np
+from weightsmith.core.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
 
 
 class Scheme(Protocol):

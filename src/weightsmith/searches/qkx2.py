@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from weightsmith.core.lazy import lazy_module
 from weightsmith.searches.base import ParameterSearch, register
 from weightsmith.searches.clip import INT4
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import int4_qkx2

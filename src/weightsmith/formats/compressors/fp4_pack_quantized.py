@@ -12,18 +12,23 @@ the same layout in numpy, and tests/formats/test_compressors.py holds the kernel
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.base import Compressor, input_dtype, register
 from weightsmith.formats.layouts import Args, Layout
 from weightsmith.io import names
 from weightsmith.quant import MX_GROUP, NVFP4_GROUP
 
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
+
 #: The magnitude of each E2M1 index (a nibble's low three bits).
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 SIGN = 8
 
 
@@ -47,7 +52,7 @@ class _Fp4Packed(Compressor):
     def unpack(cls, packed: np.ndarray) -> np.ndarray:
         """E2M1 values (float32) of packed nibbles, element 2k from the low nibble."""
         nibbles = cls.unpack_codes(packed)
-        mags = E2M1[nibbles & 7]
+        mags = np.array(E2M1, np.float32)[nibbles & 7]
         values: np.ndarray = np.where(nibbles & SIGN, -mags, mags).astype(np.float32)
         return values
 

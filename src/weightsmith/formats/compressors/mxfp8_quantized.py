@@ -8,16 +8,21 @@ and `pack`/`unpack` only reinterpret the bytes.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import ml_dtypes
-import numpy as np
-
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.base import Compressor, register
 from weightsmith.formats.compressors.fp4_pack_quantized import mx_decompress, mx_layout
 from weightsmith.formats.layouts import Args, Layout
 from weightsmith.io import names
+
+if TYPE_CHECKING:
+    import ml_dtypes
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+    ml_dtypes = lazy_module("ml_dtypes")
 
 
 @register

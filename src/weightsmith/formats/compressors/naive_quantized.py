@@ -10,19 +10,23 @@ packed: a kernel's output bytes are the stored ones, and `pack`/`unpack` only re
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import ml_dtypes
-import numpy as np
-
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.base import Compressor, input_dtype, register
 from weightsmith.formats.layouts import Args, Layout
 from weightsmith.io import names
+from weightsmith.safetensors.dtypes import DTYPES
 
-#: The stored dtype of a value, by `QuantizationArgs.type`: safetensors code and numpy dtype.
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
+
+#: The stored dtype of a value, by `QuantizationArgs.type`: its safetensors code.
 CODES = {"float": "F8_E4M3", "int": "I8"}
-DTYPES = {"float": np.dtype(ml_dtypes.float8_e4m3fn), "int": np.dtype(np.int8)}
 #: The (type, num_bits) pairs `decompress` reads: those our schemes write (FP8, int8, W4AFP8's int4).
 READ = (("float", 8), ("int", 8), ("int", 4))
 
@@ -51,7 +55,7 @@ class _OneValuePerByte(Compressor):
     @staticmethod
     def unpack(raw: np.ndarray, type_: str) -> np.ndarray:
         """The values stored bytes hold under a declared `type` (a view)."""
-        return np.asarray(raw).view(DTYPES[type_])
+        return np.asarray(raw).view(DTYPES[CODES[type_]].element)
 
     @classmethod
     def recognizes(cls, weights: dict[str, Any]) -> bool:

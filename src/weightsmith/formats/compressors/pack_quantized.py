@@ -14,14 +14,19 @@ and tests/formats/test_compressors.py holds the kernel's words to it.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
+from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats.compressors.base import Compressor, input_dtype, register
 from weightsmith.formats.layouts import Args, Layout
 from weightsmith.io import names
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 WORD_BITS = 32
 

@@ -8,9 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from weightsmith.calibration.stats_file import MAX_TOKENS, tokens_option
 from weightsmith.core.terminal import markup_safe
-from weightsmith.io.texts import TEXT_HELP
+from weightsmith.io.texts import MAX_TOKENS, TEXT_HELP, tokens_option
 from weightsmith.quantization.budget.candidates import CPU_SERVED, FAMILIES
 from weightsmith.quantization.budget.choose import budget_line, groups_of, spend
 from weightsmith.quantization.budget.plan import MAX_BITS, MIN_BITS, BudgetOptions, check_options, table_for

@@ -32,13 +32,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from weightsmith.core.errors import WeightsmithError
+from weightsmith.core.lazy import lazy_module
 from weightsmith.io import names
 from weightsmith.quantization.budget.candidates import Candidate, group_of
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 #: The measures, in the order the table lists them; `fisher` is the default.
 MEASURES = ("fisher", "activation", "weight")

@@ -40,8 +40,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from weightsmith.core.errors import CheckpointError, WeightsmithError
 from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import echo
@@ -62,6 +60,12 @@ from weightsmith.io.checkpoint import CONFIG_FILE
 from weightsmith.quantization.plan import QUANTIZE, Decision, Plan, shape_refusal
 from weightsmith.quantization.prepasses.base import PrePass, register
 from weightsmith.schemes.base import Scheme
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # a --help or a header-only command imports this module without them
+    np = lazy_module("numpy")
+
 
 if TYPE_CHECKING:
     from weightsmith.quant import sinkhorn
