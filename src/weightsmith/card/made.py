@@ -255,8 +255,10 @@ def _pre_pass_lines(m: Manifest, c: Citations) -> list[str]:
     if p is None:
         return []
     pre_pass = PRE_PASSES.get(p.name)
-    words = "as named" if pre_pass is None else pre_pass.CARD.format(
-        iterations=c.num(str(p.iterations), M, "pre_pass.iterations")
+    words = (
+        "as named"
+        if pre_pass is None
+        else pre_pass.CARD.format(iterations=c.num(str(p.iterations), M, "pre_pass.iterations"))
     )
     return [f"- **Pre-pass**: {c.text(p.name, M, 'pre_pass.name')}: {words}"]
 

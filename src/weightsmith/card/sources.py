@@ -123,8 +123,10 @@ def written_by_card(path: Path) -> bool:
     """Whether the file at `path` is, byte for byte, one `card` wrote there (its record says so)."""
     recorded = card_record(path.parent).get(path.name)
     try:
-        return recorded is not None and stat.S_ISREG(os.lstat(path).st_mode) and (
-            _digest(read_regular(path, MAX_JSON_BYTES)) == recorded
+        return (
+            recorded is not None
+            and stat.S_ISREG(os.lstat(path).st_mode)
+            and (_digest(read_regular(path, MAX_JSON_BYTES)) == recorded)
         )
     except OSError:
         return False

@@ -106,9 +106,7 @@ def onednn_linears(module: Any) -> Iterator[None]:
     import torch
 
     # a Linear whose instance already has a forward of its own (a hook library's) is left to it
-    linears: list[Any] = [
-        m for m in module.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)
-    ]
+    linears: list[Any] = [m for m in module.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)]
     if _onednn() is None:
         yield
         return

@@ -22,12 +22,9 @@ from weightsmith.io.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
-
-
-if TYPE_CHECKING:
     import torch
+else:  # a --help or a header-only command imports this module without numpy
+    np = lazy_module("numpy")
 
 ORIGINAL, QUANTIZED = "original", "quantized"  # calibration.ACTIVATIONS
 

@@ -11,15 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from weightsmith.core.errors import CheckpointError
-from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressors
 from weightsmith.formats.declaration import QuantizedModule
 from weightsmith.formats.source import TensorReader
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
 
 def dequantize(qm: QuantizedModule, reader: TensorReader) -> np.ndarray:

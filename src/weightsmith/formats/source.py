@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
 from weightsmith.core.errors import CheckpointError
-from weightsmith.core.lazy import lazy_module
 from weightsmith.formats import compressed_tensors as ct
 from weightsmith.formats import hf_fp8
 from weightsmith.formats.declaration import read_declaration
@@ -27,8 +26,6 @@ from weightsmith.safetensors.reader import ShardReader
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from rich.table import Table
 
 from weightsmith.cli import paused_gc
 from weightsmith.core.errors import WeightsmithError
-from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import markup_safe
 from weightsmith.engine import distributed
 from weightsmith.io.texts import MAX_TOKENS, TEXT_HELP, tokens_option
@@ -41,15 +40,11 @@ from weightsmith.schemes import REGISTRY, SCHEME_NAMES
 from weightsmith.searches import SEARCHES
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from weightsmith.quantization.pipeline import QuantizeResult
     from weightsmith.quantization.plan import Plan
     from weightsmith.schemes import Scheme
-
-if TYPE_CHECKING:
-    import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
-
 
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from weightsmith.calibration import derived
 from weightsmith.calibration.derived import Calibration
 from weightsmith.core.errors import CheckpointError, WeightsmithError
-from weightsmith.core.lazy import lazy_module
 from weightsmith.core.terminal import echo
 from weightsmith.formats.architecture import SHAPE, UNEXPECTED_BIAS, Architecture
 from weightsmith.formats.source import SourceFormat, detect_source_format
@@ -39,11 +38,7 @@ from weightsmith.schemes import Scheme
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.io.hub import HubSource
     from weightsmith.quantization.request import Resolved
 

@@ -44,8 +44,9 @@ from weightsmith.searches import SEARCHES
 CATEGORY = "category:"
 #: Categories a rule may target: those that hold Linear-like weights.
 TARGET_CATEGORIES = tuple(
-    c for c in names.CATEGORIES if c not in ("embeddings", "lm_head", "norms", "router", names.KV_SCALES_CATEGORY,
-                                             names.QUANT_PARAMS_CATEGORY)
+    c
+    for c in names.CATEGORIES
+    if c not in ("embeddings", "lm_head", "norms", "router", names.KV_SCALES_CATEGORY, names.QUANT_PARAMS_CATEGORY)
 )
 _RULE_KEYS = {"targets", "scheme", "group_size", "scale_search"}
 _TOP_KEYS = {"ignore", "rule"}

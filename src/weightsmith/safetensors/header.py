@@ -199,9 +199,7 @@ def _strict_json(path: Path, text: str) -> object:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
         raise _fail(path, "header.not-json", f"header is not valid JSON ({msg})") from None
     except ValueError:  # the only other thing json.loads raises: an integer longer than Python will convert
-        raise _fail(
-            path, "header.not-json", "header is not valid JSON (an integer of more than 4300 digits)"
-        ) from None
+        raise _fail(path, "header.not-json", "header is not valid JSON (an integer of more than 4300 digits)") from None
 
 
 def _by_offsets(t: TensorInfo) -> tuple[int, int]:

@@ -22,13 +22,10 @@ from weightsmith.schemes.eightbit import EightBit, dynamic_activations, refuse_o
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import eightbit, int4, nvfp4
-else:  # imported at first use: listing the schemes must not start numba
+else:  # imported at first use: a --help or a header-only command starts without numpy or numba
+    np = lazy_module("numpy")
     eightbit = lazy_module("weightsmith.quant.eightbit")
     int4 = lazy_module("weightsmith.quant.int4")
     nvfp4 = lazy_module("weightsmith.quant.nvfp4")

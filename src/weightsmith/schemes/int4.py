@@ -27,13 +27,10 @@ from weightsmith.searches import SEARCHES, ClipSearch, ParameterSearch, TensorSe
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import int4
-else:  # imported at first use: listing the schemes must not start numba
+else:  # imported at first use: a --help or a header-only command starts without numpy or numba
+    np = lazy_module("numpy")
     int4 = lazy_module("weightsmith.quant.int4")
 
 DEFAULT_GROUP = 128

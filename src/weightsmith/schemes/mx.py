@@ -21,13 +21,10 @@ from weightsmith.schemes.base import Alloc, Scheme, Write, fresh, register
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import int4, mx
-else:  # imported at first use: listing the schemes must not start numba
+else:  # imported at first use: a --help or a header-only command starts without numpy or numba
+    np = lazy_module("numpy")
     int4 = lazy_module("weightsmith.quant.int4")
     mx = lazy_module("weightsmith.quant.mx")
 

@@ -18,12 +18,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from weightsmith.core.lazy import lazy_module
-
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
 
 class Scheme(Protocol):

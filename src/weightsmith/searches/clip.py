@@ -9,11 +9,7 @@ from weightsmith.searches.base import ClipSearch, register
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import int4_search
 else:  # imported at first use: listing the schemes must not start numba
     int4_search = lazy_module("weightsmith.quant.int4_search")

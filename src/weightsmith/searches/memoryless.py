@@ -10,13 +10,10 @@ from weightsmith.searches.clip import INT4
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import int4_search
-else:  # imported at first use: listing the schemes must not start numba
+else:  # imported at first use: a --help or a header-only command starts without numpy or numba
+    np = lazy_module("numpy")
     int4_search = lazy_module("weightsmith.quant.int4_search")
 
 

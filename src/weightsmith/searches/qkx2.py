@@ -10,11 +10,7 @@ from weightsmith.searches.clip import INT4
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import int4_qkx2
 else:  # imported at first use: listing the schemes must not start numba
     int4_qkx2 = lazy_module("weightsmith.quant.int4_qkx2")

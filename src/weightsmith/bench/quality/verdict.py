@@ -282,9 +282,7 @@ def _compare(
     if len(measured) == 2:
         flips = f"{len(c.also_flip)} also flip between either arm's own runs"
     elif measured:
-        flips = (
-            f"{len(c.also_flip)} also flip between {markdown_code(measured[0])}'s own runs (the other arm ran once)"
-        )
+        flips = f"{len(c.also_flip)} also flip between {markdown_code(measured[0])}'s own runs (the other arm ran once)"
     else:
         flips = "whether they also flip between an arm's own runs is unknown (each arm ran once)"
     p = "no test" if c.p is None else f"p = {c.p:.3g}"

@@ -18,14 +18,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from weightsmith.core.lazy import lazy_module
 from weightsmith.formats.layouts import FLOAT_SCALE, Args, Layout, input_scale
 from weightsmith.io import names
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
 
 class Compressor(ABC):

@@ -63,13 +63,10 @@ from weightsmith.schemes.base import Scheme
 
 if TYPE_CHECKING:
     import numpy as np
-else:  # a --help or a header-only command imports this module without them
-    np = lazy_module("numpy")
 
-
-if TYPE_CHECKING:
     from weightsmith.quant import sinkhorn
-else:  # imported at first use: listing the schemes must not start numba
+else:  # imported at first use: a --help or a header-only command starts without numpy or numba
+    np = lazy_module("numpy")
     sinkhorn = lazy_module("weightsmith.quant.sinkhorn")
 
 #: The classes (`architectures[0]`, what vLLM builds) whose decoder layers are pre-norm Llama blocks
