@@ -30,6 +30,7 @@ bounds the wall time on an idle machine) are shown beside wall seconds.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -126,11 +127,8 @@ HELP_TARGET, FIRST_OUTPUT_TARGET = 0.15, 0.3
 
 
 def start_up(runs: int) -> dict[str, Any]:
-    import compileall
-
     from weightsmith.cli import COMMAND_MODULES
 
-    compileall.compile_dir(REPO / "src", quiet=1)  # bytecode as an installed package has it
     env = os.environ | {"PYTHONPATH": str(REPO / "src")}
     commands = {
         "peer: python -c 'import typer'": [sys.executable, "-c", "import typer"],
@@ -173,8 +171,6 @@ def start_up(runs: int) -> dict[str, Any]:
 def help_against(rev: str, runs: int) -> dict[str, Any]:
     """Every command's `--help` of this tree against the same of revision `rev` (a git worktree of it),
     alternating in one run, both byte-compiled: medians and each command's ratio."""
-    import compileall
-
     from weightsmith.cli import COMMAND_MODULES
 
     with tempfile.TemporaryDirectory(prefix="startup-against-") as tmp:
@@ -182,8 +178,7 @@ def help_against(rev: str, runs: int) -> dict[str, Any]:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
         try:
             trees = {rev: tree / "src", "this tree": REPO / "src"}
-            for src in trees.values():
-                compileall.compile_dir(src, quiet=1)
+            compileall.compile_dir(tree / "src", quiet=1)  # as `main` compiles this tree's
             labels = ["", *COMMAND_MODULES]
             walls: dict[tuple[str, str], list[float]] = {(t, c): [] for t in trees for c in labels}
             load = os.getloadavg()[0]
@@ -351,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, help="also write the figures here as JSON")
     parser.add_argument("--against", metavar="REV", help="also time every --help of git revision REV beside ours")
     args = parser.parse_args(argv)
+    compileall.compile_dir(REPO / "src", quiet=1)  # bytecode as an installed package has it
     results = {"cores": os.cpu_count(), "start_up": start_up(args.runs), "first_output": first_output(args.runs)}
     if args.against:
         results["against"] = help_against(args.against, args.runs)

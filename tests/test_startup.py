@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from weightsmith.cli import COMMAND_MODULES, paused_gc
+from weightsmith.cli import paused_gc
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 BLAS_THREADS = """
@@ -81,47 +81,3 @@ def test_quantize_skips_the_blas_probe_and_other_commands_do_not() -> None:
         done = subprocess.run([sys.executable, "-c", script, command], capture_output=True, text=True, env=environ)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected, command
-
-
-#: The modules only a command's work needs: its `--help` (and `inspect`, which reads headers) starts none.
-WORK_MODULES = ("numpy", "ml_dtypes", "numba", "torch", "scipy", "transformers", "httpx", "safetensors")
-#: What a `--help` needs no more than the work does: typer's validators of option values (`cli._root`).
-VALIDATORS = ("pydantic",)
-#: Prints, after a command line, which of `WORK_MODULES` it loaded.
-HELP_IMPORTS = """
-import sys
-from weightsmith.cli import main
-sys.argv = ["weightsmith", *sys.argv[1:]]
-try:
-    main()
-except SystemExit:
-    pass
-print("LOADED:", *(m for m in WORK_MODULES if m in sys.modules))
-""".replace("WORK_MODULES", repr(WORK_MODULES + VALIDATORS))
-
-
-def _loaded(*args: str) -> tuple[str, list[str]]:
-    """The command line's stdout and which of `WORK_MODULES` it loaded."""
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", HELP_IMPORTS, *args], capture_output=True, text=True, env=environ)
-    assert done.returncode == 0, done.stderr
-    loaded = done.stdout.splitlines()[-1]
-    assert loaded.startswith("LOADED:")
-    return done.stdout, loaded.split()[1:]
-
-
-@pytest.mark.parametrize("command", ["", *COMMAND_MODULES])
-def test_help_of_every_command_starts_none_of_the_work_modules(command: str) -> None:
-    out, loaded = _loaded(*([command] if command else []), "--help")
-    assert "Usage" in out
-    assert loaded == [], f"{command or 'weightsmith'} --help loaded {loaded}"
-
-
-def test_inspect_reads_headers_without_numpy(tmp_path: Path) -> None:
-    """`inspect` parses its options (typer's validators load) but reads no value: no numpy."""
-    from synth import llama_tensors, write_checkpoint
-
-    write_checkpoint(tmp_path / "ckpt", llama_tensors(), shards=2)
-    out, loaded = _loaded("inspect", str(tmp_path / "ckpt"))
-    assert "attention" in out  # the table of categories
-    assert set(loaded) <= set(VALIDATORS), loaded

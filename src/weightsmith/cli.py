@@ -27,7 +27,7 @@ from weightsmith.core.version import __version__
 
 #: The module that adds each top-level command, in help order. Only the module of the command a
 #: command line names is imported: `weightsmith inspect` then starts without numba, scipy or httpx,
-#: which the other commands need, and no command's `--help` imports numpy (tests/test_startup.py).
+#: which the other commands need, and no command's `--help` imports numpy (tests/test_cli.py).
 COMMAND_MODULES = {
     "quantize": "weightsmith.quantization.cli",
     "sensitivity": "weightsmith.quantization.budget.cli",

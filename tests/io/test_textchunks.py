@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from weightsmith.io import textchunks, texts
-from weightsmith.io.texts import MAX_TOKENS
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 DECODER = (STDLIB / texts.CODE_FIRST).read_text()
@@ -73,8 +72,8 @@ def test_the_builtin_code_never_reads_evals_default_files() -> None:
 @pytest.mark.parametrize("builtin", texts.BUILTINS)
 def test_evals_default_text_shares_no_chunk_with_any_builtin_at_the_most_tokens(builtin: str) -> None:
     """At MAX_TOKENS the built-in text is all of it; at fewer it is a prefix of those same files."""
-    calibration = texts.builtin_text(builtin, MAX_TOKENS).text
+    calibration = texts.builtin_text(builtin, texts.MAX_TOKENS).text
     default = texts.default_text().text
     found = _shared(default, calibration)
     assert found.chunks == 0 and found.total > 10_000
-    assert default not in calibration and DECODER in texts.builtin_text("code", MAX_TOKENS).text
+    assert default not in calibration and DECODER in texts.builtin_text("code", texts.MAX_TOKENS).text

@@ -8,7 +8,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from models import smollm2_fp32
-from weightsmith.quant import int4, int4_qkx2
+from weightsmith.quant import INT4_PACK, int4, int4_qkx2
 
 DTYPES = [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)]
 GROUP = 64
@@ -35,7 +35,7 @@ def _search(w: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
 def _rtn(w: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
     scale = np.empty((w.shape[0], w.shape[1] // GROUP), np.float32)
     zp = np.zeros(scale.shape, np.int8)
-    packed = np.empty((w.shape[0], w.shape[1] // int4.PACK), np.uint32)
+    packed = np.empty((w.shape[0], w.shape[1] // INT4_PACK), np.uint32)
     shrink = np.ones(scale.shape, np.float32)
     x, mode = int4.kernel_input(w), int4.mode_of(w.dtype)
     assert int4.quantize_rows(x, mode, GROUP, symmetric, shrink, packed, scale, zp) == -1

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from weightsmith.quant import sinkhorn
+from weightsmith.quant import SINKHORN_ITERATIONS, sinkhorn
 
 
 def _reference(w: np.ndarray, group: int) -> tuple[np.ndarray, list[int]]:
@@ -18,8 +18,8 @@ def _reference(w: np.ndarray, group: int) -> tuple[np.ndarray, list[int]]:
     for c0 in range(0, w.shape[1], group):
         t = w[:, c0 : c0 + group].astype(np.float64)
         log_col, log_row = np.zeros(t.shape[1]), np.zeros(t.shape[0])
-        best, kept, target, taken = math.inf, np.ones(t.shape[1]), 0.0, sinkhorn.ITERATIONS
-        for step in range(sinkhorn.ITERATIONS):
+        best, kept, target, taken = math.inf, np.ones(t.shape[1]), 0.0, SINKHORN_ITERATIONS
+        for step in range(SINKHORN_ITERATIONS):
             x = t * np.exp(-log_col)[None, :] * np.exp(-log_row)[:, None]
             row_sd, col_sd = x.std(axis=1, ddof=1), x.std(axis=0, ddof=1)
             imbalance = max(row_sd.max(), col_sd.max()) / max(min(row_sd.min(), col_sd.min()), 1e-12)
@@ -51,7 +51,7 @@ def test_kernel_matches_a_float64_reference(rows: int, cols: int, group: int) ->
     w = _uneven(np.random.default_rng(rows), rows, cols)
     want, steps = _reference(w, group)
     got = sinkhorn.column_scales(w, group)
-    assert got.dtype == np.float32 and min(steps) < sinkhorn.ITERATIONS  # the early stop is exercised
+    assert got.dtype == np.float32 and min(steps) < SINKHORN_ITERATIONS  # the early stop is exercised
     np.testing.assert_allclose(got, want, rtol=2e-6)
 
 

@@ -18,7 +18,7 @@ from weightsmith.formats.declaration import quantized_modules
 from weightsmith.formats.dequantize import dequantize
 from weightsmith.formats.source import TensorReader
 from weightsmith.io.checkpoint import Checkpoint
-from weightsmith.quant import sinkhorn
+from weightsmith.quant import SINKHORN_ITERATIONS, sinkhorn
 from weightsmith.quantization.prepasses import sinq
 
 CONFIG = dict(LLAMA_CONFIG, torch_dtype="float32")
@@ -120,7 +120,7 @@ def test_quantized_output_is_the_balanced_model_quantized(tmp_path: Path, scheme
     got, want = _logits(out), _logits(src, fake)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
     record = result.manifest.pre_pass
-    assert record is not None and record.name == "sinq" and record.iterations == sinkhorn.ITERATIONS
+    assert record is not None and record.name == "sinq" and record.iterations == SINKHORN_ITERATIONS
     assert record.changed == [f"model.layers.{i}.{n}.weight" for i in range(2) for n in sinq.NORMS]
     manifest = json.loads((out / "weightsmith.json").read_text())
     assert manifest["pre_pass"]["changed"] == record.changed

@@ -20,8 +20,7 @@ from rich.console import Console
 
 from weightsmith.core.terminal import markup_safe
 from weightsmith.engine import distributed
-from weightsmith.io import texts
-from weightsmith.io.texts import BUILTINS, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, TEXT_HELP
+from weightsmith.io.texts import BUILTINS, CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_TOKENS, TEXT_HELP, tokens_option
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -37,12 +36,12 @@ def calibrate_command(
         int,
         typer.Option(
             "--tokens",
-            parser=texts.tokens_option(),
-            help=f"Calibration tokens, at most (at most {texts.MAX_TOKENS:,}).",
+            parser=tokens_option(),
+            help=f"Calibration tokens, at most (at most {MAX_TOKENS:,}).",
         ),
     ] = CALIBRATION_TOKENS,
     seq_len: Annotated[
-        int, typer.Option("--seq-len", min=1, max=texts.MAX_TOKENS, help="Tokens per sequence.")
+        int, typer.Option("--seq-len", min=1, max=MAX_TOKENS, help="Tokens per sequence.")
     ] = CALIBRATION_SEQ_LEN,
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Run the checkpoint's own model code (it runs on this machine).")
@@ -146,12 +145,10 @@ def calibrate_kv_command(
     tokens: int = typer.Option(
         CALIBRATION_TOKENS,
         "--tokens",
-        parser=texts.tokens_option(),
-        help=f"Calibration tokens to run (at most {texts.MAX_TOKENS:,}).",
+        parser=tokens_option(),
+        help=f"Calibration tokens to run (at most {MAX_TOKENS:,}).",
     ),
-    seq_len: int = typer.Option(
-        CALIBRATION_SEQ_LEN, "--seq-len", min=1, max=texts.MAX_TOKENS, help="Tokens per sequence."
-    ),
+    seq_len: int = typer.Option(CALIBRATION_SEQ_LEN, "--seq-len", min=1, max=MAX_TOKENS, help="Tokens per sequence."),
     out: Path | None = typer.Option(None, "--out", help="Write the result here instead of replacing QUANT."),
     force: bool = typer.Option(False, "--force", help="Replace KV-cache scales QUANT already has."),
     trust_remote_code: bool = typer.Option(

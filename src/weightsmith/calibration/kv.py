@@ -24,11 +24,11 @@ from weightsmith.audit.transplant import add_tensors, check_kv_target
 from weightsmith.calibration import derived
 from weightsmith.core.errors import CheckpointError, WeightsmithError
 from weightsmith.core.severity import ERROR
-from weightsmith.io import names, provenance, texts
+from weightsmith.io import names, provenance
 from weightsmith.io.checkpoint import DEFAULT_SHARD, Checkpoint, read_json
 from weightsmith.io.manifest import MANIFEST_FILE, Manifest, measured_activations, source_fingerprint
 from weightsmith.io.outputdir import CHOOSE_ANOTHER, check_destination, remove_stale
-from weightsmith.io.texts import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
+from weightsmith.io.texts import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MIN_TOKENS
 
 KV_CACHE = "fp8"
 #: The verify family whose findings on the target this command mends (missing or unusable KV scales).
@@ -100,10 +100,10 @@ def calibrate_kv(
         _same_architecture(ckpt, target)
     read = calibration_tokens(measured_on, text, builtin, tokens, seq_len, trust_remote_code=trust_remote_code)
     sequences = read.sequences
-    if sum(map(len, sequences)) < texts.MIN_TOKENS:
+    if sum(map(len, sequences)) < MIN_TOKENS:
         err.print(
             f"[yellow]warning:[/] {sum(map(len, sequences)):,} calibration tokens; a maximum over fewer than "
-            f"{texts.MIN_TOKENS:,} is not stable"
+            f"{MIN_TOKENS:,} is not stable"
         )
     model = provenance.fingerprint(ckpt)
     activations = "original" if source is not None else "quantized"

@@ -19,11 +19,11 @@ from weightsmith.core.files import check_file_name
 from weightsmith.core.terminal import Say, short_repr, warner
 from weightsmith.engine.distributed import World
 from weightsmith.families import require_family
-from weightsmith.io import provenance, texts
+from weightsmith.io import provenance
 from weightsmith.io.checkpoint import CONFIG_FILE, Checkpoint
 from weightsmith.io.manifest import measured_activations, source_fingerprint
 from weightsmith.io.outputdir import refuse_inside
-from weightsmith.io.texts import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS
+from weightsmith.io.texts import CALIBRATION_SEQ_LEN, CALIBRATION_TOKENS, MAX_TOKENS, MIN_TOKENS, tokens_option
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,10 @@ def calibrate(
     fails to write it. The returned `path` is written only on rank 0."""
     from weightsmith.fidelity.logits import missing_library
 
-    tokens = texts.tokens_option()(tokens)
-    if type(seq_len) is not int or not 1 <= seq_len <= texts.MAX_TOKENS:
+    tokens = tokens_option()(tokens)
+    if type(seq_len) is not int or not 1 <= seq_len <= MAX_TOKENS:
         raise WeightsmithError(
-            f"--seq-len {short_repr(seq_len)}: give a whole number from 1 to {texts.MAX_TOKENS:,}", code="usage"
+            f"--seq-len {short_repr(seq_len)}: give a whole number from 1 to {MAX_TOKENS:,}", code="usage"
         )
     src, out = Path(src), Path(out)
     if world.leader:  # only rank 0 writes: the others' node may not even see the folder
@@ -111,8 +111,8 @@ def calibrate(
     )
     sequences = read.sequences
     count = sum(map(len, sequences))
-    if count < texts.MIN_TOKENS and world.leader:
-        few = f"{count} calibration tokens, fewer than {texts.MIN_TOKENS}: a maximum over so few is not stable"
+    if count < MIN_TOKENS and world.leader:
+        few = f"{count} calibration tokens, fewer than {MIN_TOKENS}: a maximum over so few is not stable"
         warner(warn, depth=1)(few)
     started = time.perf_counter()
     progress = progress if world.leader else None

@@ -37,9 +37,8 @@ from weightsmith.quant.floatbits import (
 )
 
 Q_MIN, Q_MAX, OFFSET = -8, 7, 8
-#: int4 values per int32 word: the kernel writes pack-quantized words itself, for speed (the layout is
-#: formats/compressors/pack_quantized.py's; tests/formats/test_compressors.py holds the two equal).
-PACK = INT4_PACK
+# The kernel writes pack-quantized words of INT4_PACK values itself, for speed (the layout is
+# formats/compressors/pack_quantized.py's; tests/formats/test_compressors.py holds the two equal).
 
 #: numpy storage dtype of each emulated mode (for scales and dequantized values).
 MODE_DTYPES = {MODE_F32: np.dtype(np.float32), MODE_BF16: np.dtype(ml_dtypes.bfloat16), MODE_F16: np.dtype(np.float16)}
@@ -170,9 +169,9 @@ def _emit_group(
         else:
             nibbles[i] = np.uint32(q + OFFSET)
     if not bytewise:
-        for w in range(group // PACK):
-            b = w * PACK
-            packed[r, c0 // PACK + w] = (
+        for w in range(group // INT4_PACK):
+            b = w * INT4_PACK
+            packed[r, c0 // INT4_PACK + w] = (
                 nibbles[b]
                 | (nibbles[b + 1] << 4)
                 | (nibbles[b + 2] << 8)

@@ -31,8 +31,9 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit
 
+from weightsmith.quant import INT4_PACK
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, array_helper, round_to, scalar_helper
-from weightsmith.quant.int4 import PACK, Q_MAX, Q_MIN, load_group, quantize_rows
+from weightsmith.quant.int4 import Q_MAX, Q_MIN, load_group, quantize_rows
 
 #: HQQ's published defaults: the lp exponent, the splitting weight and its growth per round, the rounds.
 P, BETA, KAPPA, ITERS = 0.7, 10.0, 1.01, 20
@@ -242,7 +243,7 @@ def search_hqq(x: np.ndarray, mode: int, group: int, symmetric: bool, scale: np.
     included (tests/quant/test_hqq.py holds the two apart).
     """
     rows, cols = x.shape
-    codes = np.empty((rows, cols // PACK), np.uint32)  # round-to-nearest's, not kept
+    codes = np.empty((rows, cols // INT4_PACK), np.uint32)  # round-to-nearest's, not kept
     zero_point.fill(0)
     bad = quantize_rows(x, mode, group, symmetric, np.ones(scale.shape, np.float32), codes, scale, zero_point)
     if bad >= 0:

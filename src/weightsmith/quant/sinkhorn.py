@@ -29,7 +29,6 @@ from numba import njit
 from weightsmith.quant import SINKHORN_ITERATIONS
 from weightsmith.quant.floatbits import MODE_BF16, bf16_round, decode
 
-ITERATIONS = SINKHORN_ITERATIONS
 _SPREAD_MIN, _SPREAD_MAX = 1e-3, 1e3
 #: A step's factor and a scale's logarithm stay within these; the column scales are kept as logarithms,
 #: the row scales (many more) as factors, so each bound is also given in the other form.
@@ -215,7 +214,7 @@ def _source(part: Rows) -> tuple[np.ndarray, bool, np.ndarray, np.ndarray]:
 
 
 def column_scales(
-    w: np.ndarray | Sequence[Rows], group: int, iterations: int = ITERATIONS, workers: int = 1
+    w: np.ndarray | Sequence[Rows], group: int, iterations: int = SINKHORN_ITERATIONS, workers: int = 1
 ) -> np.ndarray:
     """A scale per column of `w` (a float matrix, or the `Rows` stacked in order, cols a multiple of
     `group`), balanced within each tile of `group` columns and divided by their median, so that the
