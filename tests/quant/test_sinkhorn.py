@@ -46,7 +46,7 @@ def _uneven(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return (0.02 * w).astype(np.float32)
 
 
-@pytest.mark.parametrize(("rows", "cols", "group"), [(96, 128, 64), (700, 256, 128), (2000, 64, 32)])
+@pytest.mark.parametrize(("rows", "cols", "group"), [(96, 128, 64), (700, 256, 128), (2000, 64, 32), (300, 72, 24)])
 def test_kernel_matches_a_float64_reference(rows: int, cols: int, group: int) -> None:
     w = _uneven(np.random.default_rng(rows), rows, cols)
     want, steps = _reference(w, group)

@@ -34,6 +34,7 @@ from numba import njit
 from weightsmith.quant import INT4_PACK
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, array_helper, round_to, scalar_helper
 from weightsmith.quant.int4 import Q_MAX, Q_MIN, load_group, quantize_rows
+from weightsmith.quant.lanes import LANES, lane_total
 
 #: HQQ's published defaults: the lp exponent, the splitting weight and its growth per round, the rounds.
 P, BETA, KAPPA, ITERS = 0.7, 10.0, 1.01, 20
@@ -62,11 +63,11 @@ def _pow_abs(v: np.float32, p: np.float32) -> np.float32:
     return np.uint32(np.uint32(np.int32(n) + np.int32(127)) << np.uint32(23)).view(np.float32) * ex
 
 
-#: How the per-group loops are compiled: reassociation lets their sums vectorise, and leaves
-#: reciprocals out, so each `w / s` of the lp error is the division `int4.quantize_given` makes. Each is
-#: a function of its own, called once per group, so that no reassociation reaches the kernel's own
-#: float rounding.
-_group_loop = njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
+#: How the per-group loops are compiled: each a function of its own, called once per group. Their sums
+#: are kept in lanes (`quant.lanes`: `sums` float32 [SUMS, LANES]), which vectorise in one written order.
+_group_loop = njit(nogil=True, cache=True, error_model="numpy")
+#: Sums one group loop keeps at most.
+SUMS = 4
 
 
 @scalar_helper
@@ -89,8 +90,20 @@ def _untouched(beta: np.float32) -> np.float32:
     return np.float32(beta ** (-1.0 / (2.0 - P)))
 
 
+@scalar_helper
+def _lp_term(mode: int, symmetric: bool, v: np.float32, s: np.float32, zp: np.float32) -> np.float32:
+    """|w - dequant|^p of one value (see `_lp_error`)."""
+    t = round_to(mode, v / s)
+    if not symmetric:
+        t = round_to(mode, t + zp)
+    q = np.rint(min(max(t, np.float32(Q_MIN)), np.float32(Q_MAX)))
+    return _pow_abs(round_to(mode, (q - zp) * s) - v, np.float32(P))
+
+
 @_group_loop
-def _lp_error(mode: int, symmetric: bool, vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float32:
+def _lp_error(
+    mode: int, symmetric: bool, vals: np.ndarray, s: np.float32, zp: np.float32, sums: np.ndarray
+) -> np.float32:
     """sum |w - dequant|^p of one group with the codes `int4.quantize_given` writes and the
     dequantized values rounded to the weight dtype, as the model will see them.
 
@@ -98,66 +111,118 @@ def _lp_error(mode: int, symmetric: bool, vals: np.ndarray, s: np.float32, zp: n
     branches here): inside the search's large body LLVM stopped inlining the rounding helpers into
     this loop, which then ran some 10x slower.
     """
-    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
-    err = np.float32(0.0)
-    for i in range(vals.size):
-        t = round_to(mode, vals[i] / s)
-        if not symmetric:
-            t = round_to(mode, t + zp)
-        q = np.rint(min(max(t, qmin), qmax))
-        err += _pow_abs(round_to(mode, (q - zp) * s) - vals[i], np.float32(P))
-    return err
+    err = sums[0]
+    err[:] = 0
+    n = vals.size
+    whole = n - n % LANES
+    for i0 in range(0, whole, LANES):
+        for k in range(LANES):
+            err[k] += _lp_term(mode, symmetric, vals[i0 + k], s, zp)
+    for i in range(whole, n):
+        err[i - whole] += _lp_term(mode, symmetric, vals[i], s, zp)
+    return lane_total(err)
+
+
+@array_helper
+def _add_zero(
+    v: np.float32, s: np.float32, inv: np.float32, z: np.float32, bound: np.float32, k: int,
+    l1: np.ndarray, over: np.ndarray, acc: np.ndarray,
+) -> None:  # fmt: skip
+    """`_zero_round`'s terms of value `v` into lane `k`: |residual|, whether it exceeds `bound`, q - v / s."""
+    q = np.rint(min(max(v * inv + z, np.float32(Q_MIN)), np.float32(Q_MAX)))
+    d = abs(v - (q - z) * s)
+    l1[k] += d
+    over[k] += np.float32(1.0) if d > bound else np.float32(0.0)
+    acc[k] += q - v * inv
+
+
+@array_helper
+def _add_zero_shrunk(
+    v: np.float32, s: np.float32, inv: np.float32, z: np.float32, beta: np.float32, k: int, acc: np.ndarray
+) -> None:
+    """`_zero_round`'s term of value `v` once the auxiliary error takes outliers, q - (v - e) / s, into lane `k`."""
+    q = np.rint(min(max(v * inv + z, np.float32(Q_MIN)), np.float32(Q_MAX)))
+    acc[k] += q - (v - _shrink(v - (q - z) * s, beta)) * inv
 
 
 @_group_loop
-def _zero_round(vals: np.ndarray, s: np.float32, z: np.float32, beta: np.float32) -> tuple[np.float32, np.float32]:
+def _zero_round(
+    vals: np.ndarray, s: np.float32, z: np.float32, beta: np.float32, sums: np.ndarray
+) -> tuple[np.float32, np.float32]:
     """One HQQ round on a float zero point `z` at scale `s`: (mean |residual| at `z`, the next zero point,
     the mean of q - (w - e) / s)."""
-    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
     inv = np.float32(1.0) / s
-    l1 = np.float32(0.0)
-    acc = np.float32(0.0)
     bound = _untouched(beta)
-    over = np.float32(0.0)  # a count, as a float sum (a max or an integer count keeps the loop scalar)
-    for i in range(vals.size):
-        q = np.rint(min(max(vals[i] * inv + z, qmin), qmax))
-        d = abs(vals[i] - (q - z) * s)
-        l1 += d
-        over += np.float32(1.0) if d > bound else np.float32(0.0)
-        acc += q - vals[i] * inv
-    if over > 0:
-        acc = np.float32(0.0)
-        for i in range(vals.size):
-            q = np.rint(min(max(vals[i] * inv + z, qmin), qmax))
-            acc += q - (vals[i] - _shrink(vals[i] - (q - z) * s, beta)) * inv
-    n = np.float32(vals.size)
-    return l1 / n, acc / n
+    l1, over, acc = sums[0], sums[1], sums[2]  # `over` a count, as a float sum: the loop stays vectors
+    sums[:] = 0
+    n = vals.size
+    whole = n - n % LANES
+    for i0 in range(0, whole, LANES):
+        for k in range(LANES):
+            _add_zero(vals[i0 + k], s, inv, z, bound, k, l1, over, acc)
+    for i in range(whole, n):
+        _add_zero(vals[i], s, inv, z, bound, i - whole, l1, over, acc)
+    if lane_total(over) > 0:
+        acc[:] = 0
+        for i0 in range(0, whole, LANES):
+            for k in range(LANES):
+                _add_zero_shrunk(vals[i0 + k], s, inv, z, beta, k, acc)
+        for i in range(whole, n):
+            _add_zero_shrunk(vals[i], s, inv, z, beta, i - whole, acc)
+    count = np.float32(n)
+    return lane_total(l1) / count, lane_total(acc) / count
+
+
+@array_helper
+def _add_scale(
+    v: np.float32, s: np.float32, inv: np.float32, zp: np.float32, bound: np.float32, k: int,
+    l1: np.ndarray, over: np.ndarray, num: np.ndarray, den: np.ndarray,
+) -> None:  # fmt: skip
+    """`_scale_round`'s terms of value `v` into lane `k`: |residual|, whether it exceeds `bound`, and v u
+    and u^2 of its code offset u = q - zp."""
+    u = np.rint(min(max(v * inv + zp, np.float32(Q_MIN)), np.float32(Q_MAX))) - zp
+    d = abs(v - u * s)
+    l1[k] += d
+    over[k] += np.float32(1.0) if d > bound else np.float32(0.0)
+    num[k] += v * u
+    den[k] += u * u
+
+
+@array_helper
+def _add_scale_shrunk(
+    v: np.float32, s: np.float32, inv: np.float32, zp: np.float32, beta: np.float32, k: int, num: np.ndarray
+) -> None:
+    """`_scale_round`'s term of value `v` once the auxiliary error takes outliers, (v - e) u, into lane `k`."""
+    u = np.rint(min(max(v * inv + zp, np.float32(Q_MIN)), np.float32(Q_MAX))) - zp
+    num[k] += (v - _shrink(v - u * s, beta)) * u
 
 
 @_group_loop
-def _scale_round(vals: np.ndarray, s: np.float32, zp: np.float32, beta: np.float32) -> tuple[np.float32, np.float32]:
+def _scale_round(
+    vals: np.ndarray, s: np.float32, zp: np.float32, beta: np.float32, sums: np.ndarray
+) -> tuple[np.float32, np.float32]:
     """One half-quadratic round on the scale, the zero point `zp` held: (mean |residual| at `s`, the
     least-squares scale of `w - e` on the codes' offsets `q - zp`, 0 when every offset is 0)."""
-    qmin, qmax = np.float32(Q_MIN), np.float32(Q_MAX)
     inv = np.float32(1.0) / s
-    l1 = np.float32(0.0)
-    num = np.float32(0.0)
-    den = np.float32(0.0)
     bound = _untouched(beta)
-    over = np.float32(0.0)
-    for i in range(vals.size):
-        u = np.rint(min(max(vals[i] * inv + zp, qmin), qmax)) - zp
-        d = abs(vals[i] - u * s)
-        l1 += d
-        over += np.float32(1.0) if d > bound else np.float32(0.0)
-        num += vals[i] * u
-        den += u * u
-    if over > 0:
-        num = np.float32(0.0)
-        for i in range(vals.size):
-            u = np.rint(min(max(vals[i] * inv + zp, qmin), qmax)) - zp
-            num += (vals[i] - _shrink(vals[i] - u * s, beta)) * u
-    return l1 / np.float32(vals.size), num / den if den > 0 else np.float32(0.0)
+    l1, over, num, den = sums[0], sums[1], sums[2], sums[3]
+    sums[:] = 0
+    n = vals.size
+    whole = n - n % LANES
+    for i0 in range(0, whole, LANES):
+        for k in range(LANES):
+            _add_scale(vals[i0 + k], s, inv, zp, bound, k, l1, over, num, den)
+    for i in range(whole, n):
+        _add_scale(vals[i], s, inv, zp, bound, i - whole, l1, over, num, den)
+    if lane_total(over) > 0:
+        num[:] = 0
+        for i0 in range(0, whole, LANES):
+            for k in range(LANES):
+                _add_scale_shrunk(vals[i0 + k], s, inv, zp, beta, k, num)
+        for i in range(whole, n):
+            _add_scale_shrunk(vals[i], s, inv, zp, beta, i - whole, num)
+    total = lane_total(den)
+    return lane_total(l1) / np.float32(n), lane_total(num) / total if total > 0 else np.float32(0.0)
 
 
 @array_helper
@@ -171,6 +236,7 @@ def _hqq_rows(
 ) -> int:
     rows, cols = x.shape
     vals = np.empty(group, np.float32)
+    sums = np.empty((SUMS, LANES), np.float32)
     kappa = np.float32(KAPPA)
     for r in range(rows):
         for g in range(cols // group):
@@ -185,7 +251,7 @@ def _hqq_rows(
                 z = np.float32(Q_MIN) - lo / s
                 beta, prev, z_best = np.float32(BETA), np.float32(np.inf), z
                 for _ in range(ITERS):
-                    l1, z_next = _zero_round(vals, s, z, beta)
+                    l1, z_next = _zero_round(vals, s, z, beta, sums)
                     if not l1 < prev:
                         break
                     prev, z_best, z = l1, z, z_next
@@ -194,7 +260,7 @@ def _hqq_rows(
             # then the scale, by the same splitting, at that integer zero point; the same early stop
             beta, prev, s_best = np.float32(BETA), np.float32(np.inf), s
             for _ in range(ITERS):
-                l1, s_next = _scale_round(vals, s, zp, beta)
+                l1, s_next = _scale_round(vals, s, zp, beta, sums)
                 if not l1 < prev:
                     break
                 prev, s_best = l1, s
@@ -203,20 +269,18 @@ def _hqq_rows(
                     break
                 s = s_next
                 beta *= kappa
-            if _lp_error(mode, symmetric, vals, s_best, zp) < _lp_error(mode, symmetric, vals, s_rtn, zp_rtn):
+            if _lp_error(mode, symmetric, vals, s_best, zp, sums) < _lp_error(
+                mode, symmetric, vals, s_rtn, zp_rtn, sums
+            ):
                 scale[r, g] = s_best
                 zero_point[r, g] = np.int8(zp)
     return -1
 
 
 def _specialise(mode: int, symmetric: bool) -> Callable[..., int]:
-    """One compiled search per (dtype, symmetry), constants folded in as in int4.py's kernels.
+    """One compiled search per (dtype, symmetry), constants folded in as in int4.py's kernels."""
 
-    Reassociation lets the sums vectorise; it leaves reciprocals out, so each `w / s` of
-    `_lp_error` is the division `int4.quantize_given` makes.
-    """
-
-    @njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
+    @njit(nogil=True, cache=True, error_model="numpy")
     def kernel(x: np.ndarray, group: int, scale: np.ndarray, zero_point: np.ndarray) -> int:
         return _hqq_rows(x, mode, group, symmetric, scale, zero_point)
 

@@ -29,18 +29,14 @@ Scoring every candidate instead lowers asymmetric weight error a little more (Sm
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeAlias
 
 import numpy as np
 from numba import njit
 
-from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, array_helper, round_to
+from weightsmith.quant import INT4_PACK
+from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, array_helper, round_to, scalar_helper
 from weightsmith.quant.int4 import Q_MAX, Q_MIN, group_params, load_group
-
-#: Three candidates' code sums: (sum w L, sum w L^2, sum w L x) for each.
-Sums3: TypeAlias = tuple[
-    np.float32, np.float32, np.float32, np.float32, np.float32, np.float32, np.float32, np.float32, np.float32
-]
+from weightsmith.quant.lanes import LANES, lane_total
 
 #: make_qkx2_quants as Q4_K calls it: nmax 15, rmin -1, rdelta 0.1, nstep 20.
 LEVELS, RMIN, RDELTA, NSTEP = 15, -1.0, 0.1, 20
@@ -51,133 +47,129 @@ SYM_STEPS = 9
 SCORED = 2
 #: At most this many re-fits of the best step to its own codes.
 REFITS = 3
-#: The hot loops' float flags: reassociation lets the sums vectorise. No "arcp": x / s must stay a
-#: division, as the quantizer's. Only functions that call no `rint_small` (int4's group_params does)
-#: get them: inlined into a fast-math function, its magic-number rounding folds away.
-_FAST = {"reassoc", "contract", "nsz"}
+#: Sums a pass over a group's values keeps at most, each in `LANES` partial sums (`quant.lanes`).
+SUMS = 7
+#: Lanes of a candidate pass: at least llama.cpp's 21 (Q4_K) and 19 (make_qx_quants) candidates.
+CANDIDATES = 2 * LANES
+
+
+@scalar_helper
+def _code(symmetric: bool, x: np.float32, lo: np.float32, iscale: np.float32) -> np.float32:
+    """llama.cpp's code of `x` at inverse scale `iscale`: min(round(iscale (x - lo)), 15), or
+    clamp(round(iscale x), -8, 7) when symmetric."""
+    if symmetric:
+        return min(max(np.rint(iscale * x), np.float32(Q_MIN)), np.float32(Q_MAX))
+    return min(np.rint(iscale * (x - lo)), np.float32(LEVELS))  # x - lo >= 0: lo is the minimum or 0
 
 
 @array_helper
-def _asym_sums(vals: np.ndarray, w: np.ndarray, lo: np.float32, a: np.float32, b: np.float32, c: np.float32) -> Sums3:
-    """(sum w L, sum w L^2, sum w L x) of the codes L = min(round(iscale (x - lo)), 15), for the
-    three inverse scales a, b, c at once: one pass over the group costs about as much as three
-    (the per-pass set-up and the sums' reductions dominate a 64-value loop)."""
-    la = np.float32(0.0)
-    la2 = np.float32(0.0)
-    lax = np.float32(0.0)
-    lb = np.float32(0.0)
-    lb2 = np.float32(0.0)
-    lbx = np.float32(0.0)
-    lc = np.float32(0.0)
-    lc2 = np.float32(0.0)
-    lcx = np.float32(0.0)
-    for i in range(vals.size):
-        x = vals[i]
-        u = x - lo  # >= 0: lo is the group's minimum or 0
-        qa = min(np.rint(a * u), np.float32(LEVELS))
-        qb = min(np.rint(b * u), np.float32(LEVELS))
-        qc = min(np.rint(c * u), np.float32(LEVELS))
-        wa = w[i] * qa
-        wb = w[i] * qb
-        wc = w[i] * qc
-        la += wa
-        la2 += wa * qa
-        lax += wa * x
-        lb += wb
-        lb2 += wb * qb
-        lbx += wb * x
-        lc += wc
-        lc2 += wc * qc
-        lcx += wc * x
-    return la, la2, lax, lb, lb2, lbx, lc, lc2, lcx
+def _code_sums(
+    symmetric: bool, vals: np.ndarray, w: np.ndarray, lo: np.float32, iscale: np.ndarray, sl: np.ndarray,
+    sl2: np.ndarray, slx: np.ndarray,
+) -> None:  # fmt: skip
+    """Every candidate's (sum w L, sum w L^2, sum w L x) into sl, sl2, slx, candidate k (inverse scale
+    iscale[k]) in lane k: each sums the group in order, so the loop over the lanes
+    vectorises with no sum reordered (`quant.lanes`)."""
+    sl[:] = 0
+    sl2[:] = 0
+    slx[:] = 0
+    for i0 in range(0, vals.size, INT4_PACK):  # a group is whole packs
+        for k in range(CANDIDATES):
+            a, b, c = sl[k], sl2[k], slx[k]
+            for i in range(i0, i0 + INT4_PACK):
+                x = vals[i]
+                q = _code(symmetric, x, lo, iscale[k])
+                wq = w[i] * q
+                a += wq
+                b += wq * q
+                c += wq * x
+            sl[k], sl2[k], slx[k] = a, b, c
 
 
 @array_helper
-def _sym_sums(vals: np.ndarray, w: np.ndarray, a: np.float32, b: np.float32, c: np.float32) -> Sums3:
-    """`_asym_sums` of the codes L = clamp(round(iscale x), -8, 7), for three inverse scales (sum w L,
-    which a symmetric fit does not use, left 0)."""
-    la2 = np.float32(0.0)
-    lax = np.float32(0.0)
-    lb2 = np.float32(0.0)
-    lbx = np.float32(0.0)
-    lc2 = np.float32(0.0)
-    lcx = np.float32(0.0)
-    for i in range(vals.size):
-        x = vals[i]
-        qa = min(max(np.rint(a * x), np.float32(Q_MIN)), np.float32(Q_MAX))
-        qb = min(max(np.rint(b * x), np.float32(Q_MIN)), np.float32(Q_MAX))
-        qc = min(max(np.rint(c * x), np.float32(Q_MIN)), np.float32(Q_MAX))
-        wa = w[i] * qa
-        wb = w[i] * qb
-        wc = w[i] * qc
-        la2 += wa * qa
-        lax += wa * x
-        lb2 += wb * qb
-        lbx += wb * x
-        lc2 += wc * qc
-        lcx += wc * x
-    zero = np.float32(0.0)
-    return zero, la2, lax, zero, lb2, lbx, zero, lc2, lcx
+def _add_score(
+    mode: int, symmetric: bool, x: np.float32, wi: np.float32, s: np.float32, zp: np.float32, k: int,
+    err: np.ndarray, scx: np.ndarray, sc2: np.ndarray,
+) -> None:  # fmt: skip
+    """w e^2, w c x and w c^2 of value `x` (weight `wi`), with the format's own code at (s, zp) and
+    c = q - zp, into lane `k` of each sum."""
+    t = round_to(mode, x / s)
+    if not symmetric:
+        t = round_to(mode, t + zp)
+    c = np.rint(min(max(t, np.float32(Q_MIN)), np.float32(Q_MAX))) - zp
+    d = c * s - x
+    wc = wi * c
+    err[k] += wi * d * d
+    scx[k] += wc * x
+    sc2[k] += wc * c
 
 
-@njit(nogil=True, cache=True, fastmath=_FAST)
+@njit(nogil=True, cache=True)
 def _score(
-    mode: int, symmetric: bool, vals: np.ndarray, w: np.ndarray, s: np.float32, zp: np.float32
+    mode: int, symmetric: bool, vals: np.ndarray, w: np.ndarray, s: np.float32, zp: np.float32, sums: np.ndarray
 ) -> tuple[np.float32, np.float32, np.float32]:
     """(sum w e^2, sum w c x, sum w c^2) of the format's own codes at (s, zp), c = q - zp.
 
     The codes are computed as `int4.quantize_rows` computes them; the two sums give the step that
     fits these codes best.
     """
-    err = np.float32(0.0)
-    scx = np.float32(0.0)
-    sc2 = np.float32(0.0)
-    for i in range(vals.size):
-        t = round_to(mode, vals[i] / s)
-        if not symmetric:
-            t = round_to(mode, t + zp)
-        c = np.rint(min(max(t, np.float32(Q_MIN)), np.float32(Q_MAX))) - zp
-        d = c * s - vals[i]
-        wc = w[i] * c
-        err += w[i] * d * d
-        scx += wc * vals[i]
-        sc2 += wc * c
-    return err, scx, sc2
+    err, scx, sc2 = sums[0], sums[1], sums[2]
+    sums[:3] = 0
+    n = vals.size
+    whole = n - n % LANES
+    for i0 in range(0, whole, LANES):
+        for k in range(LANES):
+            _add_score(mode, symmetric, vals[i0 + k], w[i0 + k], s, zp, k, err, scx, sc2)
+    for i in range(whole, n):
+        _add_score(mode, symmetric, vals[i], w[i], s, zp, i - whole, err, scx, sc2)
+    return lane_total(err), lane_total(scx), lane_total(sc2)
 
 
 @array_helper
-def _weights(symmetric: bool, vals: np.ndarray, w: np.ndarray) -> tuple[np.float32, np.float32, np.float32]:
+def _add_moments(
+    x: np.float32, k: int, m0: np.ndarray, m1: np.ndarray, m2: np.ndarray, m3: np.ndarray, m4: np.ndarray,
+    m5: np.ndarray, m6: np.ndarray,
+) -> None:  # fmt: skip
+    """x, x^2, |x|, |x| x, |x| x^2, x^3 and x^4 of one value into lane `k` of each sum."""
+    x2 = x * x
+    m0[k] += x
+    m1[k] += x2
+    m2[k] += abs(x)
+    m3[k] += abs(x) * x
+    m4[k] += abs(x) * x2
+    m5[k] += x2 * x
+    m6[k] += x2 * x2
+
+
+@array_helper
+def _weights(
+    symmetric: bool, vals: np.ndarray, w: np.ndarray, sums: np.ndarray
+) -> tuple[np.float32, np.float32, np.float32]:
     """Fill `w` with the search's weights; returns (sum w, sum w x, sum w x^2).
 
     Asymmetric: rms(G) + |x| (Q4_K's), which favours large weights without ignoring small ones.
     Symmetric: x^2 (make_qx_quants' rmse_type 1). The sums come from moments of the group, in the
     same pass as its energy.
     """
-    s1 = np.float32(0.0)  # sum x
-    s2 = np.float32(0.0)  # sum x^2
-    a0 = np.float32(0.0)  # sum |x|
-    a1 = np.float32(0.0)  # sum |x| x
-    a2 = np.float32(0.0)  # sum |x| x^2
-    s3 = np.float32(0.0)  # sum x^3
-    s4 = np.float32(0.0)  # sum x^4
-    for i in range(vals.size):
-        x = vals[i]
-        x2 = x * x
-        s1 += x
-        s2 += x2
-        a0 += abs(x)
-        a1 += abs(x) * x
-        a2 += abs(x) * x2
-        s3 += x2 * x
-        s4 += x2 * x2
+    m0, m1, m2, m3, m4, m5, m6 = sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6]
+    sums[:] = 0
+    n = vals.size
+    whole = n - n % LANES
+    for i0 in range(0, whole, LANES):
+        for k in range(LANES):
+            _add_moments(vals[i0 + k], k, m0, m1, m2, m3, m4, m5, m6)
+    for i in range(whole, n):
+        _add_moments(vals[i], i - whole, m0, m1, m2, m3, m4, m5, m6)
+    s1, s2, a0, a1, a2 = lane_total(m0), lane_total(m1), lane_total(m2), lane_total(m3), lane_total(m4)
+    s3, s4 = lane_total(m5), lane_total(m6)
     if symmetric:
-        for i in range(vals.size):
+        for i in range(n):
             w[i] = vals[i] * vals[i]
         return s2, s3, s4
-    rms = np.float32(np.sqrt(s2 / np.float32(vals.size)))
-    for i in range(vals.size):
+    rms = np.float32(np.sqrt(s2 / np.float32(n)))
+    for i in range(n):
         w[i] = rms + abs(vals[i])
-    return rms * np.float32(vals.size) + a0, rms * s1 + a1, rms * s2 + a2
+    return rms * np.float32(n) + a0, rms * s1 + a1, rms * s2 + a2
 
 
 @array_helper
@@ -242,17 +234,18 @@ def _rank(picks: np.ndarray, e: np.float32, sl: np.float32, sl2: np.float32, sxl
             return
 
 
-@njit(nogil=True, cache=True, fastmath=_FAST)
+@njit(nogil=True, cache=True)
 def _candidates(
-    symmetric: bool, vals: np.ndarray, w: np.ndarray, lo: np.float32, hi: np.float32, picks: np.ndarray
-) -> tuple[np.float32, np.float32]:
+    symmetric: bool, vals: np.ndarray, w: np.ndarray, lo: np.float32, hi: np.float32, picks: np.ndarray,
+    sums: np.ndarray, lanes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.float32, np.float32]:  # fmt: skip
     """Rank llama.cpp's candidates of one group by their fit error; the SCORED best go to `picks`.
 
     picks: float32 [SCORED, 4] of (fit error, sum w L, sum w L^2, sum w L x), best first, error
     inf where fewer candidates were usable. Returns (sum w, sum w x) for `_step`. One compiled
     function with its loops inlined: passing arrays to a call costs reference counting, per call.
     """
-    sw, sx, sxx = _weights(symmetric, vals, w)
+    sw, sx, sxx = _weights(symmetric, vals, w, sums)
     for p in range(SCORED):
         picks[p, 0] = np.inf
     if symmetric:
@@ -260,19 +253,12 @@ def _candidates(
         first, last, base, inv = -SYM_STEPS, SYM_STEPS, top, np.float32(1.0) / max(-lo, hi)
     else:
         first, last, base, inv = 0, NSTEP, np.float32(LEVELS + RMIN), np.float32(1.0) / (hi - lo)
-    for k in range(first, last + 1, 3):  # three inverse scales a pass; past the last, repeats of it
-        a = (base + np.float32(RDELTA) * np.float32(k)) * inv
-        b = (base + np.float32(RDELTA) * np.float32(min(k + 1, last))) * inv
-        c = (base + np.float32(RDELTA) * np.float32(min(k + 2, last))) * inv
-        if symmetric:
-            la, la2, lax, lb, lb2, lbx, lc, lc2, lcx = _sym_sums(vals, w, a, b, c)
-        else:
-            la, la2, lax, lb, lb2, lbx, lc, lc2, lcx = _asym_sums(vals, w, lo, a, b, c)
-        _rank(picks, _fit_error(symmetric, sw, sx, sxx, la, la2, lax), la, la2, lax)
-        if k + 1 <= last:
-            _rank(picks, _fit_error(symmetric, sw, sx, sxx, lb, lb2, lbx), lb, lb2, lbx)
-        if k + 2 <= last:
-            _rank(picks, _fit_error(symmetric, sw, sx, sxx, lc, lc2, lcx), lc, lc2, lcx)
+    iscale, sl, sl2, slx = lanes
+    for k in range(CANDIDATES):  # lanes past the last candidate repeat it
+        iscale[k] = (base + np.float32(RDELTA) * np.float32(min(first + k, last))) * inv
+    _code_sums(symmetric, vals, w, lo, iscale, sl, sl2, slx)
+    for k in range(last - first + 1):
+        _rank(picks, _fit_error(symmetric, sw, sx, sxx, sl[k], sl2[k], slx[k]), sl[k], sl2[k], slx[k])
     return sw, sx
 
 
@@ -285,20 +271,22 @@ def _search_group(
     lo: np.float32,
     hi: np.float32,
     picks: np.ndarray,
+    sums: np.ndarray,
+    lanes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
 ) -> tuple[np.float32, np.float32]:
     """(scale, zero point) of one group: RTN's, or the scored candidate with the lowest weighted error."""
     s, zp = group_params(mode, symmetric, lo, hi, np.float32(1.0))
     if not hi > lo:  # all zero: RTN's eps scale
         return s, zp
-    sw, sx = _candidates(symmetric, vals, w, lo, hi, picks)
-    best, scx, sc2 = _score(mode, symmetric, vals, w, s, zp)
+    sw, sx = _candidates(symmetric, vals, w, lo, hi, picks, sums, lanes)
+    best, scx, sc2 = _score(mode, symmetric, vals, w, s, zp, sums)
     for p in range(SCORED):
         if not picks[p, 0] < np.inf:
             break
         cs, cz = _step(mode, symmetric, sw, sx, picks[p, 1], picks[p, 2], picks[p, 3])
         if not (cs > 0 and cs < np.inf) or (cs == s and cz == zp):
             continue
-        e, a, b = _score(mode, symmetric, vals, w, cs, cz)
+        e, a, b = _score(mode, symmetric, vals, w, cs, cz, sums)
         if e < best:
             best, s, zp, scx, sc2 = e, cs, cz, a, b
     for _ in range(REFITS):  # the step that fits the best candidate's own codes, while it helps
@@ -307,7 +295,7 @@ def _search_group(
         cs = round_to(mode, scx / sc2)
         if cs == s or not cs < np.inf:
             break
-        e, a, b = _score(mode, symmetric, vals, w, cs, zp)
+        e, a, b = _score(mode, symmetric, vals, w, cs, zp, sums)
         if not e < best:
             break
         best, s, scx, sc2 = e, cs, a, b
@@ -322,12 +310,19 @@ def _search_rows(
     vals = np.empty(group, np.float32)
     w = np.empty(group, np.float32)
     picks = np.empty((SCORED, 4), np.float32)
+    sums = np.empty((SUMS, LANES), np.float32)
+    lanes = (
+        np.empty(CANDIDATES, np.float32),
+        np.empty(CANDIDATES, np.float32),
+        np.empty(CANDIDATES, np.float32),
+        np.empty(CANDIDATES, np.float32),
+    )
     for r in range(rows):
         for g in range(cols // group):
             lo, hi, bad = load_group(x, r, g * group, group, mode, vals)
             if bad >= 0:
                 return int(r * cols + bad)
-            s, zp = _search_group(mode, symmetric, vals, w, lo, hi, picks)
+            s, zp = _search_group(mode, symmetric, vals, w, lo, hi, picks, sums, lanes)
             scale[r, g] = s
             zero_point[r, g] = np.int8(zp)
     return -1

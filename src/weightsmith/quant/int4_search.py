@@ -6,10 +6,10 @@ clips, above 1 it widens. What they buy on two real models is in docs/scale-sear
 weight error is not lower output error there, so each search says which it lowers.
 
 - `mse` (symmetric and asymmetric): the sum of |error|^2.5 over 8 coarse factors (1.00 to 0.65)
-  and 4 refinements around the best (+-0.0125, +-0.025). Candidates are scored with a fused,
-  vectorised loop over the group while it sits in L1, so the whole search costs about a dozen cheap
-  passes. Lower weight error than RTN; next-token KL lower on SmolLM2-135M (0.386 against 0.399),
-  higher on Qwen2.5-Coder-1.5B.
+  and 4 refinements around the best (+-0.0125, +-0.025). Candidates are scored side by side, one
+  per vector lane, in a pass over the group while it sits in L1: two passes for the whole search,
+  each sum in one written order, so the same bytes from any CPU. Lower weight error than RTN;
+  next-token KL lower on SmolLM2-135M (0.386 against 0.399), higher on Qwen2.5-Coder-1.5B.
 - `wmse` (symmetric and asymmetric): the same loop scoring sum |w| * error^2 over factors 0.80 to
   1.08 in steps of 0.02. Weighing each error by its weight's magnitude keeps the large weights,
   which a plain error sum trades away for many small ones, close; widening lets a group's largest
@@ -35,6 +35,7 @@ from numba import njit
 
 from weightsmith.quant.floatbits import MODE_BF16, MODE_F16, MODE_F32, array_helper, round_to
 from weightsmith.quant.int4 import group_params, group_range, load_group
+from weightsmith.quant.lanes import LANES
 
 #: objectives of the clipping search: |e|^2.5 (`mse`), |w| e^2 (`wmse`)
 POWER25, MAGNITUDE = 0, 1
@@ -49,62 +50,56 @@ NO_FINE = np.zeros(0, np.float32)
 MEMORYLESS = {"maxshrink": 0.2, "grid": 100.0, "norm": 2.4, "patience": 5}
 
 
-@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _group_error(vals: np.ndarray, s: np.float32) -> np.float32:
-    """Sum of |error|^2.5 of one group's RTN at scale `s` (reassociated so it vectorises).
+@array_helper
+def _term(objective: int, v: np.float32, s: np.float32, inv: np.float32, zp: np.float32) -> np.float32:
+    """One value's error under RTN at scale `s` (`inv` = 1 / s) and zero point `zp` (0 when symmetric),
+    dequantized as (q - zp) * s: |w| e^2 for `wmse`, |e|^2.5 (e^2 sqrt|e|) for `mse`.
 
-    The exponent 2.5 (d^2 * sqrt|d|, cheap to vectorise) weighs large errors a little more than
-    squared error does, as llm-compressor's 2.4 does. On SmolLM2-135M (2048 tokens of stdlib code)
-    plain squared error gave the lowest weight MSE but the worst next-token KL, worse even than RTN;
-    2.5 gave the lowest KL of the exponents tried (2, 2.25, 2.5) for 0.6 % more weight MSE than 2.4.
+    The exponent 2.5 weighs large errors a little more than squared error does, as llm-compressor's 2.4
+    does. On SmolLM2-135M (2048 tokens of stdlib code) plain squared error gave the lowest weight MSE but
+    the worst next-token KL, worse even than RTN; 2.5 gave the lowest KL of the exponents tried (2, 2.25,
+    2.5) for 0.6 % more weight MSE than 2.4. Weighing by |w| instead is a data-free stand-in for each
+    weight's importance, so a clip that saves many small weights a little cannot cost the few large ones
+    much.
     """
-    inv = np.float32(1.0) / s
-    err = np.float32(0.0)
-    for i in range(vals.size):
-        q = np.rint(min(max(vals[i] * inv, np.float32(-8.0)), np.float32(7.0)))
-        d = q * s - vals[i]
-        err += d * d * np.sqrt(abs(d))
-    return err
-
-
-@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _group_error_asym(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float32:
-    """`_group_error` with a zero point: q = round(clamp(x / s + zp)), dequantized as (q - zp) * s."""
-    inv = np.float32(1.0) / s
-    err = np.float32(0.0)
-    for i in range(vals.size):
-        q = np.rint(min(max(vals[i] * inv + zp, np.float32(-8.0)), np.float32(7.0)))
-        d = (q - zp) * s - vals[i]
-        err += d * d * np.sqrt(abs(d))
-    return err
-
-
-@njit(nogil=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _weighted_error(vals: np.ndarray, s: np.float32, zp: np.float32) -> np.float32:
-    """Sum of |w| * error^2 of one group's RTN at scale `s` and zero point `zp` (0 when symmetric).
-
-    Weighs each weight's error by its magnitude: a data-free stand-in for its importance, so a clip
-    that saves many small weights a little cannot cost the few large ones much.
-    """
-    inv = np.float32(1.0) / s
-    err = np.float32(0.0)
-    for i in range(vals.size):
-        q = np.rint(min(max(vals[i] * inv + zp, np.float32(-8.0)), np.float32(7.0)))
-        d = (q - zp) * s - vals[i]
-        err += abs(vals[i]) * d * d
-    return err
+    q: np.float32 = np.rint(min(max(v * inv + zp, np.float32(-8.0)), np.float32(7.0)))
+    d = (q - zp) * s - v
+    if objective == MAGNITUDE:
+        return abs(v) * d * d
+    root: np.float32 = np.sqrt(abs(d))
+    return d * d * root
 
 
 @array_helper
-def _candidate_error(
-    mode: int, symmetric: bool, objective: int, vals: np.ndarray, lo: np.float32, hi: np.float32, p: np.float32
-) -> np.float32:
-    s, zp = group_params(mode, symmetric, lo, hi, p)
-    if objective == MAGNITUDE:
-        return _weighted_error(vals, s, zp)
-    if symmetric:
-        return _group_error(vals, s)
-    return _group_error_asym(vals, s, zp)
+def _score(
+    objective: int, vals: np.ndarray, s: np.ndarray, inv: np.ndarray, zp: np.ndarray, even: np.ndarray, odd: np.ndarray
+) -> None:
+    """Each lane's error summed over the group into `even`: the values at even positions in order, those
+    at odd positions in order (two chains of adds at once), then the two added.
+
+    Every sum has one order, written here: a lane per candidate (`LANES` at least as many as any search
+    has, `WIDE`'s 15), each summing the group in order, so the loop over the lanes vectorises with no
+    sum reordered (`quant.lanes` says why that matters: near-ties between candidates).
+    """
+    even[:] = 0
+    odd[:] = 0
+    for i in range(0, vals.size, 2):  # a group is whole packs of INT4_PACK values: an even count
+        v, w = vals[i], vals[i + 1]
+        for k in range(LANES):
+            even[k] += _term(objective, v, s[k], inv[k], zp[k])
+            odd[k] += _term(objective, w, s[k], inv[k], zp[k])
+    for k in range(LANES):
+        even[k] += odd[k]
+
+
+@array_helper
+def _candidate(
+    mode: int, symmetric: bool, lo: np.float32, hi: np.float32, p: np.float32, k: int,
+    s: np.ndarray, inv: np.ndarray, zp: np.ndarray,
+) -> None:  # fmt: skip
+    """Lane `k` set to the scale, its reciprocal and the zero point of the range [lo, hi] clipped by `p`."""
+    s[k], zp[k] = group_params(mode, symmetric, lo, hi, p)
+    inv[k] = np.float32(1.0) / s[k]
 
 
 @array_helper
@@ -120,25 +115,34 @@ def _mse_rows(
 ) -> int:
     rows, cols = x.shape
     vals = np.empty(group, np.float32)
+    s, inv, zp = np.ones(LANES, np.float32), np.ones(LANES, np.float32), np.zeros(LANES, np.float32)
+    even, odd = np.empty(LANES, np.float32), np.empty(LANES, np.float32)  # lanes no candidate fills score s = 1
+    ps = np.empty(LANES, np.float32)
     for r in range(rows):
         for g in range(cols // group):
             c0 = g * group
             lo, hi, bad = load_group(x, r, c0, group, mode, vals)
             if bad >= 0:
                 return int(r * cols + bad)
-            best, best_p = np.float32(np.inf), np.float32(1.0)
             for k in range(coarse.size):
-                e = _candidate_error(mode, symmetric, objective, vals, lo, hi, coarse[k])
-                if e < best:
-                    best, best_p = e, coarse[k]
-            centre = best_p
+                _candidate(mode, symmetric, lo, hi, coarse[k], k, s, inv, zp)
+            _score(objective, vals, s, inv, zp, even, odd)
+            best, best_p = np.float32(np.inf), np.float32(1.0)
+            for k in range(coarse.size):  # the first of equal errors, as the candidates are ordered
+                if even[k] < best:
+                    best, best_p = even[k], coarse[k]
+            m = 0
             for k in range(fine.size):
-                p = centre + fine[k]
-                if p > 1:
-                    continue
-                e = _candidate_error(mode, symmetric, objective, vals, lo, hi, p)
-                if e < best:
-                    best, best_p = e, p
+                p = best_p + fine[k]
+                if p <= 1:
+                    ps[m] = p
+                    _candidate(mode, symmetric, lo, hi, p, m, s, inv, zp)
+                    m += 1
+            if m:
+                _score(objective, vals, s, inv, zp, even, odd)
+                for k in range(m):
+                    if even[k] < best:
+                        best, best_p = even[k], ps[k]
             shrink[r, g] = best_p
     return -1
 

@@ -28,6 +28,7 @@ from numba import njit
 
 from weightsmith.quant import SINKHORN_ITERATIONS
 from weightsmith.quant.floatbits import MODE_BF16, bf16_round, decode
+from weightsmith.quant.lanes import LANES, lane_total
 
 _SPREAD_MIN, _SPREAD_MAX = 1e-3, 1e3
 #: A step's factor and a scale's logarithm stay within these; the column scales are kept as logarithms,
@@ -61,7 +62,6 @@ class Rows:
 #: Rows whose column sums are added in float32 before they join the float64 totals: short enough
 #: that the partial sums keep float32's precision, long enough that the float64 adds cost nothing.
 _CHUNK = 256
-_FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
 @njit(nogil=True, cache=True)
@@ -116,7 +116,7 @@ def _load(w: np.ndarray, columns: np.ndarray, c0: int, factor: np.ndarray, r0: i
                 dst[j] = src[columns[c0 + j]] * f
 
 
-@njit(nogil=True, cache=True, fastmath=_FAST)
+@njit(nogil=True, cache=True)
 def _spreads(
     tile: np.ndarray, inv_col: np.ndarray, inv_row: np.ndarray, row_sd: np.ndarray, col_sd: np.ndarray
 ) -> float:
@@ -125,6 +125,7 @@ def _spreads(
 
     The products and row sums are float32, the column sums float32 over `_CHUNK` rows and then
     float64: the spreads are those of a float64 pass to about 1e-6, at the speed of float32 vectors.
+    A row's sums are kept in lanes (`quant.lanes`), so that every sum has one order on any CPU.
     """
     rows, g = tile.shape
     col_s = np.zeros(g)
@@ -133,23 +134,34 @@ def _spreads(
     part_q = np.empty(g, np.float32)
     row_s = np.empty(rows, np.float32)
     row_q = np.empty(rows, np.float32)
+    lane_s = np.empty(LANES, np.float32)
+    lane_q = np.empty(LANES, np.float32)
+    whole = g - g % LANES
     for i0 in range(0, rows, _CHUNK):
         part_s[:] = 0
         part_q[:] = 0
         for i in range(i0, min(i0 + _CHUNK, rows)):
             t = tile[i]
             b = inv_row[i]
-            s = np.float32(0)
-            q = np.float32(0)
-            for j in range(g):
+            lane_s[:] = 0
+            lane_q[:] = 0
+            for j0 in range(0, whole, LANES):
+                for k in range(LANES):
+                    y = t[j0 + k] * inv_col[j0 + k]
+                    lane_s[k] += y
+                    lane_q[k] += y * y
+                    x = y * b
+                    part_s[j0 + k] += x
+                    part_q[j0 + k] += x * x
+            for j in range(whole, g):
                 y = t[j] * inv_col[j]
-                s += y
-                q += y * y
+                lane_s[j - whole] += y
+                lane_q[j - whole] += y * y
                 x = y * b
                 part_s[j] += x
                 part_q[j] += x * x
-            row_s[i] = s
-            row_q[i] = q
+            row_s[i] = lane_total(lane_s)
+            row_q[i] = lane_total(lane_q)
         for j in range(g):
             col_s[j] += part_s[j]
             col_q[j] += part_q[j]
